@@ -1,0 +1,1 @@
+"""Training and evaluation machinery shared by train.py, eval.py and scripts/."""

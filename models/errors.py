@@ -1,0 +1,9 @@
+"""The one exception type for mistakes a user can fix (bad config, missing file, wrong checkpoint).
+
+Entry points (train.py, eval.py, scripts) print its message as a single line and exit non-zero;
+anything else is a bug and keeps its traceback.
+"""
+
+
+class UserError(ValueError):
+    """A problem with the user's input; the message says what is wrong and how to fix it."""
