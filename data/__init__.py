@@ -1,0 +1,52 @@
+"""Data: built-in procedural dataset, CIFAR-10/100, ImageNet-style folders; DeiT augmentation via
+timm; deterministic, resumable, rank-sharded loaders (contract in /work/contracts.md).
+
+    from data import build_dataset, build_train_loader, build_eval_loader, build_mixup, num_classes
+    train_ds = build_dataset(cfg.data, "train")
+    for epoch in range(start_epoch, epochs):
+        loader = build_train_loader(train_ds, cfg.data, seed=seed, epoch=epoch, rank=rank,
+                                    world_size=world, start_batch=resume_batch if epoch == start_epoch else 0,
+                                    device=device)
+        for x, y in loader: ...
+
+Notes: the loaders never draw from (nor change) the caller's python/numpy/torch RNG states, so
+train.py's own RNG checkpointing stays exact. `repeated_aug` applies timm's RepeatAugSampler
+semantics at every world size (with one process the 3 views of an image share a batch), keeping
+the "union over ranks == 1-process batch" property. ImageFolder skips (skip_corrupt) are counted
+in `dataset.skipped` and logged as warnings on the "data" logger.
+"""
+from .config import DATASET_NAMES, DataConfig
+from .datasets import build_dataset, calib_indices, num_classes
+from .loaders import EvalLoader, TrainLoader
+
+
+def build_train_loader(dataset, cfg, *, seed, epoch, rank, world_size, start_batch=0, device="cpu"):
+    """One epoch of training batches for one rank (see TrainLoader); exact under resume."""
+    return TrainLoader(dataset, cfg, seed=seed, epoch=epoch, rank=rank, world_size=world_size,
+                       start_batch=start_batch, device=device)
+
+
+def build_eval_loader(dataset, cfg, *, rank, world_size, device="cpu"):
+    """Deterministic eval batches; rank r gets r::world_size, no padding (see EvalLoader)."""
+    return EvalLoader(dataset, cfg, rank=rank, world_size=world_size, device=device)
+
+
+def build_mixup(cfg, num_classes):
+    """timm.data.Mixup (Mixup: Zhang et al. 2018; CutMix: Yun et al. 2019) with label smoothing,
+    producing soft targets (rows summing to 1), or None when mixup and cutmix are both off
+    (label smoothing alone is then applied by the loss). Needs an even batch size."""
+    if cfg.mixup <= 0 and cfg.cutmix <= 0:
+        return None
+    from timm.data import Mixup
+
+    if cfg.batch_size % 2:
+        from models.errors import UserError
+
+        raise UserError(f"Mixup/CutMix needs an even data.batch_size, got {cfg.batch_size}")
+    return Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, prob=cfg.mixup_prob,
+                 switch_prob=cfg.mixup_switch_prob, mode="batch", label_smoothing=cfg.label_smoothing,
+                 num_classes=num_classes)
+
+
+__all__ = ["DataConfig", "DATASET_NAMES", "build_dataset", "num_classes", "calib_indices",
+           "build_train_loader", "build_eval_loader", "build_mixup", "TrainLoader", "EvalLoader"]

@@ -1,0 +1,230 @@
+"""The built-in dataset: procedurally generated shape images, no files, no network.
+
+`builtin10`: 10 shape classes (disk, ring, square, triangle, plus, star, frame, half-disk,
+dumbbell, bar; five of them with a surface pattern in the shape's frame: stripes, checker, dots)
+drawn at a random position, scale, aspect, rotation (+-30 deg) and colour (dark-on-light or
+light-on-dark) over a random gradient background with clutter (thin lines, dots) and pixel noise.
+Random position and pattern phase make the class nearly invisible to a linear classifier on
+pixels (~15%), while a small ResMLP (local patch features + pooling) learns it in CPU minutes
+(numbers: scripts/check_builtin.py).
+`builtin100`: the same 10 shapes x 10 foreground hue bins (hue decides the second digit of the
+label), so sparse heads have many classes to choose among.
+
+Generation is vectorised in torch (50k 32x32 images in a few seconds) and cached twice: in this
+process (dict) and on disk as .npy (no pickle) keyed by every generation parameter.
+"""
+import hashlib
+import logging
+import math
+import os
+import tempfile
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+SHAPES = ("disk", "ring", "square", "triangle", "plus", "star", "frame", "halfdisk", "dumbbell", "bar")
+GENERATOR_VERSION = 3  # bump when the drawing code changes: invalidates disk caches
+MAX_ROTATION = math.pi / 6  # radians either way
+PATTERN_CONTRAST = 0.6
+_SPLIT_STREAM = {"train": 1, "val": 2}
+_MEMORY_CACHE = {}
+
+
+def _box(u, v, w, h):
+    return torch.maximum(u.abs() - w, v.abs() - h)
+
+
+def _shape_sdf(shape, u, v):
+    """Approximate signed distance (negative inside) of `shape` in local units (radius ~1)."""
+    r = torch.sqrt(u * u + v * v)
+    if shape == "disk":
+        return r - 0.9
+    if shape == "ring":
+        return (r - 0.72).abs() - 0.24
+    if shape == "square":
+        return _box(u, v, 0.75, 0.75)
+    if shape == "triangle":
+        vv = v + 0.2
+        return torch.maximum(u.abs() * 0.866 + vv * 0.5, -vv) - 0.5
+    if shape == "plus":
+        return torch.minimum(_box(u, v, 1.0, 0.3), _box(u, v, 0.3, 1.0))
+    if shape == "star":
+        phi = torch.atan2(v, u)
+        return (r - (0.62 + 0.38 * torch.cos(5 * phi))) * 0.6
+    if shape == "frame":
+        return (torch.maximum(u.abs(), v.abs()) - 0.72).abs() - 0.2
+    if shape == "halfdisk":
+        vv = v + 0.4
+        return torch.maximum(torch.sqrt(u * u + vv * vv) - 1.0, -vv)
+    if shape == "dumbbell":
+        a = torch.sqrt((u - 0.6) ** 2 + v * v) - 0.38
+        b = torch.sqrt((u + 0.6) ** 2 + v * v) - 0.38
+        return torch.minimum(a, b)
+    if shape == "bar":
+        return _box(u, v, 1.0, 0.22)
+    raise KeyError(shape)
+
+
+def _pattern(k, u, v):
+    """Surface pattern of class k in [0, 1] (1 = darkened), local units."""
+    two_pi = 2 * math.pi
+    if k == 2:  # stripes across u
+        return (torch.sin(two_pi * u / 0.55) > 0).float()
+    if k == 3:  # checker
+        return (torch.sin(two_pi * u / 0.7) * torch.sin(two_pi * v / 0.7) > 0).float()
+    if k == 5:  # dots
+        fu, fv = torch.frac(u / 0.5 + 10) - 0.5, torch.frac(v / 0.5 + 10) - 0.5
+        return (fu * fu + fv * fv < 0.07).float()
+    if k == 6:  # stripes across v
+        return (torch.sin(two_pi * v / 0.45) > 0).float()
+    if k == 7:  # diagonal stripes
+        return (torch.sin(two_pi * (u + v) / 0.6) > 0).float()
+    return torch.zeros_like(u)  # solid
+
+
+def _hsv_to_rgb(h, s, v):
+    """h, s, v: (n,) in [0, 1] -> (n, 3)."""
+    k = torch.stack([(5 + h * 6) % 6, (3 + h * 6) % 6, (1 + h * 6) % 6], dim=1)
+    f = torch.clamp(torch.minimum(k, 4 - k), 0, 1)
+    return v[:, None] - v[:, None] * s[:, None] * f
+
+
+def _draw_chunk(labels, size, n_hues, g):
+    """Render images for `labels` (n,) -> uint8 (n, 3, size, size). All randomness from `g`."""
+    n = labels.shape[0]
+    U = lambda *shape: torch.rand(*shape, generator=g)  # noqa: E731
+    coords = (torch.arange(size, dtype=torch.float32) + 0.5) / size * 2 - 1  # pixel centres in [-1, 1]
+    yy, xx = torch.meshgrid(coords, coords, indexing="ij")
+    yy, xx = yy[None], xx[None]
+    px = size / 2  # pixels per unit
+
+    # --- background: dark or light gradient -------------------------------------------------
+    dark = U(n) < 0.5
+    base = torch.where(dark[:, None], U(n, 3) * 0.4, 0.6 + U(n, 3) * 0.4)
+    if n_hues > 1:  # many-class variant: hue is part of the label, keep the background greyish
+        base = base.mean(1, keepdim=True).expand(n, 3) * 0.6 + base * 0.4
+    ang = U(n) * 2 * math.pi
+    amp = (U(n) * 0.25)[:, None, None]
+    grad = (xx * torch.cos(ang)[:, None, None] + yy * torch.sin(ang)[:, None, None]) * amp
+    sign = torch.where(dark, 1.0, -1.0)[:, None, None]
+    img = base[:, :, None, None] + (sign * grad)[:, None]  # (n, 3, H, W)
+
+    # --- clutter: thin random line segments and small dots in random colours -------------------
+    for _ in range(2):
+        p0 = U(n, 2) * 2 - 1
+        d = U(n, 2) * 1.2 - 0.6
+        dd = (d * d).sum(1).clamp_min(1e-4)
+        t = ((xx - p0[:, 0, None, None]) * d[:, 0, None, None] + (yy - p0[:, 1, None, None]) * d[:, 1, None, None])
+        t = (t / dd[:, None, None]).clamp(0, 1)
+        dist = torch.sqrt((xx - p0[:, 0, None, None] - t * d[:, 0, None, None]) ** 2
+                          + (yy - p0[:, 1, None, None] - t * d[:, 1, None, None]) ** 2)
+        a = (0.5 - (dist * px - 0.5)).clamp(0, 1) * 0.5  # ~1 px wide, half transparent
+        col = U(n, 3)
+        img.lerp_(col[:, :, None, None].expand_as(img), a[:, None].expand_as(img))
+    for _ in range(2):
+        c = U(n, 2) * 2 - 1
+        rad = 0.03 + U(n) * 0.05
+        dist = torch.sqrt((xx - c[:, 0, None, None]) ** 2 + (yy - c[:, 1, None, None]) ** 2) - rad[:, None, None]
+        a = (0.5 - dist * px).clamp(0, 1)
+        col = U(n, 3)
+        img.lerp_(col[:, :, None, None].expand_as(img), a[:, None].expand_as(img))
+
+    # --- the class shape: random affine pose ------------------------------------------------------
+    shape_id = labels % len(SHAPES)
+    scale = 0.5 + U(n) * 0.25  # radius 8..12 px at 32 px
+    aspect = torch.exp((U(n) - 0.5) * 0.3)
+    theta = (U(n) * 2 - 1) * MAX_ROTATION
+    center = (U(n, 2) * 2 - 1) * (0.95 - scale)[:, None]  # keep the shape (mostly) inside
+    dx, dy = xx - center[:, 0, None, None], yy - center[:, 1, None, None]
+    cos, sin = torch.cos(theta)[:, None, None], torch.sin(theta)[:, None, None]
+    sx, sy = (scale * aspect)[:, None, None], (scale / aspect)[:, None, None]
+    u = (cos * dx + sin * dy) / sx
+    v = (-sin * dx + cos * dy) / sy
+    sdf = torch.empty_like(u)
+    for k, name in enumerate(SHAPES):
+        m = shape_id == k
+        if m.any():
+            sdf[m] = _shape_sdf(name, u[m], v[m])
+    alpha = (0.5 - sdf * (scale[:, None, None] * px)).clamp(0, 1)  # ~1 px anti-aliased edge
+    # class-specific surface pattern in the shape's own frame (random phase): a second cue that is
+    # local (easy for a patch MLP) but phase-randomised (invisible to a linear map on pixels)
+    phase = U(n, 2)[:, :, None, None]
+    pattern = torch.zeros_like(u)
+    for k, name in enumerate(SHAPES):
+        m = shape_id == k
+        if m.any():
+            pattern[m] = _pattern(k, u[m] + phase[m, 0], v[m] + phase[m, 1])
+
+    if n_hues > 1:
+        hue_bin = (labels // len(SHAPES)).float()
+        hue = (hue_bin + 0.5 + (U(n) - 0.5) * 0.5) / n_hues
+        fg = _hsv_to_rgb(hue % 1.0, 0.65 + U(n) * 0.35, 0.7 + U(n) * 0.3)
+    else:
+        fg = torch.where(dark[:, None], 0.55 + U(n, 3) * 0.45, U(n, 3) * 0.45)
+    fg_img = fg[:, :, None, None] * (1 - PATTERN_CONTRAST * pattern[:, None])
+    img.lerp_(fg_img, alpha[:, None].expand_as(img))
+
+    # --- pixel noise --------------------------------------------------------------------------
+    sigma = (0.02 + U(n) * 0.04)[:, None, None, None]
+    img.add_(torch.randn(img.shape, generator=g).mul_(sigma))
+    return img.clamp_(0, 1).mul_(255).add_(0.5).to(torch.uint8)
+
+
+def _mix_seed(*parts):
+    h = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(h, "little") & ((1 << 63) - 1)
+
+
+def generate(num_classes, n, size, seed, stream, chunk=4096):
+    """Generate `n` images of `num_classes` classes -> (uint8 (n, 3, size, size), int64 labels (n,)).
+
+    Labels are exactly balanced (counts differ by at most one) and shuffled; output is a pure
+    function of the arguments (each chunk has its own generator, so chunking doesn't matter).
+    """
+    if num_classes % len(SHAPES):
+        raise ValueError(f"num_classes must be a multiple of {len(SHAPES)}")
+    n_hues = num_classes // len(SHAPES)
+    g = torch.Generator().manual_seed(_mix_seed("labels", GENERATOR_VERSION, num_classes, n, size, seed, stream))
+    labels = (torch.arange(n) % num_classes)[torch.randperm(n, generator=g)]
+    images = torch.empty((n, 3, size, size), dtype=torch.uint8)
+    for start in range(0, n, chunk):
+        gc = torch.Generator().manual_seed(
+            _mix_seed("chunk", GENERATOR_VERSION, num_classes, size, seed, stream, start // chunk, chunk))
+        images[start:start + chunk] = _draw_chunk(labels[start:start + chunk], size, n_hues, gc)
+    return images, labels
+
+
+def default_cache_dir():
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "resmlp-data", "builtin")
+
+
+def load_split(num_classes, split, n, size, seed, cache_dir=None):
+    """Cached `generate` for split 'train' or 'val' (different seed streams, hence disjoint)."""
+    key = (GENERATOR_VERSION, num_classes, split, n, size, seed)
+    if key in _MEMORY_CACHE:
+        return _MEMORY_CACHE[key]
+    cache_dir = cache_dir or default_cache_dir()
+    name = f"builtin{num_classes}_v{GENERATOR_VERSION}_{split}_n{n}_s{size}_seed{seed}"
+    path = os.path.join(cache_dir, name + ".npz")
+    out = None
+    if os.path.exists(path):
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                out = torch.from_numpy(z["images"].copy()), torch.from_numpy(z["labels"].copy())
+        except Exception as e:  # corrupt cache: regenerate (it's only a cache)
+            log.warning("ignoring unreadable built-in dataset cache %s (%s)", path, e)
+    if out is None:
+        out = generate(num_classes, n, size, seed, _SPLIT_STREAM[split])
+        try:  # best effort: a read-only home must not break training
+            os.makedirs(cache_dir, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=cache_dir, suffix=".tmp.npz")
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, images=out[0].numpy(), labels=out[1].numpy())
+            os.replace(tmp, path)  # atomic: concurrent processes never read a half-written cache
+        except OSError as e:
+            log.info("could not cache the built-in dataset in %s (%s)", cache_dir, e)
+    _MEMORY_CACHE[key] = out
+    return out

@@ -1,0 +1,110 @@
+"""CIFAR-10/100 from the official python-pickle layouts (Krizhevsky, 2009).
+
+    ROOT/cifar-10-batches-py/{data_batch_1..5, test_batch}
+    ROOT/cifar-100-python/{train, test}
+
+A missing folder is filled from the official archive in ROOT (cifar-10-python.tar.gz /
+cifar-100-python.tar.gz) if present, else downloaded with torchvision when `download` is on.
+Every failure becomes one UserError line naming the path and the fix. The batch files are pickles,
+so they are read with an unpickler that only admits what a numpy array needs.
+"""
+import contextlib
+import io
+import os
+import pickle
+import tarfile
+
+import numpy as np
+import torch
+
+from models.errors import UserError
+
+SPECS = {
+    "cifar10": dict(title="CIFAR-10", folder="cifar-10-batches-py", archive="cifar-10-python.tar.gz",
+                    train=[f"data_batch_{i}" for i in range(1, 6)], val=["test_batch"], label_key=b"labels",
+                    num_classes=10, tv_class="CIFAR10"),
+    "cifar100": dict(title="CIFAR-100", folder="cifar-100-python", archive="cifar-100-python.tar.gz",
+                     train=["train"], val=["test"], label_key=b"fine_labels", num_classes=100,
+                     tv_class="CIFAR100"),
+}
+
+_ALLOWED = {
+    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "scalar"),
+    ("numpy._core.multiarray", "scalar"),
+    ("_codecs", "encode"),  # how python 3 writes bytes at protocol 2 (fixtures, re-saved files)
+}
+
+
+class _NumpyOnlyUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        if (module, name) not in _ALLOWED:
+            raise pickle.UnpicklingError(f"unexpected object {module}.{name} in a CIFAR batch file")
+        if module == "numpy.core.multiarray":  # numpy 2 moved it; avoid the deprecation shim
+            module = "numpy._core.multiarray" if hasattr(np, "_core") else module
+        return super().find_class(module, name)
+
+
+def _one_line(e):
+    return " ".join(f"{type(e).__name__}: {e}".split())
+
+
+def _read_batch(path, label_key):
+    if not os.path.isfile(path):
+        raise UserError(f"missing CIFAR batch file {path}; re-extract the official archive into {os.path.dirname(os.path.dirname(path))}")
+    try:
+        with open(path, "rb") as f:
+            d = _NumpyOnlyUnpickler(f, encoding="bytes").load()
+        images = np.asarray(d[b"data"], dtype=np.uint8)
+        labels = np.asarray(d[label_key], dtype=np.int64)
+        if images.ndim != 2 or images.shape[1] != 3072 or len(labels) != len(images):
+            raise ValueError(f"data has shape {images.shape} for {len(labels)} labels, expected (N, 3072)")
+    except UserError:
+        raise
+    except Exception as e:  # truncated pickle, wrong keys, garbage: name the file
+        raise UserError(f"corrupt or truncated CIFAR batch file {path} ({_one_line(e)}); delete it and "
+                        "re-extract/re-download the dataset") from None
+    return images.reshape(-1, 3, 32, 32), labels
+
+
+def _ensure_folder(name, root, download):
+    spec = SPECS[name]
+    folder = os.path.join(root, spec["folder"])
+    if os.path.isdir(folder):
+        return folder
+    archive = os.path.join(root, spec["archive"])
+    hint = (f"place {spec['archive']} or its extracted folder {spec['folder']}/ in {os.path.abspath(root)}")
+    if os.path.isfile(archive):
+        try:
+            with tarfile.open(archive, "r:gz") as tar:
+                tar.extractall(root, filter="data")
+        except Exception as e:
+            raise UserError(f"cannot extract {archive} ({_one_line(e)}); {hint}") from None
+    elif download:
+        import torchvision
+
+        os.makedirs(root, exist_ok=True)
+        try:  # torchvision prints its progress to stdout; keep that off our single error line
+            with contextlib.redirect_stdout(io.StringIO()):
+                getattr(torchvision.datasets, spec["tv_class"])(root, train=True, download=True)
+        except Exception as e:
+            raise UserError(f"{spec['title']} not found in {os.path.abspath(folder)} and the download failed "
+                            f"({_one_line(e)}); {hint}") from None
+    else:
+        raise UserError(f"{spec['title']} not found in {os.path.abspath(folder)}; {hint} "
+                        "(or set data.download=true)")
+    if not os.path.isdir(folder):
+        raise UserError(f"{spec['title']}: expected folder {os.path.abspath(folder)} after extraction; {hint}")
+    return folder
+
+
+def load_cifar(name, root, split, download=True):
+    """-> (uint8 tensor (N, 3, 32, 32), int64 labels (N,), num_classes). split: 'train' | 'val'."""
+    spec = SPECS[name]
+    folder = _ensure_folder(name, root, download)
+    parts = [_read_batch(os.path.join(folder, f), spec["label_key"]) for f in spec[split]]
+    images = np.concatenate([p[0] for p in parts])
+    labels = np.concatenate([p[1] for p in parts])
+    if labels.size and (labels.min() < 0 or labels.max() >= spec["num_classes"]):
+        raise UserError(f"CIFAR labels out of range 0..{spec['num_classes'] - 1} in {folder}; is this {spec['title']}?")
+    return torch.from_numpy(images), torch.from_numpy(labels), spec["num_classes"]

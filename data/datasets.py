@@ -1,0 +1,115 @@
+"""build_dataset / num_classes: dispatch on DataConfig.dataset, calibration hold-out, validation."""
+import logging
+
+import numpy as np
+import torch
+from PIL import Image
+
+from models.errors import UserError
+
+from . import builtin, cifar, imagefolder
+from .config import DATASET_NAMES, SPLITS
+from .samplers import mix64
+from .transforms import INTERPOLATIONS, build_eval_transform, build_train_transform, train_crop_mode
+
+log = logging.getLogger("data")
+_BUILTIN_CLASSES = {"builtin10": 10, "builtin100": 100}
+
+
+class ArrayDataset:
+    """A split held as one uint8 tensor (N, 3, H, W) + int64 labels: the in-memory fast path uses
+    `images`/`labels` directly; indexing gives (transform(PIL image), label) like any dataset."""
+
+    in_memory_capable = True
+
+    def __init__(self, images, labels, num_classes, transform=None, name=""):
+        self.images = images
+        self.labels = labels
+        self.num_classes = num_classes
+        self.transform = transform
+        self.name = name
+        self.native_size = images.shape[-1]
+
+    def __len__(self):
+        return len(self.labels)
+
+    def subset(self, indices):
+        idx = torch.as_tensor(np.asarray(indices, dtype=np.int64))
+        return ArrayDataset(self.images[idx], self.labels[idx], self.num_classes, self.transform, self.name)
+
+    def load(self, i):
+        """-> (PIL image, label, []) (same signature as ImageFolderDataset.load)."""
+        return Image.fromarray(self.images[i].permute(1, 2, 0).numpy()), int(self.labels[i]), []
+
+    def __getitem__(self, i):
+        img, label, _ = self.load(i)
+        return (self.transform(img) if self.transform is not None else img), label
+
+
+def _check(cfg, split):
+    if cfg.dataset not in DATASET_NAMES:
+        raise UserError(f"unknown data.dataset '{cfg.dataset}'; valid: {', '.join(DATASET_NAMES)}")
+    if split not in SPLITS:
+        raise UserError(f"unknown split '{split}'; valid: {', '.join(SPLITS)}")
+    if not 0.0 <= cfg.calib_fraction < 1.0:
+        raise UserError(f"data.calib_fraction must be in [0, 1), got {cfg.calib_fraction}")
+    if split == "calib" and cfg.calib_fraction <= 0:
+        raise UserError("the calib split needs data.calib_fraction > 0 (e.g. data.calib_fraction=0.1)")
+    if cfg.interpolation not in INTERPOLATIONS:
+        raise UserError(f"unknown data.interpolation '{cfg.interpolation}'; valid: {', '.join(INTERPOLATIONS)}")
+    for key in ("batch_size", "eval_batch_size", "image_size"):
+        if int(getattr(cfg, key)) <= 0:
+            raise UserError(f"data.{key} must be positive, got {getattr(cfg, key)}")
+    train_crop_mode(cfg)
+
+
+def num_classes(cfg):
+    """Number of classes of cfg.dataset (scans ROOT/train for imagefolder)."""
+    if cfg.dataset in _BUILTIN_CLASSES:
+        return _BUILTIN_CLASSES[cfg.dataset]
+    if cfg.dataset in cifar.SPECS:
+        return cifar.SPECS[cfg.dataset]["num_classes"]
+    if cfg.dataset == "imagefolder":
+        return len(imagefolder.find_classes(cfg.root))
+    raise UserError(f"unknown data.dataset '{cfg.dataset}'; valid: {', '.join(DATASET_NAMES)}")
+
+
+def calib_indices(n, fraction):
+    """The held-out calibration indices of a train split of size n: a fixed function of (n, fraction),
+    independent of the training seed, so train and eval agree on it."""
+    k = int(round(n * fraction))
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(mix64(0xCA11B, n))).numpy()
+    return np.sort(perm[:k])
+
+
+def _raw_split(cfg, split):
+    if cfg.dataset in _BUILTIN_CLASSES:
+        n = cfg.builtin_train_size if split == "train" else cfg.builtin_val_size
+        images, labels = builtin.load_split(_BUILTIN_CLASSES[cfg.dataset], split, n, cfg.image_size,
+                                            cfg.builtin_seed, cfg.cache_dir)
+        return ArrayDataset(images, labels, _BUILTIN_CLASSES[cfg.dataset], name=cfg.dataset)
+    if cfg.dataset in cifar.SPECS:
+        images, labels, k = cifar.load_cifar(cfg.dataset, cfg.root, split, cfg.download)
+        return ArrayDataset(images, labels, k, name=cfg.dataset)
+    samples, classes = imagefolder.scan_split(cfg.root, split)
+    return imagefolder.ImageFolderDataset(samples, classes, skip_corrupt=cfg.skip_corrupt)
+
+
+def build_dataset(cfg, split):
+    """split 'train' | 'val' | 'calib' -> dataset with `num_classes`, items (tensor, label).
+
+    'calib' is a deterministic `calib_fraction` of the train split (excluded from 'train' when
+    calib_fraction > 0); it carries the eval transform. 'train' carries the train transform.
+    """
+    _check(cfg, split)
+    ds = _raw_split(cfg, "val" if split == "val" else "train")
+    if split != "val" and cfg.calib_fraction > 0:
+        held = calib_indices(len(ds), cfg.calib_fraction)
+        keep = held if split == "calib" else np.setdiff1d(np.arange(len(ds)), held)
+        ds = ds.subset(keep)
+    native = getattr(ds, "native_size", None)
+    ds.transform = build_train_transform(cfg, native) if split == "train" else build_eval_transform(cfg, native)
+    ds.split = split
+    if len(ds) == 0:
+        raise UserError(f"the {split} split of {cfg.dataset} is empty")
+    return ds

@@ -1,0 +1,160 @@
+"""Train and eval loaders with exact, worker-count-independent, resumable batches.
+
+Two paths, same semantics:
+- memory path (CIFAR/builtin, `in_memory`): the split lives on the training device as one uint8
+  tensor; a batch is an index_select plus `BatchAugment` (crop/flip/normalise) there. No workers.
+- per-sample path: a torch DataLoader whose "dataset" fetches a whole batch; before transforming
+  each sample it reseeds `random`, numpy and torch with the sample's aug seed (restoring the
+  caller's RNG states afterwards), so timm's transforms give the same pixels with 0 or N workers.
+
+Skipped batches (start_batch) are never loaded: the batch list is simply sliced.
+"""
+import random
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from models.errors import UserError
+
+from .samplers import eval_batches, train_batches
+from .transforms import (BatchAugment, Normalize, build_eval_transform, build_train_transform, resize_uint8,
+                         train_crop_mode, uses_memory_path)
+
+
+def _device_images(dataset, device, size):
+    """The dataset's uint8 images on `device` at `size`, cached on the dataset object."""
+    cache = dataset.__dict__.setdefault("_device_cache", {})
+    key = (str(device), size)
+    if key not in cache:
+        cache.clear()  # one copy per dataset: don't keep e.g. a CPU and a GPU copy around
+        cache[key] = (resize_uint8(dataset.images, size).to(device), dataset.labels.to(device))
+    return cache[key]
+
+
+class _BatchFetcher(torch.utils.data.Dataset):
+    """DataLoader 'dataset' whose items are whole batches: task = (indices, aug_seeds or None)."""
+
+    def __init__(self, dataset, transform):
+        self.dataset = dataset
+        self.transform = transform  # the loader's, not dataset.transform: train vs eval is its choice
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def _load(self, i):
+        img, label, skipped = self.dataset.load(int(i))  # raw PIL; ImageFolder handles corrupt files
+        return self.transform(img), label, skipped
+
+    def __getitem__(self, task):
+        indices, seeds = task
+        images, labels, skipped = [], [], []
+        py_state, np_state, torch_state = random.getstate(), np.random.get_state(), torch.get_rng_state()
+        try:
+            for k, i in enumerate(indices):
+                if seeds is not None:
+                    s = int(seeds[k])
+                    random.seed(s)
+                    np.random.seed(s & 0xFFFFFFFF)
+                    torch.manual_seed(s & ((1 << 63) - 1))
+                img, label, sk = self._load(i)
+                images.append(img)
+                labels.append(label)
+                skipped.extend(sk)
+        except UserError as e:  # returned, not raised: a worker would wrap it in a multi-line traceback
+            return {"error": str(e)}
+        finally:
+            random.setstate(py_state)
+            np.random.set_state(np_state)
+            torch.set_rng_state(torch_state)
+        return {"images": torch.stack(images), "labels": torch.tensor(labels, dtype=torch.int64), "skipped": skipped}
+
+
+class _Loader:
+    """Shared iteration over a list of batch tasks (memory or per-sample path)."""
+
+    def __init__(self, dataset, cfg, tasks, device, memory, augment, num_workers):
+        self.dataset, self.cfg, self.tasks = dataset, cfg, tasks
+        native = getattr(dataset, "native_size", None)
+        self.transform = None if memory else (build_train_transform(cfg, native) if augment
+                                              else build_eval_transform(cfg, native))
+        self.device = torch.device(device)
+        self.memory = memory
+        self.augment = augment
+        self.num_workers = num_workers
+
+    def _iter_memory(self, tasks):
+        images, labels = _device_images(self.dataset, self.device, self.cfg.image_size)
+        normalize = None if self.augment else Normalize(self.cfg.mean, self.cfg.std, self.device)
+        aug = BatchAugment(self.cfg, self.device) if self.augment else None
+        for indices, seeds in tasks:
+            idx = torch.from_numpy(np.asarray(indices, dtype=np.int64)).to(self.device, non_blocking=True)
+            x, y = images.index_select(0, idx), labels.index_select(0, idx)
+            yield (aug(x, seeds) if aug is not None else normalize(x)), y
+
+    def _iter_samples(self, tasks):
+        if not tasks:
+            return
+        pin = self.device.type == "cuda"
+        workers = min(self.num_workers, len(tasks))
+        loader = DataLoader(_BatchFetcher(self.dataset, self.transform), sampler=tasks, batch_size=None, num_workers=workers,
+                            pin_memory=pin, persistent_workers=False,
+                            prefetch_factor=4 if workers > 0 else None,
+                            generator=torch.Generator().manual_seed(0))  # worker base seed: not from the caller's RNG
+        for out in loader:
+            if "error" in out:
+                raise UserError(out["error"])
+            if out["skipped"] and hasattr(self.dataset, "note_skipped"):
+                self.dataset.note_skipped(out["skipped"])
+            yield out["images"].to(self.device, non_blocking=pin), out["labels"].to(self.device, non_blocking=pin)
+
+    def _iter_tasks(self, tasks):
+        return self._iter_memory(tasks) if self.memory else self._iter_samples(tasks)
+
+
+class TrainLoader(_Loader):
+    """Batches of one epoch for one rank: (normalised float images, int64 labels) on device.
+
+    `len()` is the full epoch's batch count (equal on every rank); iteration starts at
+    `start_batch`. Attributes: epoch, start_batch, batches_per_epoch, uses_memory_path.
+    """
+
+    def __init__(self, dataset, cfg, *, seed, epoch, rank, world_size, start_batch=0, device="cpu"):
+        if not 0 <= rank < world_size:
+            raise UserError(f"rank {rank} out of range for world_size {world_size}")
+        tasks = train_batches(len(dataset), seed=seed, epoch=epoch, rank=rank, world_size=world_size,
+                              batch_size=cfg.batch_size, repeated_aug=cfg.repeated_aug,
+                              num_repeats=cfg.repeated_aug_repeats)
+        if not tasks:
+            raise UserError(f"the train split has {len(dataset)} samples: fewer than one batch of "
+                            f"data.batch_size={cfg.batch_size} x {world_size} process(es); lower data.batch_size")
+        if not 0 <= start_batch <= len(tasks):
+            raise UserError(f"start_batch {start_batch} out of range: the epoch has {len(tasks)} batches")
+        memory = uses_memory_path(cfg, dataset)
+        super().__init__(dataset, cfg, tasks, device, memory, True, cfg.num_workers)
+        self.seed, self.epoch, self.rank, self.world_size, self.start_batch = seed, epoch, rank, world_size, start_batch
+        self.batches_per_epoch = len(tasks)
+        self.uses_memory_path = memory
+
+    def __len__(self):
+        return self.batches_per_epoch
+
+    def __iter__(self):
+        return self._iter_tasks(self.tasks[self.start_batch:])
+
+
+class EvalLoader(_Loader):
+    """Deterministic eval batches: rank r gets dataset indices r::world_size, no padding."""
+
+    def __init__(self, dataset, cfg, *, rank, world_size, device="cpu"):
+        tasks = eval_batches(len(dataset), rank=rank, world_size=world_size, batch_size=cfg.eval_batch_size)
+        # eval in memory = normalise only, which is the PIL eval transform in pad-crop mode
+        memory = bool(cfg.in_memory) and getattr(dataset, "in_memory_capable", False) and train_crop_mode(cfg) == "pad"
+        super().__init__(dataset, cfg, tasks, device, memory, False, cfg.num_workers)
+        self.num_samples = sum(len(t[0]) for t in tasks)
+
+    def __len__(self):
+        return len(self.tasks)
+
+    def __iter__(self):
+        return self._iter_tasks(self.tasks)

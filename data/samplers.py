@@ -1,0 +1,82 @@
+"""Deterministic, resumable, rank-sharded sample order.
+
+The epoch's global order is a pure function of (seed, epoch); rank r takes global positions
+r, r+W, r+2W, ... (W = world size), so the union over ranks of batch t is batch t of a 1-process
+run with a W-times larger batch. Every global position p also gets an augmentation seed
+mix(seed, epoch, p), which the loaders use to reseed all RNGs before augmenting that sample: the
+augmentation is then independent of worker count, batch composition and resume point.
+
+Repeated augmentation follows timm's RepeatAugSampler (Hoffer et al., 2020; DeiT, Touvron et al.,
+2021): each index repeated `num_repeats` times, ranks interleaved, each rank keeping
+floor(N // 256 * 256 / W) samples; the shuffle is timm's own code, seeded with mix(seed, epoch).
+"""
+import numpy as np
+import torch
+from timm.data.distributed_sampler import RepeatAugSampler
+
+_MASK64 = (1 << 64) - 1
+
+
+def mix64(*values):
+    """splitmix64-style hash of python ints -> int in [0, 2**63)."""
+    h = 0x9E3779B97F4A7C15
+    for v in values:
+        h = (h ^ (int(v) & _MASK64)) * 0xBF58476D1CE4E5B9 & _MASK64
+        h = (h ^ (h >> 31)) * 0x94D049BB133111EB & _MASK64
+        h ^= h >> 29
+    return h & ((1 << 63) - 1)
+
+
+def mix64_array(base, positions):
+    """Vectorised mix64(base, p) for an int64 numpy array of positions -> uint64 array."""
+    with np.errstate(over="ignore"):
+        h = np.full(positions.shape, np.uint64(base), dtype=np.uint64) ^ positions.astype(np.uint64)
+        h = h * np.uint64(0xBF58476D1CE4E5B9)
+        h ^= h >> np.uint64(31)
+        h = h * np.uint64(0x94D049BB133111EB)
+        h ^= h >> np.uint64(29)
+    return h
+
+
+class _Sized:
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+
+def rank_order(n, *, seed, epoch, rank, world_size, repeated_aug=False, num_repeats=3):
+    """-> (dataset indices for this rank, their global positions), both int64 numpy arrays."""
+    if repeated_aug:
+        sampler = RepeatAugSampler(_Sized(n), num_replicas=world_size, rank=rank, shuffle=True,
+                                   num_repeats=num_repeats)
+        sampler.set_epoch(mix64(seed, epoch, 0x52415547))  # timm seeds its generator with the epoch
+        indices = np.fromiter(iter(sampler), dtype=np.int64, count=len(sampler))
+    else:
+        g = torch.Generator().manual_seed(mix64(seed, epoch))
+        perm = torch.randperm(n, generator=g).numpy()
+        indices = perm[rank::world_size]
+    positions = rank + world_size * np.arange(len(indices), dtype=np.int64)
+    return indices, positions
+
+
+def train_batches(n, *, seed, epoch, rank, world_size, batch_size, repeated_aug=False, num_repeats=3):
+    """-> list of (indices, aug_seeds) per batch for this rank; drop_last with a count that is the
+    same on every rank (the shortest rank's full batches)."""
+    if repeated_aug:
+        per_rank = len(RepeatAugSampler(_Sized(n), num_replicas=world_size, rank=0, num_repeats=num_repeats))
+    else:
+        per_rank = n // world_size  # the shortest shard
+    num_batches = per_rank // batch_size
+    indices, positions = rank_order(n, seed=seed, epoch=epoch, rank=rank, world_size=world_size,
+                                    repeated_aug=repeated_aug, num_repeats=num_repeats)
+    seeds = mix64_array(mix64(seed, epoch, 0x415547), positions)
+    return [(indices[t * batch_size:(t + 1) * batch_size], seeds[t * batch_size:(t + 1) * batch_size])
+            for t in range(num_batches)]
+
+
+def eval_batches(n, *, rank, world_size, batch_size):
+    """Rank r gets r::world_size in dataset order, no padding, last batch may be short."""
+    idx = np.arange(rank, n, world_size, dtype=np.int64)
+    return [(idx[i:i + batch_size], None) for i in range(0, len(idx), batch_size)]

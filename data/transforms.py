@@ -1,0 +1,161 @@
+"""Transforms: timm's `create_transform` for the per-sample (PIL) path, and the in-memory batch
+augmentation (random crop with padding + horizontal flip, normalisation folded in) on device.
+
+Both paths implement the same CIFAR recipe: zero-pad by `crop_padding`, random `image_size` crop,
+flip with probability `hflip`, then (x/255 - mean)/std, then optional timm RandomErasing.
+The DeiT recipe (RandomResizedCrop, RandAugment, colour jitter) exists only in the per-sample
+path; `uses_memory_path` sends those configs there automatically.
+"""
+import logging
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from timm.data import create_transform
+from timm.data.random_erasing import RandomErasing
+from torchvision import transforms as T
+
+from models.errors import UserError
+
+log = logging.getLogger("data")
+INTERPOLATIONS = ("bicubic", "bilinear", "nearest", "random")
+TRAIN_CROPS = ("auto", "pad", "rrc")
+
+
+def train_crop_mode(cfg):
+    if cfg.train_crop not in TRAIN_CROPS:
+        raise UserError(f"unknown data.train_crop '{cfg.train_crop}'; valid: {', '.join(TRAIN_CROPS)}")
+    if cfg.train_crop != "auto":
+        return cfg.train_crop
+    return "rrc" if cfg.dataset == "imagefolder" else "pad"
+
+
+def uses_memory_path(cfg, dataset):
+    """The device fast path covers pad-crop + flip + erasing; anything else goes per-sample."""
+    return (bool(cfg.in_memory) and getattr(dataset, "in_memory_capable", False) and not cfg.auto_augment
+            and not cfg.color_jitter and train_crop_mode(cfg) == "pad")
+
+
+def _posterize_zero_safe(img, bits_to_keep, **kw):
+    """timm's posterize, but bits_to_keep=0 gives the black image older Pillow produced (Pillow
+    >= 11 raises ValueError for 0 bits, which timm's 'inc1' RandAugment can ask for at level 10)."""
+    from PIL import Image
+    from timm.data.auto_augment import posterize
+
+    if bits_to_keep <= 0:
+        return Image.new(img.mode, img.size)
+    return posterize(img, bits_to_keep, **kw)
+
+
+def _patch_posterize(transform):
+    for t in getattr(transform, "transforms", []):
+        for op in getattr(t, "ops", []):
+            if "Posterize" in getattr(op, "name", ""):
+                op.aug_fn = _posterize_zero_safe
+        _patch_posterize(t)
+    return transform
+
+
+def _timm_train_parts(cfg):
+    """(primary, secondary, final) from timm; we replace only `primary` in pad-crop mode."""
+    return tuple(_patch_posterize(t) for t in create_transform(
+        cfg.image_size, is_training=True, hflip=cfg.hflip, color_jitter=cfg.color_jitter or None,
+        auto_augment=cfg.auto_augment, interpolation=cfg.interpolation, mean=tuple(cfg.mean), std=tuple(cfg.std),
+        re_prob=cfg.reprob, re_mode="pixel", re_count=1, separate=True))
+
+
+def build_train_transform(cfg, native_size):
+    """PIL image -> normalised float tensor, per-sample randomness from `random`/torch RNG."""
+    primary, secondary, final = _timm_train_parts(cfg)
+    if train_crop_mode(cfg) == "rrc":
+        return T.Compose([primary, secondary, final])
+    pre = [] if native_size == cfg.image_size else [T.Resize(cfg.image_size, interpolation=T.InterpolationMode.BICUBIC)]
+    primary = T.Compose(pre + [T.RandomCrop(cfg.image_size, padding=cfg.crop_padding),
+                               T.RandomHorizontalFlip(cfg.hflip)])
+    return T.Compose([primary, secondary, final])
+
+
+def build_eval_transform(cfg, native_size):
+    """Pad-crop datasets at native size are only normalised (no resize/center crop, crop_pct unused);
+    otherwise timm's eval transform: resize to image_size/crop_pct, center crop (DeiT)."""
+    if train_crop_mode(cfg) == "pad":
+        pre = [] if native_size == cfg.image_size else [T.Resize(cfg.image_size, interpolation=T.InterpolationMode.BICUBIC)]
+        return T.Compose(pre + [T.ToTensor(), T.Normalize(cfg.mean, cfg.std)])
+    return create_transform(cfg.image_size, is_training=False, interpolation=cfg.interpolation,
+                            crop_pct=cfg.crop_pct, mean=tuple(cfg.mean), std=tuple(cfg.std))
+
+
+def resize_uint8(images, size):
+    """Whole-tensor bicubic resize of uint8 (N, 3, H, W) images (done once per device)."""
+    if images.shape[-1] == size and images.shape[-2] == size:
+        return images
+    out = [F.interpolate(images[i:i + 1024].float(), size=(size, size), mode="bicubic", antialias=True, align_corners=False)
+           for i in range(0, len(images), 1024)]
+    return torch.cat(out).round_().clamp_(0, 255).to(torch.uint8)
+
+
+class Normalize:
+    """uint8 (B,3,H,W) -> float (x/255 - mean)/std as one fused multiply-add."""
+
+    def __init__(self, mean, std, device):
+        std = torch.tensor(std, dtype=torch.float32, device=device)
+        self.scale = (1.0 / (255.0 * std)).view(1, 3, 1, 1)
+        self.bias = (-torch.tensor(mean, dtype=torch.float32, device=device) / std).view(1, 3, 1, 1)
+
+    def __call__(self, x):
+        return torch.addcmul(self.bias, x.float(), self.scale)
+
+
+class BatchAugment:
+    """In-memory training augmentation of a uint8 batch on its device.
+
+    Each sample's crop offset and flip come from its own 64-bit `aug_seed` (a pure function of
+    (seed, epoch, position) computed by the sampler), so the result does not depend on batch
+    composition, rank or resume point. Random erasing uses timm's RandomErasing per sample under
+    a forked, reseeded RNG (it draws from `random` and torch's global generator).
+    """
+
+    def __init__(self, cfg, device):
+        self.pad = int(cfg.crop_padding)
+        self.hflip = float(cfg.hflip)
+        self.size = int(cfg.image_size)
+        self.normalize = Normalize(cfg.mean, cfg.std, device)
+        self.device = torch.device(device)
+        self.erasing = RandomErasing(cfg.reprob, mode="pixel", device=str(self.device)) if cfg.reprob > 0 else None
+
+    def __call__(self, images, aug_seeds):
+        b, c, h, w = images.shape
+        seeds = np.asarray(aug_seeds, dtype=np.uint64)
+        span = np.uint64(2 * self.pad + 1)
+        oy = torch.from_numpy((seeds % span).astype(np.int64))
+        ox = torch.from_numpy(((seeds >> np.uint64(8)) % span).astype(np.int64))
+        flip = torch.from_numpy(((seeds >> np.uint64(16)) & np.uint64(0xFFFFFF)).astype(np.float64) / float(1 << 24) < self.hflip)
+        dev = images.device
+        oy, ox, flip = oy.to(dev, non_blocking=True), ox.to(dev, non_blocking=True), flip.to(dev, non_blocking=True)
+        if self.pad:
+            images = F.pad(images, (self.pad,) * 4)  # zero fill, as torchvision RandomCrop(padding=p)
+        ar_h = torch.arange(self.size, device=dev)
+        ar_w = torch.arange(self.size, device=dev)
+        rows = oy[:, None] + ar_h[None]  # (B, S)
+        cols = torch.where(flip[:, None], ox[:, None] + (self.size - 1 - ar_w)[None], ox[:, None] + ar_w[None])
+        bidx = torch.arange(b, device=dev)[:, None, None]
+        out = images.permute(0, 2, 3, 1)[bidx, rows[:, :, None], cols[:, None, :]]  # (B, S, S, C)
+        out = self.normalize(out.permute(0, 3, 1, 2))
+        if self.erasing is not None:
+            self._erase(out, seeds)
+        return out.contiguous()
+
+    def _erase(self, out, seeds):
+        import random
+
+        devices = [out.device] if out.device.type == "cuda" else []
+        state = random.getstate()
+        try:
+            with torch.random.fork_rng(devices=devices):
+                for i, s in enumerate(seeds.tolist()):
+                    s = (s * 0x9E3779B97F4A7C15 + 1) & ((1 << 63) - 1)  # decorrelate from crop/flip bits
+                    random.seed(s)
+                    torch.manual_seed(s)
+                    self.erasing(out[i])
+        finally:
+            random.setstate(state)
