@@ -1,5 +1,10 @@
 """Models: the ResMLP family (models/resmlp.py) and the swappable output heads (models/heads.py)."""
+from .convert import convert_state_dict, load_pretrained
 from .errors import UserError
+from .heads import (HEAD_NAMES, Entmax15Loss, EntmaxBisectLoss, OutputHead, SoftmaxLoss, SparsemaxLoss,
+                    build_output_head, entmax15, entmax15_loss, entmax_bisect, entmax_bisect_loss, softmax,
+                    softmax_loss, sparsemax, sparsemax_loss)
+from .resmlp import MODEL_NAMES, Affine, ResMLP, create_resmlp  # importing registers resmlp_* with timm
 
 
 def create_classifier(model_cfg, head_cfg, num_classes):
@@ -11,11 +16,8 @@ def create_classifier(model_cfg, head_cfg, num_classes):
     """
     import timm
 
-    from . import resmlp  # noqa: F401  (registers the resmlp_* names with timm)
-    from .heads import build_output_head
-
-    if model_cfg.name not in resmlp.MODEL_NAMES:
-        raise UserError(f"unknown model '{model_cfg.name}'; valid names: {', '.join(resmlp.MODEL_NAMES)}")
+    if model_cfg.name not in MODEL_NAMES:
+        raise UserError(f"unknown model '{model_cfg.name}'; valid names: {', '.join(MODEL_NAMES)}")
     model = timm.create_model(
         model_cfg.name,
         num_classes=num_classes,
