@@ -1,0 +1,277 @@
+"""Load, validate and save configs.
+
+YAML files may extend another with `base: relative/path.yaml` (relative to the file, chained;
+sections are merged key by key, the child wins). Command-line overrides `key.sub=value` parse the
+value as a YAML scalar (`optim.lr=1e-3`, `train.ema=false`, `model.init_values=null`).
+
+Every mistake is a one-line `UserError`: unknown key (closest valid key suggested), wrong type
+(key and expected type named), malformed YAML (file and line), missing file, bad choice.
+"""
+import dataclasses
+import difflib
+import os
+import typing
+
+import yaml
+
+from models.errors import UserError
+
+from .schema import CHOICES, Config
+
+RUN_CONFIG_NAME = "config.yaml"
+
+
+# ----------------------------------------------------------------------------- reading YAML
+def _read_yaml(path):
+    if not os.path.isfile(path):
+        raise UserError(f"config file not found: {path}")
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else path
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise UserError(f"malformed YAML at {where}: {problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: a config must be a mapping of sections (model:, head:, data:, optim:, train:)")
+    return data
+
+
+def _merge(base, child):
+    """Deep merge: nested mappings merge key by key, anything else in `child` replaces `base`."""
+    out = dict(base)
+    for key, value in child.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _load_chain(path, seen=()):
+    path = os.path.abspath(path)
+    if path in seen:
+        raise UserError(f"config inheritance cycle: {' -> '.join(seen + (path,))}")
+    data = _read_yaml(path)
+    bases = data.pop("base", None)
+    if bases is None:
+        return data
+    if isinstance(bases, str):
+        bases = [bases]
+    if not isinstance(bases, list) or not all(isinstance(b, str) for b in bases):
+        raise UserError(f"{path}: 'base' must be a relative path (or a list of them)")
+    merged = {}
+    for base in bases:
+        base_path = os.path.join(os.path.dirname(path), base)
+        merged = _merge(merged, _load_chain(base_path, seen + (path,)))
+    return _merge(merged, data)
+
+
+# ----------------------------------------------------------------------------- overrides
+def parse_override(text):
+    """'optim.lr=1e-3' -> (['optim', 'lr'], 0.001): the value is parsed as a YAML scalar."""
+    text = text[2:] if text.startswith("--") else text
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise UserError(f"override '{text}' must look like key.sub=value (e.g. optim.lr=1e-3)")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw  # not valid YAML: keep it as a plain string, the type check decides
+    return key.strip().split("."), value
+
+
+def apply_overrides(data, overrides):
+    for text in overrides or ():
+        keys, value = parse_override(text)
+        node = data
+        for k in keys[:-1]:
+            if not isinstance(node.get(k), dict):
+                node[k] = {}
+            node = node[k]
+        node[keys[-1]] = value
+    return data
+
+
+# ----------------------------------------------------------------------------- typed building
+def _all_keys(cls=Config, prefix=""):
+    keys = []
+    for f in dataclasses.fields(cls):
+        full = prefix + f.name
+        hint = typing.get_type_hints(cls)[f.name]
+        if dataclasses.is_dataclass(hint):
+            keys += _all_keys(hint, full + ".")
+        else:
+            keys.append(full)
+    return keys
+
+
+def _suggest(full_key):
+    keys = _all_keys()
+    match = difflib.get_close_matches(full_key, keys, n=1, cutoff=0.6)
+    if not match:  # try the last component alone, e.g. 'lr' -> 'optim.lr'
+        leaf = full_key.rsplit(".", 1)[-1]
+        by_leaf = {k.rsplit(".", 1)[-1]: k for k in keys}
+        leaf_match = difflib.get_close_matches(leaf, list(by_leaf), n=1, cutoff=0.6)
+        match = [by_leaf[leaf_match[0]]] if leaf_match else []
+    return match[0] if match else None
+
+
+def _type_name(tp):
+    origin = typing.get_origin(tp)
+    if origin is typing.Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return " or ".join(_type_name(a) for a in args) + " or null"
+    if origin in (tuple, typing.Tuple):
+        return "list of " + ", ".join(_type_name(a) for a in typing.get_args(tp))
+    return getattr(tp, "__name__", str(tp))
+
+
+class _TypeMismatch(Exception):
+    pass
+
+
+def _coerce(value, tp):
+    origin = typing.get_origin(tp)
+    if origin is typing.Union:
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a)
+            except _TypeMismatch:
+                pass
+        raise _TypeMismatch
+    if origin in (tuple, typing.Tuple):
+        args = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)):
+            raise _TypeMismatch
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(v, args[0]) for v in value)
+        if len(value) != len(args):
+            raise _TypeMismatch
+        return tuple(_coerce(v, a) for v, a in zip(value, args))
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise _TypeMismatch
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise _TypeMismatch
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # PyYAML reads '5e-3' (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                raise _TypeMismatch from None
+        raise _TypeMismatch
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise _TypeMismatch
+    return value  # other annotations: accepted as given
+
+
+def _build(cls, data, prefix=""):
+    if not isinstance(data, dict):
+        raise UserError(f"'{prefix.rstrip('.')}' must be a mapping of keys, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        full = prefix + str(key)
+        if key not in names:
+            sibling = difflib.get_close_matches(str(key), sorted(names), n=1, cutoff=0.6)
+            hint = prefix + sibling[0] if sibling else _suggest(full)
+            tip = f"; did you mean '{hint}'?" if hint else f"; valid keys here: {', '.join(sorted(names))}"
+            raise UserError(f"unknown config key '{full}'{tip}")
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            kwargs[key] = _build(tp, value if value is not None else {}, full + ".")
+            continue
+        try:
+            kwargs[key] = _coerce(value, tp)
+        except _TypeMismatch:
+            raise UserError(f"config key '{full}' expects {_type_name(tp)}, got {value!r} ({type(value).__name__})") from None
+    return cls(**kwargs)
+
+
+def _check(cfg):
+    for key, choices in CHOICES.items():
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if value not in choices:
+            raise UserError(f"config key '{key}' must be one of {', '.join(choices)}; got '{value}'")
+    positive = {
+        "data.batch_size": cfg.data.batch_size, "data.eval_batch_size": cfg.data.eval_batch_size,
+        "optim.epochs": cfg.optim.epochs, "optim.lr_base_batch": cfg.optim.lr_base_batch,
+        "train.grad_accum": cfg.train.grad_accum, "train.eval_every": cfg.train.eval_every,
+        "train.log_every": cfg.train.log_every, "train.save_every": cfg.train.save_every,
+        "train.keep_last": cfg.train.keep_last,
+    }
+    for key, value in positive.items():
+        if value < 1:
+            raise UserError(f"config key '{key}' must be >= 1, got {value}")
+    if not 1.0 < cfg.head.alpha <= 2.0:
+        raise UserError(f"config key 'head.alpha' must be in (1, 2], got {cfg.head.alpha}")
+    if cfg.optim.lr <= 0:
+        raise UserError(f"config key 'optim.lr' must be > 0, got {cfg.optim.lr}")
+    if cfg.model.img_size != cfg.data.image_size:
+        raise UserError(
+            f"model.img_size ({cfg.model.img_size}) differs from data.image_size ({cfg.data.image_size}); set both to the same value"
+        )
+    return cfg
+
+
+def config_from_dict(data, default_name="run"):
+    data = dict(data)
+    data.setdefault("name", default_name)
+    cfg = _check(_build(Config, data))
+    cfg.train.output_dir = cfg.train.output_dir.replace("{name}", cfg.name)
+    return cfg
+
+
+def load_config(path, overrides=()):
+    """Read `path` (following `base:` chains), apply `key.sub=value` overrides, validate."""
+    data = apply_overrides(_load_chain(path), overrides)
+    return config_from_dict(data, default_name=os.path.splitext(os.path.basename(path))[0])
+
+
+def config_to_dict(cfg):
+    def plain(x):
+        if isinstance(x, dict):
+            return {k: plain(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [plain(v) for v in x]
+        return x
+
+    return plain(dataclasses.asdict(cfg))
+
+
+def save_config(cfg, path):
+    """Write the fully resolved config (every field) as YAML, atomically."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        yaml.safe_dump(config_to_dict(cfg), f, sort_keys=False)
+    os.replace(tmp, path)
+
+
+def load_run_config(run_dir, overrides=()):
+    """The resolved config a training run saved (RUN_DIR/config.yaml; a file path works too)."""
+    path = os.path.join(run_dir, RUN_CONFIG_NAME) if os.path.isdir(run_dir) else run_dir
+    if not os.path.isfile(path):
+        raise UserError(f"no {RUN_CONFIG_NAME} in {run_dir}: is it a run directory written by train.py?")
+    data = apply_overrides(_read_yaml(path), overrides)
+    data.pop("base", None)
+    return config_from_dict(data, default_name=os.path.basename(os.path.abspath(os.path.dirname(path))))

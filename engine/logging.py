@@ -1,0 +1,133 @@
+"""Run-directory logs written by the main process: metrics.jsonl, epochs.csv, console lines.
+
+Resume safety: `truncate_after(step)` drops every row logged after the checkpoint's step, so a
+resumed run re-logs those steps exactly once (no duplicated or missing step in metrics.jsonl).
+"""
+import csv
+import io
+import json
+import math
+import os
+import sys
+
+METRICS_FILE = "metrics.jsonl"
+EPOCHS_FILE = "epochs.csv"
+
+
+def _clean(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # JSON has no NaN/inf: keep them readable instead of invalid
+    return value
+
+
+def _rewrite(path, lines):
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.writelines(lines)
+    os.replace(tmp, path)
+
+
+class MetricsLog:
+    """Append-only JSON-lines log (one object per logged step and per eval)."""
+
+    def __init__(self, run_dir, enabled=True):
+        self.path = os.path.join(run_dir, METRICS_FILE)
+        self.enabled = enabled
+
+    def write(self, **row):
+        if not self.enabled:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps({k: _clean(v) for k, v in row.items()}) + "\n")
+            f.flush()
+
+    def reset(self):
+        if self.enabled and os.path.exists(self.path):
+            os.remove(self.path)
+
+    def truncate_after(self, step):
+        if not self.enabled or not os.path.exists(self.path):
+            return
+        keep = []
+        with open(self.path) as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except ValueError:  # a line cut by a kill mid-write
+                    continue
+                if row.get("step", 0) <= step:
+                    keep.append(json.dumps(row) + "\n")
+        _rewrite(self.path, keep)
+
+
+class EpochCSV:
+    """One row per epoch: counters, train loss/lr/throughput and the epoch's eval metrics."""
+
+    def __init__(self, run_dir, enabled=True):
+        self.path = os.path.join(run_dir, EPOCHS_FILE)
+        self.enabled = enabled
+
+    def write(self, row):
+        if not self.enabled:
+            return
+        rows = self.read()
+        fields = list(rows[0].keys()) if rows else []
+        fields += [k for k in row if k not in fields]
+        rows.append({k: _clean(v) for k, v in row.items()})
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=fields, restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+        _rewrite(self.path, [buf.getvalue()])
+
+    def read(self):
+        if not os.path.exists(self.path):
+            return []
+        with open(self.path, newline="") as f:
+            return list(csv.DictReader(f))
+
+    def reset(self):
+        if self.enabled and os.path.exists(self.path):
+            os.remove(self.path)
+
+    def truncate_after(self, step):
+        if not self.enabled:
+            return
+        rows = [r for r in self.read() if int(r.get("step") or 0) <= step]
+        if not rows:
+            self.reset()
+            return
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=list(rows[0].keys()), restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+        _rewrite(self.path, [buf.getvalue()])
+
+
+def tensorboard_available():
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        try:
+            import tensorboardX  # noqa: F401
+        except ImportError:
+            return False
+    return True
+
+
+def console(msg, enabled=True):
+    """Print a line on the main process without breaking the tqdm bar."""
+    if not enabled:
+        return
+    try:
+        from tqdm import tqdm
+
+        tqdm.write(msg, file=sys.stdout)
+    except ImportError:
+        print(msg, flush=True)
+    sys.stdout.flush()
+
+
+def format_eval(metrics):
+    return (f"top1 {100 * metrics['top1']:.2f}%  top5 {100 * metrics['top5']:.2f}%  "
+            f"loss {metrics['loss']:.4f}  support {metrics['support_size']:.2f}")

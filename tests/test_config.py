@@ -1,0 +1,153 @@
+"""Config system: every shipped config loads; base inheritance; overrides; one-line errors."""
+import glob
+import os
+
+import pytest
+
+import configs
+from configs import load_config, load_run_config, save_config
+from models.errors import UserError
+
+CONFIG_DIR = configs.CONFIG_DIR
+ALL_CONFIGS = sorted(glob.glob(os.path.join(CONFIG_DIR, "**", "*.yaml"), recursive=True))
+
+
+def _write(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+    return str(path)
+
+
+def test_shipped_configs_are_all_there():
+    names = {os.path.relpath(p, CONFIG_DIR) for p in ALL_CONFIGS}
+    for required in ["base.yaml", "quickstart.yaml", "cifar10.yaml", "cifar100.yaml",
+                     "imagenet/resmlp_s12.yaml", "imagenet/resmlp_s24.yaml", "imagenet/resmlp_s36.yaml",
+                     "imagenet/resmlp_b24.yaml", "imagenet/resmlp_s12_layernorm.yaml"]:
+        assert required in names
+
+
+@pytest.mark.parametrize("path", ALL_CONFIGS, ids=lambda p: os.path.relpath(p, CONFIG_DIR))
+@pytest.mark.parametrize("head", ["softmax", "sparsemax", "entmax15", "entmax_bisect"])
+def test_every_config_loads_with_every_head(path, head):
+    cfg = load_config(path, [f"head.name={head}"])
+    assert cfg.head.name == head
+    assert cfg.model.img_size == cfg.data.image_size
+    assert "{name}" not in cfg.train.output_dir
+
+
+def test_imagenet_recipe_matches_paper():
+    cfg = load_config(os.path.join(CONFIG_DIR, "imagenet", "resmlp_s24.yaml"))
+    assert cfg.model.name == "resmlp_s24" and cfg.model.norm == "affine"
+    o, d = cfg.optim, cfg.data
+    assert (o.name, o.lr, o.lr_base_batch, o.weight_decay, o.epochs, o.warmup_epochs) == ("lamb", 5e-3, 2048, 0.2, 400, 5)
+    assert (d.mixup, d.cutmix, d.reprob, d.label_smoothing, d.repeated_aug) == (0.8, 1.0, 0.25, 0.1, True)
+    assert d.auto_augment == "rand-m9-mstd0.5-inc1" and cfg.model.drop_path == 0.05
+    ln = load_config(os.path.join(CONFIG_DIR, "imagenet", "resmlp_s24_layernorm.yaml"))
+    assert ln.model.norm == "layernorm" and ln.model.name == "resmlp_s24" and ln.optim == cfg.optim
+
+
+def test_base_inheritance_is_chained_and_relative(tmp_path):
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    _write(tmp_path / "root.yaml", "optim: {lr: 0.1, epochs: 7}\ntrain: {seed: 3}\n")
+    _write(sub / "mid.yaml", "base: ../root.yaml\noptim: {lr: 0.2}\nhead: {name: sparsemax}\n")
+    leaf = _write(sub / "leaf.yaml", "base: mid.yaml\ntrain: {seed: 5}\n")
+    cfg = load_config(leaf)
+    assert cfg.optim.lr == 0.2 and cfg.optim.epochs == 7  # merged key by key, child wins
+    assert cfg.train.seed == 5 and cfg.head.name == "sparsemax"
+    assert cfg.name == "leaf" and cfg.train.output_dir == "runs/leaf"
+
+
+def test_base_cycle_is_an_error(tmp_path):
+    _write(tmp_path / "a.yaml", "base: b.yaml\n")
+    _write(tmp_path / "b.yaml", "base: a.yaml\n")
+    with pytest.raises(UserError, match="cycle"):
+        load_config(str(tmp_path / "a.yaml"))
+
+
+def test_overrides_are_yaml_scalars(tmp_path):
+    path = _write(tmp_path / "c.yaml", "optim: {lr: 0.1}\n")
+    cfg = load_config(path, ["optim.lr=1e-3", "train.ema=false", "model.init_values=null",
+                             "optim.betas=[0.8, 0.9]", "data.auto_augment=rand-m9-mstd0.5-inc1", "name=x"])
+    assert cfg.optim.lr == 1e-3 and isinstance(cfg.optim.lr, float)  # '1e-3' is a str to PyYAML
+    assert cfg.train.ema is False and cfg.model.init_values is None
+    assert cfg.optim.betas == (0.8, 0.9) and cfg.data.auto_augment == "rand-m9-mstd0.5-inc1"
+    assert cfg.train.output_dir == "runs/x"
+
+
+@pytest.mark.parametrize("override,suggestion", [
+    ("optim.lrr=1", "optim.lr"),
+    ("train.ema_decy=0.9", "train.ema_decay"),
+    ("data.batchsize=8", "data.batch_size"),
+    ("head.nme=sparsemax", "head.name"),
+])
+def test_unknown_key_suggests_closest(tmp_path, override, suggestion):
+    path = _write(tmp_path / "c.yaml", "")
+    with pytest.raises(UserError) as err:
+        load_config(path, [override])
+    msg = str(err.value)
+    assert "\n" not in msg and "unknown config key" in msg and f"did you mean '{suggestion}'" in msg
+
+
+def test_unknown_key_in_yaml_file(tmp_path):
+    path = _write(tmp_path / "c.yaml", "modle:\n  name: resmlp_tiny\n")
+    with pytest.raises(UserError, match="did you mean 'model"):
+        load_config(path)
+
+
+@pytest.mark.parametrize("override,key,expected", [
+    ("optim.lr=fast", "optim.lr", "float"),
+    ("data.batch_size=1.5", "data.batch_size", "int"),
+    ("train.ema=3", "train.ema", "bool"),
+    ("optim.betas=0.9", "optim.betas", "list of float"),
+    ("model.init_values=abc", "model.init_values", "float or null"),
+])
+def test_wrong_type_names_key_and_type(tmp_path, override, key, expected):
+    path = _write(tmp_path / "c.yaml", "")
+    with pytest.raises(UserError) as err:
+        load_config(path, [override])
+    msg = str(err.value)
+    assert f"'{key}'" in msg and f"expects {expected}" in msg and "\n" not in msg
+
+
+def test_bad_choice_lists_valid_values(tmp_path):
+    path = _write(tmp_path / "c.yaml", "head: {name: softmaks}\n")
+    with pytest.raises(UserError, match="sparsemax"):
+        load_config(path)
+
+
+def test_malformed_yaml_reports_line(tmp_path):
+    path = _write(tmp_path / "c.yaml", "model:\n  name: resmlp_tiny\noptim:\n  lr: [0.1\n  epochs: 3\n")
+    with pytest.raises(UserError) as err:
+        load_config(path)
+    assert "malformed YAML" in str(err.value) and "c.yaml:" in str(err.value)
+    line = int(str(err.value).split("c.yaml:")[1].split(":")[0])
+    assert 4 <= line <= 6
+
+
+def test_missing_file_and_bad_override():
+    with pytest.raises(UserError, match="not found"):
+        load_config("/nonexistent/x.yaml")
+    with pytest.raises(UserError, match="key.sub=value"):
+        configs.parse_override("optim.lr")
+
+
+def test_save_and_load_run_config_roundtrip(tmp_path):
+    cfg = load_config(os.path.join(CONFIG_DIR, "quickstart.yaml"), ["head.name=entmax_bisect", "head.learn_alpha=true"])
+    save_config(cfg, str(tmp_path / "config.yaml"))
+    again = load_run_config(str(tmp_path))
+    assert again == cfg
+    with pytest.raises(UserError, match="config.yaml"):
+        load_run_config(str(tmp_path / "nope"))
+
+
+def test_train_cli_prints_one_line_and_exits_2(tmp_path):
+    import subprocess
+    import sys
+
+    root = os.path.dirname(CONFIG_DIR)
+    proc = subprocess.run([sys.executable, os.path.join(root, "train.py"), "--config",
+                           os.path.join(CONFIG_DIR, "quickstart.yaml"), "optim.lrr=1"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: unknown config key 'optim.lrr'; did you mean 'optim.lr'?"

@@ -1,0 +1,80 @@
+"""Shared helpers for the train.py tests (tiny ResMLP on a tiny built-in dataset, CPU)."""
+import json
+import os
+import subprocess
+import sys
+
+from configs import config_from_dict, save_config
+from configs.loader import apply_overrides
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN_PY = os.path.join(ROOT, "train.py")
+
+TINY = {
+    "name": "tiny",
+    "model": {"name": "resmlp_tiny", "img_size": 16},
+    "head": {"name": "softmax"},
+    "data": {"dataset": "builtin10", "image_size": 16, "builtin_train_size": 256, "builtin_val_size": 100, "batch_size": 32,
+             "eval_batch_size": 64, "num_workers": 0},
+    "optim": {"name": "lamb", "lr": 5e-3, "lr_base_batch": 32, "weight_decay": 0.05, "epochs": 2, "warmup_epochs": 0.5},
+    "train": {"log_every": 1, "save_every": 5, "ema_decay": 0.9, "tensorboard": False, "progress": False},
+}
+NO_AUG = ["data.hflip=0.0", "data.crop_padding=0", "data.mixup=0.0", "data.cutmix=0.0", "model.drop_path=0.0"]
+
+
+def tiny_cfg(run_dir, *overrides):
+    data = json.loads(json.dumps(TINY))
+    apply_overrides(data, [f"train.output_dir={run_dir}", *overrides])
+    return config_from_dict(data)
+
+
+def write_cfg(cfg, path):
+    save_config(cfg, str(path))
+    return str(path)
+
+
+def run_inprocess(cfg, **kwargs):
+    """train.train(cfg) in this process (Accelerate's singletons reset first)."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    import torch
+
+    import train
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the machine is shared: one thread is faster than two contended ones
+    try:
+        return train.train(cfg, **kwargs)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def subprocess_env(**extra):
+    env = dict(os.environ)
+    env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def train_cmd(config_path, *args):
+    return [sys.executable, TRAIN_PY, "--config", str(config_path), *args]
+
+
+def run_train_subprocess(config_path, *args, env=None, timeout=240):
+    return subprocess.run(train_cmd(config_path, *args), cwd=ROOT, env=env or subprocess_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def read_metrics(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def weights(run_dir, name="model.safetensors"):
+    from safetensors.torch import load_file
+
+    return load_file(os.path.join(run_dir, name))

@@ -1,0 +1,93 @@
+"""Exact resume: a run SIGKILLed mid-epoch and resumed ends bit-identical to the uninterrupted run
+(augmentation, Mixup/CutMix and drop path on); a kill during a checkpoint save leaves the previous
+checkpoint valid and `--resume auto` skips the partial one."""
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+
+from engine import checkpoint as ck
+from test_train_helpers import ROOT, read_metrics, run_train_subprocess, subprocess_env, tiny_cfg, train_cmd, weights, write_cfg
+
+# 3 epochs x 8 updates; checkpoints every 5 updates (mid-epoch) and at epoch ends.
+RECIPE = ["optim.epochs=3", "data.mixup=0.8", "data.cutmix=1.0", "data.label_smoothing=0.1", "model.drop_path=0.1",
+          "train.save_every=5", "train.ema_decay=0.9", "data.reprob=0.25"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted run."""
+    tmp = tmp_path_factory.mktemp("ref")
+    cfg = tiny_cfg(str(tmp / "run"), *RECIPE)
+    proc = run_train_subprocess(write_cfg(cfg, tmp / "c.yaml"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return str(tmp / "run")
+
+
+def _assert_same_run(run, ref):
+    for name in ("model.safetensors", "model_ema.safetensors"):
+        a, b = weights(run, name), weights(ref, name)
+        assert a.keys() == b.keys()
+        for k in a:
+            assert torch.equal(a[k], b[k]), f"{name}:{k} differs after resume"
+    rows = read_metrics(run)
+    steps = [r["step"] for r in rows if r["kind"] == "train"]
+    assert steps == list(range(1, 25))  # no duplicated or missing step
+    evals = [(r["step"], r["weights"], r["top1"], r["loss"]) for r in rows if r["kind"] == "eval"]
+    ref_evals = [(r["step"], r["weights"], r["top1"], r["loss"]) for r in read_metrics(ref) if r["kind"] == "eval"]
+    assert evals == ref_evals
+    ref_losses = [r["loss"] for r in read_metrics(ref) if r["kind"] == "train"]
+    assert [r["loss"] for r in rows if r["kind"] == "train"] == ref_losses
+
+
+def test_sigkill_mid_epoch_and_mid_save_then_resume_is_bit_identical(tmp_path, reference):
+    run = str(tmp_path / "run")
+    cfg_path = write_cfg(tiny_cfg(run, *RECIPE), tmp_path / "c.yaml")
+    root = os.path.join(run, "checkpoints")
+
+    # 1. SIGKILL from outside once the log shows a step past the first checkpoint (step 5), inside
+    #    epoch 1 (8 steps); the steps are slowed down by a sleep (numerics untouched) so it lands mid-run.
+    proc = subprocess.Popen(train_cmd(cfg_path), cwd=ROOT, env=subprocess_env(RESMLP_STEP_DELAY_S=0.3),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    metrics = os.path.join(run, "metrics.jsonl")
+    deadline = time.time() + 180
+    killed_at = None
+    while time.time() < deadline and proc.poll() is None:
+        if os.path.exists(metrics):
+            steps = [json.loads(line)["step"] for line in open(metrics) if line.strip().endswith("}")]
+            if steps and max(steps) >= 7:
+                proc.send_signal(signal.SIGKILL)
+                killed_at = max(steps)
+                break
+        time.sleep(0.05)
+    proc.wait(timeout=60)
+    assert killed_at is not None and proc.returncode == -signal.SIGKILL, proc.stderr.read()[-2000:]
+    assert not os.path.exists(os.path.join(run, "summary.json"))
+    latest = ck.find_latest(run)
+    assert latest.endswith(ck.checkpoint_name(5)) and ck.read_trainer_state(latest)["batch"] == 5  # mid-epoch
+
+    # 2. resume, and die in the middle of writing the step-10 checkpoint (after its weights, before its marker)
+    died = run_train_subprocess(cfg_path, "--resume", "auto", env=subprocess_env(RESMLP_KILL_DURING_SAVE=10))
+    assert died.returncode == -signal.SIGKILL, died.stderr[-2000:]
+    assert "resumed from" in died.stdout
+    partial = os.path.join(root, ".tmp-" + ck.checkpoint_name(10))
+    assert os.path.isfile(os.path.join(partial, "model.safetensors")) and not os.path.exists(os.path.join(partial, ck.MARKER))
+    assert [s for s, _ in ck.list_checkpoints(root)] == [5, 8]
+    assert ck.validation_error(os.path.join(root, ck.checkpoint_name(8))) is None
+    # a half-written step directory (e.g. copied by hand) must be skipped by --resume auto as well
+    bogus = os.path.join(root, ck.checkpoint_name(9))
+    os.makedirs(bogus)
+    open(os.path.join(bogus, "model.safetensors"), "wb").write(b"\0" * 10)
+    assert ck.find_latest(run, warn=lambda m: None).endswith(ck.checkpoint_name(8))
+
+    # 3. resume again: ends bit-identical to the uninterrupted run, logs every step exactly once
+    resumed = run_train_subprocess(cfg_path, "--resume", "auto")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "skipping" in resumed.stdout and "resumed from" in resumed.stdout and ck.checkpoint_name(8) in resumed.stdout
+    _assert_same_run(run, reference)
+    assert not os.path.exists(partial)  # the stale temp dir was cleaned by a later save
+    assert not os.path.exists(bogus)  # and the incomplete step directory by the pruning
