@@ -1,0 +1,157 @@
+"""Turning metric dicts into files and tables: JSON, CSV rows, terminal/markdown tables.
+
+Shared by eval.py (one checkpoint) and scripts/compare_heads.py (mean ± std over seeds).
+"""
+import csv
+import json
+import math
+import os
+import statistics
+
+# Scalar metrics in display order: (key in the flattened dict, label, format).
+METRIC_COLUMNS = [
+    ("top1", "top-1 acc", "pct"),
+    ("top5", "top-5 acc", "pct"),
+    ("balanced_accuracy", "mean per-class acc", "pct"),
+    ("worst_class_accuracy", "worst-class acc", "pct"),
+    ("loss", "FY loss", "f4"),
+    ("nll", "NLL (finite part)", "f4"),
+    ("zero_prob_frac", "P(p_y = 0)", "pct"),
+    ("ece", "ECE (15 bins)", "f4"),
+    ("support_mean", "support size mean", "f2"),
+    ("support_median", "support size median", "f1"),
+    ("support_coverage", "support contains y", "pct"),
+]
+SPEED_COLUMNS = [
+    ("img_per_s", "eval img/s", "f0"),
+]
+
+
+def prediction_set_columns(methods, epsilons):
+    """Flattened keys of prediction-set results: ps_<method>_eps<ε>_{coverage,size,threshold}."""
+    cols = []
+    for method in methods:
+        for eps in epsilons:
+            base = f"ps_{method}_eps{eps}"
+            cols.append((f"{base}_coverage", f"{method} ε={eps} coverage", "pct"))
+            cols.append((f"{base}_size", f"{method} ε={eps} mean set size", "f2"))
+    return cols
+
+
+def flatten_metrics(result):
+    """Scalars of an eval result (eval.py's JSON) as one flat dict, for CSV rows and tables."""
+    flat = {}
+    for key, value in result.items():
+        if isinstance(value, (int, float, str)) and not isinstance(value, bool) or value is None:
+            flat[key] = value
+    ps = result.get("prediction_sets") or {}
+    calib = ps.get("calibration") or {}
+    for key in ("source", "n_calib", "n_eval"):
+        if key in calib:
+            flat[f"ps_calib_{key}"] = calib[key]
+    for method, res in (ps.get("methods") or {}).items():
+        for eps, r in res["eps"].items():
+            base = f"ps_{method}_eps{eps}"
+            flat[f"{base}_coverage"] = r["coverage"]
+            flat[f"{base}_size"] = r["mean_set_size"]
+            flat[f"{base}_threshold"] = r["threshold"]
+    return flat
+
+
+def json_safe(obj):
+    """Replace non-finite floats by None (strict JSON) recursively."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def write_json(obj, path):
+    """Atomic JSON write (a reader never sees half a file; compare_heads relies on this)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(json_safe(obj), f, indent=2)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def write_csv(rows, path):
+    """Rows (dicts) -> CSV with the union of their keys as header, in first-seen order."""
+    header = []
+    for row in rows:
+        header.extend(k for k in row if k not in header)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=header)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
+
+
+def format_value(value, fmt):
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    if isinstance(value, float) and math.isinf(value):
+        return "inf"
+    if fmt == "pct":
+        return f"{100 * value:.2f}%"
+    if fmt.startswith("f"):
+        return f"{value:.{int(fmt[1:])}f}"
+    return str(value)
+
+
+def format_mean_std(values, fmt):
+    """'mean ± std' over seeds (sample std; just the mean for one seed; n/a if none finite)."""
+    vals = [v for v in values if isinstance(v, (int, float)) and v is not None and math.isfinite(v)]
+    if not vals:
+        return "n/a"
+    mean = statistics.fmean(vals)
+    if len(vals) == 1:
+        return format_value(mean, fmt)
+    std = statistics.stdev(vals)
+    if fmt == "pct":
+        return f"{100 * mean:.2f} ± {100 * std:.2f}%"
+    digits = int(fmt[1:]) if fmt.startswith("f") else 3
+    return f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def text_table(header, rows):
+    """Plain aligned table for the terminal."""
+    widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) for i, h in enumerate(header)]
+    line = lambda cells: "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)  # noqa: E731
+                                   for i, (c, w) in enumerate(zip(cells, widths)))
+    out = [line(header), "  ".join("-" * w for w in widths)]
+    out.extend(line(r) for r in rows)
+    return "\n".join(out)
+
+
+def markdown_table(header, rows):
+    out = ["| " + " | ".join(str(h) for h in header) + " |",
+           "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
+    out.extend("| " + " | ".join(str(c) for c in r) + " |" for r in rows)
+    return "\n".join(out)
+
+
+def eval_columns(result):
+    """All display columns that apply to one eval result."""
+    ps = (result.get("prediction_sets") or {}).get("methods") or {}
+    epsilons = []
+    for res in ps.values():
+        epsilons.extend(e for e in res["eps"] if e not in epsilons)
+    return METRIC_COLUMNS + prediction_set_columns(list(ps), epsilons) + SPEED_COLUMNS
+
+
+def eval_table(result):
+    """Two-column terminal table of one eval result."""
+    flat = flatten_metrics(result)
+    rows = [(label, format_value(flat.get(key), fmt)) for key, label, fmt in eval_columns(result)]
+    rows.insert(0, ("samples", str(result.get("n"))))
+    calib = (result.get("prediction_sets") or {}).get("calibration")
+    if calib:
+        rows.append(("prediction-set calibration", f"{calib['source']} (n={calib['n_calib']}, "
+                                                   f"evaluated on n={calib['n_eval']})"))
+    return text_table(("metric", "value"), rows)

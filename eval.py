@@ -1,0 +1,268 @@
+"""Evaluate a checkpoint: accuracy, calibration, sparsity and conformal prediction sets.
+
+    python eval.py --checkpoint runs/quickstart                      # a train.py run directory
+    python eval.py --checkpoint runs/quickstart --ema --output m.json
+    python eval.py --checkpoint resmlp_12_no_dist.pth --model resmlp_s12 \\
+        --dataset imagefolder --data-root datasets/imagenet          # timm / FB ImageNet weights
+    accelerate launch --multi_gpu --num_processes 2 eval.py --checkpoint runs/quickstart
+
+A run directory gives the resolved config (config.yaml) and weights (model.safetensors, or
+model_ema.safetensors with --ema); a weights file (.safetensors/.pth, this project's, timm's or the
+original FB/DeiT ResMLP format) needs --config or --model/--dataset to say what to build.
+Extra `key.sub=value` arguments (or `--data.root X`) override the config, as for train.py.
+
+Metrics (engine/metrics.py): top-1/5, the head's Fenchel-Young loss, NLL where finite and the
+fraction of samples with p_y = 0, ECE (15 bins) with reliability-diagram data, support size
+(mean/median/histogram), support coverage of the true class, per-class accuracy, inference img/s.
+Prediction sets (engine/conformal.py, Campos et al., AISTATS 2025): calibrated on the run's
+held-out calibration split (data.calib_fraction > 0) or, when the run held none out, on a fixed
+random half of the evaluated split (reported on the other half). Sample counts are exact across
+processes. Writes JSON (--output) and a CSV row beside it, and prints a table.
+"""
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+from engine.cli import run_cli
+from models.errors import UserError
+
+RAW_WEIGHTS = "model.safetensors"
+EMA_WEIGHTS = "model_ema.safetensors"
+CALIB_SOURCES = ("auto", "calib", "val-half", "none")
+SMALL_MODELS = ("resmlp_tiny", "resmlp_cifar_s12", "resmlp_cifar_s24")  # 32 px; the rest are 224 px
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n")[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", required=True, metavar="RUN_DIR_OR_WEIGHTS",
+                   help="train.py run directory, or a .safetensors/.pth weights file")
+    p.add_argument("--config", help="YAML config (needed for a weights file unless --model is given; "
+                                    "replaces a run directory's config.yaml)")
+    p.add_argument("--model", help="model name for a weights file without --config (e.g. resmlp_s12)")
+    p.add_argument("--head", help="output head for a weights file without --config (default softmax)")
+    p.add_argument("--img-size", type=int, help="model/data image size (default: 32 for the CIFAR-size "
+                                                "models, 224 otherwise)")
+    p.add_argument("--dataset", help="override data.dataset")
+    p.add_argument("--data-root", help="override data.root")
+    p.add_argument("--split", default="val", choices=("val", "calib", "train"))
+    p.add_argument("--ema", action="store_true", help="evaluate the run's EMA weights")
+    p.add_argument("--batch-size", type=int, help="per-process eval batch size (data.eval_batch_size)")
+    p.add_argument("--calib", default="auto", choices=CALIB_SOURCES,
+                   help="prediction-set calibration data: auto = the calib split when the run held one "
+                        "out (data.calib_fraction > 0), else half of the evaluated split; none = skip")
+    p.add_argument("--eps", type=float, nargs="+", default=None, help="miscoverage levels (default 0.1 0.05)")
+    p.add_argument("--mixed-precision", default="no", choices=("no", "bf16", "fp16"))
+    p.add_argument("--output", help="metrics JSON path (a CSV row is written beside it, same stem)")
+    p.add_argument("--quiet", action="store_true", help="no table on the terminal")
+    args, rest = p.parse_known_args(argv)
+    args.overrides = _collect_overrides(rest, p)
+    return args
+
+
+def _collect_overrides(rest, parser):
+    """`key.sub=value` and `--key.sub value` / `--key.sub=value` -> ['key.sub=value', ...]."""
+    out, i = [], 0
+    while i < len(rest):
+        item = rest[i]
+        if item.startswith("--") and "." in item.split("=", 1)[0]:
+            if "=" in item:
+                out.append(item[2:])
+            elif i + 1 < len(rest):
+                out.append(f"{item[2:]}={rest[i + 1]}")
+                i += 1
+            else:
+                raise UserError(f"{item} needs a value (e.g. {item} VALUE)")
+        elif not item.startswith("-") and "=" in item:
+            out.append(item)
+        else:
+            raise UserError(f"unrecognized argument '{item}'; see python eval.py --help")
+        i += 1
+    return out
+
+
+def _flag_overrides(args, default_img_size=None):
+    out = []
+    if args.model:
+        out.append(f"model.name={args.model}")
+    if args.head:
+        out.append(f"head.name={args.head}")
+    img = args.img_size or default_img_size
+    if img:
+        out += [f"model.img_size={img}", f"data.image_size={img}"]
+    if args.dataset:
+        out.append(f"data.dataset={args.dataset}")
+    if args.data_root:
+        out.append(f"data.root={args.data_root}")
+    if args.batch_size:
+        out.append(f"data.eval_batch_size={args.batch_size}")
+    return out + args.overrides
+
+
+def resolve(args):
+    """-> (cfg, weights_path, weights_kind) from --checkpoint and the flags; UserError otherwise."""
+    import configs
+
+    ckpt = args.checkpoint
+    if not os.path.exists(ckpt):
+        raise UserError(f"checkpoint not found: {ckpt} (give a train.py run directory or a weights file)")
+    if os.path.isdir(ckpt):
+        name = EMA_WEIGHTS if args.ema else RAW_WEIGHTS
+        weights = os.path.join(ckpt, name)
+        if not os.path.isfile(weights):
+            if args.ema and os.path.isfile(os.path.join(ckpt, RAW_WEIGHTS)):
+                raise UserError(f"{ckpt} has no {EMA_WEIGHTS} (trained with train.ema=false?); drop --ema")
+            raise UserError(f"{ckpt} has no {name}: the run has not finished exporting weights "
+                            f"(resume it with python train.py --config ... --resume auto)")
+        overrides = _flag_overrides(args)
+        cfg = (configs.load_config(args.config, overrides) if args.config
+               else configs.load_run_config(ckpt, overrides))
+        return cfg, weights, "ema" if args.ema else "raw"
+    if args.ema:
+        raise UserError("--ema selects model_ema.safetensors inside a run directory; "
+                        "for a weights file, pass that file itself")
+    if args.config:
+        return configs.load_config(args.config, _flag_overrides(args)), ckpt, "file"
+    if not args.model:
+        raise UserError(f"{ckpt} is a weights file: say what to build with --config CFG.yaml "
+                        f"or --model NAME (e.g. --model resmlp_s12 --dataset imagefolder --data-root DIR)")
+    default_img = None if args.img_size else (32 if args.model in SMALL_MODELS else 224)
+    cfg = configs.config_from_dict({}, default_name=os.path.splitext(os.path.basename(ckpt))[0])
+    overrides = _flag_overrides(args, default_img)
+    from configs.loader import apply_overrides, config_to_dict
+    cfg = configs.config_from_dict(apply_overrides(config_to_dict(cfg), overrides), default_name=cfg.name)
+    return cfg, ckpt, "file"
+
+
+def build_model(cfg, weights, num_classes):
+    import models
+    from models.convert import load_pretrained
+
+    model = models.create_classifier(cfg.model, cfg.head, num_classes)
+    load_pretrained(model, weights)  # UserError naming the first mismatched key
+    return model.eval()
+
+
+def _split_half(n, seed=0):
+    """Fixed random halves (calibration, evaluation) of n samples."""
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    return perm[: n // 2], perm[n // 2:]
+
+
+def prediction_set_results(head, cfg, args, preds, predict_split):
+    """Calibrate on the calib split (or half of the evaluated one) and measure on the rest."""
+    from engine import conformal
+
+    if args.calib == "none":
+        return None
+    source = args.calib
+    if source == "auto":
+        source = "calib" if (cfg.data.calib_fraction > 0 and args.split != "calib") else "val-half"
+    note = None
+    if source == "calib":
+        cal_preds = predict_split("calib")
+        cal = {"logits": cal_preds.logits, "labels": cal_preds.labels}
+        ev = {"logits": preds.logits, "labels": preds.labels}
+    else:
+        if args.calib == "auto":
+            why = ("data.calib_fraction is 0" if cfg.data.calib_fraction <= 0
+                   else "the calib split is the one evaluated")
+            note = (f"{why}: prediction sets calibrated on a fixed random half of the {args.split} "
+                    f"split, coverage measured on the other half")
+        cal_idx, ev_idx = _split_half(preds.n)
+        cal = {"logits": preds.logits[cal_idx], "labels": preds.labels[cal_idx]}
+        ev = {"logits": preds.logits[ev_idx], "labels": preds.labels[ev_idx]}
+    with torch.no_grad():
+        for part in (cal, ev):
+            part["probs"] = head(part["logits"]).float()
+    alpha = float(head.alpha.detach()) if head.name != "softmax" else None
+    eps = tuple(args.eps) if args.eps else conformal.EPSILONS
+    for e in eps:
+        if not 0 < e < 1:
+            raise UserError(f"--eps values must be in (0, 1), got {e}")
+    methods = conformal.prediction_sets(head.name, alpha, cal, ev, epsilons=eps)
+    out = {"calibration": {"source": source, "n_calib": int(cal["labels"].numel()),
+                           "n_eval": int(ev["labels"].numel())}, "methods": methods}
+    if note:
+        out["calibration"]["note"] = note
+    return out
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    cfg, weights, kind = resolve(args)
+
+    import data
+    from accelerate import Accelerator
+
+    from engine import metrics as M
+    from engine import report
+    from engine.predict import predict
+
+    # Data and weights first: every user error surfaces before any process group is set up.
+    if args.calib == "calib" and cfg.data.calib_fraction <= 0:
+        raise UserError("--calib calib needs a run trained with data.calib_fraction > 0 "
+                        "(this one held no calibration data out); use --calib val-half or auto")
+    num_classes = data.num_classes(cfg.data)
+    dataset = data.build_dataset(cfg.data, args.split)
+    model = build_model(cfg, weights, num_classes)
+    head = model.output_head
+
+    # Without CUDA, `cpu=True` is what makes `accelerate launch --num_processes N` a gloo MULTI_CPU
+    # group; otherwise every process silently runs alone on the whole split.
+    accelerator = Accelerator(mixed_precision=args.mixed_precision, cpu=not torch.cuda.is_available())
+    rank, world = accelerator.process_index, accelerator.num_processes
+    model.to(accelerator.device)
+
+    def predict_split(split, ds=None):
+        ds = ds if ds is not None else data.build_dataset(cfg.data, split)
+        loader = data.build_eval_loader(ds, cfg.data, rank=rank, world_size=world, device=accelerator.device)
+        return predict(model, loader, accelerator, num_classes=num_classes)
+
+    t0 = time.perf_counter()
+    preds = predict_split(args.split, dataset)
+    if preds.n != len(dataset):  # exactness guard: a sharding bug must not go unnoticed
+        raise RuntimeError(f"gathered {preds.n} predictions for {len(dataset)} samples")
+    ps = prediction_set_results(head, cfg, args, preds, predict_split)
+    if not accelerator.is_main_process:
+        return 0
+
+    result = {
+        "checkpoint": os.path.abspath(args.checkpoint),
+        "weights": kind,
+        "config_name": cfg.name,
+        "model": cfg.model.name,
+        "head": head.name,
+        "alpha": float(head.alpha.detach()) if head.name != "softmax" else 1.0,
+        "norm": cfg.model.norm,
+        "dataset": cfg.data.dataset,
+        "split": args.split,
+        "num_processes": world,
+    }
+    result.update(M.classification_metrics(preds.logits, preds.labels, head))
+    result["img_per_s"] = preds.img_per_s
+    result["eval_seconds"] = preds.seconds
+    result["prediction_sets"] = ps
+    result["wall_seconds"] = time.perf_counter() - t0
+
+    if args.output:
+        report.write_json(result, args.output)
+        csv_path = os.path.splitext(args.output)[0] + ".csv"
+        report.write_csv([report.flatten_metrics(result)], csv_path)
+    if not args.quiet:
+        print(f"{cfg.name}: {cfg.model.name} + {head.name} head, {kind} weights, "
+              f"{cfg.data.dataset} {args.split} ({world} process{'es' if world > 1 else ''})")
+        print(report.eval_table(result))
+        if ps and ps["calibration"].get("note"):
+            print(f"note: {ps['calibration']['note']}")
+        if args.output:
+            print(f"wrote {args.output} and {os.path.splitext(args.output)[0]}.csv")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

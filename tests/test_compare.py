@@ -1,0 +1,192 @@
+"""scripts/compare_heads.py on a tiny config: report columns, plot files, resumability.
+
+The tiny comparison (softmax vs sparsemax, one seed, a few steps) is trained once per session by
+`tiny_comparison()` and shared with tests/test_eval.py (eval on those runs).
+"""
+import atexit
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "scripts", "compare_heads.py")
+HEADS = ("softmax", "sparsemax")
+
+# 256 train samples (25% held out for calibration), 101 val samples: not divisible by the batch
+# size nor by 2 processes, so padded or duplicated samples would show in the counts.
+TINY_CONFIG = """\
+model: {name: resmlp_tiny, img_size: 32}
+head: {name: softmax}
+data: {dataset: builtin10, image_size: 32, batch_size: 64, eval_batch_size: 32, num_workers: 0,
+       builtin_train_size: 256, builtin_val_size: 101, calib_fraction: 0.25}
+optim: {name: adamw, lr: 2.0e-3, lr_base_batch: 64, weight_decay: 0.05, epochs: 2, warmup_epochs: 0}
+train: {eval_every: 1, log_every: 2, save_every: 100, ema: true, ema_decay: 0.5, progress: false,
+        tensorboard: false}
+"""
+
+_CACHE = {}
+
+
+def compare_args(root):
+    return ["--config", os.path.join(root, "tiny.yaml"), "--heads", *HEADS, "--seeds", "0",
+            "--runs-dir", os.path.join(root, "runs"), "--report-dir", os.path.join(root, "report")]
+
+
+def tiny_comparison():
+    """Run the comparison once per test session (as a user would, in a subprocess)."""
+    if "root" not in _CACHE:
+        root = tempfile.mkdtemp(prefix="resmlp-compare-test-")
+        atexit.register(shutil.rmtree, root, True)
+        with open(os.path.join(root, "tiny.yaml"), "w") as f:
+            f.write(TINY_CONFIG)
+        proc = subprocess.run([sys.executable, SCRIPT, *compare_args(root)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        _CACHE.update(root=root, stdout=proc.stdout)
+    return _CACHE["root"], _CACHE["stdout"]
+
+
+def _png_size(path):
+    with open(path, "rb") as f:
+        head = f.read(24)
+    assert head[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    return struct.unpack(">II", head[16:24])
+
+
+def test_report_has_every_column_and_plot():
+    from engine import comparison, plots
+
+    root, stdout = tiny_comparison()
+    report_dir = os.path.join(root, "report")
+    md = open(os.path.join(report_dir, "report.md")).read()
+    runs = {h: [comparison.load_run(os.path.join(root, "runs", f"{h}-s0"), "eval.json")] for h in HEADS}
+    labels = [label for _, label, _ in comparison.table_columns(runs)]
+    expected = ["top-1 acc", "top-5 acc", "FY loss", "NLL (finite part)", "P(p_y = 0)", "ECE (15 bins)",
+                "support size mean", "support size median", "support contains y", "mean per-class acc", "worst-class acc",
+                "support ε=0.1 coverage", "support ε=0.05 mean set size", "lac ε=0.1 coverage",
+                "aps ε=0.05 mean set size", "train time (s)", "train img/s", "eval img/s"]
+    for label in expected:
+        assert label in labels
+    for label in labels + ["seeds"]:
+        assert f"| {label} |" in md, label
+        assert label in stdout, label  # the table printed at the end
+    assert "| metric | softmax | sparsemax |" in md
+    # softmax has no sparse support set; the sparse head has real numbers there
+    row = next(line for line in md.splitlines() if line.startswith("| support ε=0.1 coverage |"))
+    assert row.split("|")[2].strip() == "n/a" and row.split("|")[3].strip().endswith("%")
+    for name in plots.PLOT_FILES.values():
+        path = os.path.join(report_dir, name)
+        w, h = _png_size(path)
+        assert w > 200 and h > 200 and os.path.getsize(path) > 5000
+        assert f"]({name})" in md
+    assert "report: " + os.path.join(report_dir, "report.md") in stdout
+    lines = open(os.path.join(report_dir, "runs.csv")).read().strip().splitlines()
+    assert len(lines) == 1 + len(HEADS) and "ps_support_eps0.1_coverage" in lines[0]
+    assert "2 training run(s) and 2 evaluation(s)" in stdout
+
+
+def _stamps(root):
+    out = {}
+    for h in HEADS:
+        for name in ("summary.json", "eval.json", "model.safetensors"):
+            p = os.path.join(root, "runs", f"{h}-s0", name)
+            out[p] = os.stat(p).st_mtime_ns
+    return out
+
+
+def test_second_invocation_runs_nothing(monkeypatch, capsys):
+    root, _ = tiny_comparison()
+    before = _stamps(root)
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import compare_heads
+
+    calls = []
+    monkeypatch.setattr(compare_heads.subprocess, "call", lambda *a, **k: calls.append(a) or 0)
+    monkeypatch.setattr(compare_heads, "_eval_in_process", lambda *a, **k: calls.append(a))
+    assert compare_heads.main(compare_args(root)) == 0
+    out = capsys.readouterr().out
+    assert calls == []
+    assert "0 training run(s) and 0 evaluation(s)" in out
+    assert out.count("done, skipped") == len(HEADS)
+    assert _stamps(root) == before
+
+
+def test_missing_eval_is_redone_without_retraining(monkeypatch, capsys):
+    """A run whose training finished but whose evaluation did not: only eval.py runs (subprocess
+    through --launcher, so the accelerate state of this test process stays untouched)."""
+    root, _ = tiny_comparison()
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import compare_heads
+
+    run = os.path.join(root, "runs", "sparsemax-s0")
+    with open(os.path.join(run, "eval.json")) as f:
+        old = json.load(f)
+    os.rename(os.path.join(run, "eval.json"), os.path.join(run, "eval.json.bak"))
+    summary_mtime = os.stat(os.path.join(run, "summary.json")).st_mtime_ns
+    try:
+        assert compare_heads.main(compare_args(root) + ["--launcher", sys.executable]) == 0
+        out = capsys.readouterr().out
+        assert "0 training run(s) and 1 evaluation(s)" in out
+        assert "train.py" not in out
+        with open(os.path.join(run, "eval.json")) as f:
+            new = json.load(f)
+        assert new["top1"] == old["top1"] and new["n"] == old["n"]
+        assert os.stat(os.path.join(run, "summary.json")).st_mtime_ns == summary_mtime
+    finally:
+        if not os.path.exists(os.path.join(run, "eval.json")):
+            os.rename(os.path.join(run, "eval.json.bak"), os.path.join(run, "eval.json"))
+
+
+def test_runs_with_other_settings_are_refused(tmp_path):
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import compare_heads
+
+    from models.errors import UserError
+
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(TINY_CONFIG)
+    run = tmp_path / "runs" / "softmax-s0"
+    run.mkdir(parents=True)
+    (run / compare_heads.REQUEST_FILE).write_text(json.dumps({"config": str(cfg), "overrides": ["x=1"]}))
+    args = ["--config", str(cfg), "--heads", "softmax", "--runs-dir", str(tmp_path / "runs"),
+            "--report-dir", str(tmp_path / "report")]
+    with pytest.raises(UserError, match="other settings"):
+        compare_heads.main(args)
+    # The same overrides but the config file changed since: named in the message.
+    (run / compare_heads.REQUEST_FILE).unlink()
+    assert compare_heads.main(args + ["--dry-run"]) == 0
+    plan, _ = compare_heads.plan_runs(compare_heads.parse_args(args))
+    import configs
+    request = {"config": str(cfg), "overrides": plan[0][3],
+               "resolved": configs.config_to_dict(configs.load_config(str(cfg), plan[0][3]))}
+    compare_heads._check_request(str(run), request)
+    cfg.write_text(TINY_CONFIG.replace("lr: 2.0e-3", "lr: 3.0e-3"))
+    with pytest.raises(UserError, match=r"optim.lr: 0.002 -> 0.003"):
+        compare_heads.main(args)
+    with pytest.raises(UserError, match="valid: softmax, sparsemax, entmax15, entmax_bisect"):
+        compare_heads.main(args[:3] + ["sparsmax"] + args[4:])
+
+
+def test_plan_names_variants_and_overrides():
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import compare_heads
+
+    args = compare_heads.parse_args(["--config", "x.yaml", "--heads", "softmax", "entmax_bisect",
+                                     "--alphas", "1.25", "1.75", "--norms", "affine", "layernorm",
+                                     "--seeds", "0", "1", "--runs-dir", "R", "optim.epochs=1"])
+    plan, _ = compare_heads.plan_runs(args)
+    names = sorted({p[0] for p in plan})
+    assert names == sorted(["softmax-affine", "softmax-layernorm", "entmax_bisect-a1.25-affine",
+                            "entmax_bisect-a1.75-affine", "entmax_bisect-a1.25-layernorm",
+                            "entmax_bisect-a1.75-layernorm"])
+    assert len(plan) == 12
+    name, seed, run_dir, ov = next(p for p in plan if p[0] == "entmax_bisect-a1.75-layernorm" and p[1] == 1)
+    assert run_dir == os.path.join("R", "entmax_bisect-a1.75-layernorm-s1")
+    assert {"optim.epochs=1", "head.name=entmax_bisect", "head.alpha=1.75", "model.norm=layernorm",
+            "train.seed=1", f"train.output_dir={run_dir}"} <= set(ov)

@@ -1,0 +1,154 @@
+"""eval.py on tiny trained runs: reproduces train.py's accuracy, exact two-process gather, errors.
+
+The runs come from the tiny comparison of tests/test_compare.py (trained once per session).
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from test_compare import ROOT, tiny_comparison
+
+EVAL = os.path.join(ROOT, "eval.py")
+
+
+def _run_dir(head="sparsemax"):
+    root, _ = tiny_comparison()
+    return os.path.join(root, "runs", f"{head}-s0")
+
+
+def _load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_eval_reproduces_train_accuracy():
+    for head in ("softmax", "sparsemax"):
+        run = _run_dir(head)
+        result = _load(os.path.join(run, "eval.json"))
+        final = _load(os.path.join(run, "summary.json"))["final"]["raw"]
+        assert result["n"] == final["n"] == 101
+        assert result["top1"] == pytest.approx(final["top1"], abs=1e-9)
+        assert result["top5"] == pytest.approx(final["top5"], abs=1e-9)
+        assert result["loss"] == pytest.approx(final["loss"], rel=1e-4)
+        assert result["support_mean"] == pytest.approx(final["support_size"], rel=1e-5)
+        assert sum(result["support_hist"]) == 101 and sum(result["reliability"]["count"]) == 101
+        calib = result["prediction_sets"]["calibration"]
+        assert calib == {"source": "calib", "n_calib": 64, "n_eval": 101}  # 25% of 256 held out
+        methods = result["prediction_sets"]["methods"]
+        assert set(methods) == ({"support", "lac", "aps"} if head == "sparsemax" else {"lac", "aps"})
+        for res in methods.values():
+            assert set(res["eps"]) == {"0.1", "0.05"}
+        if head == "softmax":
+            assert result["support_coverage"] == 1.0 and result["zero_prob_frac"] == 0.0
+    # The CSV row beside the JSON
+    header = open(os.path.join(_run_dir(), "eval.csv")).read().splitlines()[0].split(",")
+    for col in ("top1", "ece", "support_mean", "img_per_s", "ps_support_eps0.05_size", "ps_aps_eps0.1_coverage"):
+        assert col in header
+
+
+def test_two_processes_give_the_same_numbers_as_one(tmp_path):
+    """101 samples, batch 16, 2 gloo processes: shards of 51 and 50, last batches partial."""
+    run = _run_dir("sparsemax")
+    out = tmp_path / "two.json"
+    cmd = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+           EVAL, "--checkpoint", run, "--batch-size", "16", "--output", str(out), "--quiet"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one, two = _load(os.path.join(run, "eval.json")), _load(out)
+    assert two["num_processes"] == 2 and one["num_processes"] == 1
+    assert two["n"] == one["n"] == 101
+    assert two["support_hist"] == one["support_hist"]
+    assert two["reliability"]["count"] == one["reliability"]["count"]
+    assert two["per_class_accuracy"] == pytest.approx(one["per_class_accuracy"], rel=1e-9)
+    for key, value in one.items():
+        if isinstance(value, float) and key not in ("img_per_s", "eval_seconds", "wall_seconds"):
+            assert two[key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
+    for method, res in one["prediction_sets"]["methods"].items():
+        for eps, r in res["eps"].items():
+            r2 = two["prediction_sets"]["methods"][method]["eps"][eps]
+            assert r2["coverage"] == r["coverage"] and r2["mean_set_size"] == r["mean_set_size"], (method, eps)
+    assert two["prediction_sets"]["calibration"] == one["prediction_sets"]["calibration"]
+
+
+def test_weights_file_with_model_flags_and_calibration_fallback(tmp_path):
+    """The EMA weights as a bare file + --model/--dataset flags: train.py's EMA accuracy again;
+    with no calib split (defaults) prediction sets calibrate on half of val, and say so."""
+    run = _run_dir("softmax")
+    out = tmp_path / "file.json"
+    cmd = [sys.executable, EVAL, "--checkpoint", os.path.join(run, "model_ema.safetensors"),
+           "--model", "resmlp_tiny", "--dataset", "builtin10",
+           "--data.builtin_val_size", "101", "--batch-size", "50", "--output", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = _load(out)
+    final = _load(os.path.join(run, "summary.json"))["final"]["ema"]
+    assert result["weights"] == "file" and result["head"] == "softmax" and result["n"] == final["n"] == 101
+    assert result["top1"] == pytest.approx(final["top1"], abs=1e-9)
+    assert result["loss"] == pytest.approx(final["loss"], rel=1e-4)
+    calib = result["prediction_sets"]["calibration"]
+    assert calib["source"] == "val-half" and calib["n_calib"] + calib["n_eval"] == 101
+    assert "calib_fraction is 0" in proc.stdout  # told on the terminal, not silently
+    assert "top-1 acc" in proc.stdout and "ECE (15 bins)" in proc.stdout
+    assert os.path.isfile(tmp_path / "file.csv")
+
+
+def _cli_error(capsys, argv):
+    import eval as eval_entry
+
+    from engine.cli import run_cli
+
+    with pytest.raises(SystemExit) as exc:
+        run_cli(eval_entry.main, argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err
+    return err
+
+
+def test_user_errors_are_one_line(tmp_path, capsys):
+    run = _run_dir("sparsemax")
+    weights = os.path.join(run, "model.safetensors")
+    assert "checkpoint not found" in _cli_error(capsys, ["--checkpoint", str(tmp_path / "nope")])
+    empty = tmp_path / "empty_run"
+    empty.mkdir()
+    assert "model.safetensors" in _cli_error(capsys, ["--checkpoint", str(empty)])
+    assert "--config" in _cli_error(capsys, ["--checkpoint", weights])
+    assert "--ema" in _cli_error(capsys, ["--checkpoint", weights, "--ema", "--model", "resmlp_tiny"])
+    # Weights for 10 classes evaluated as a 100-class model: the mismatched key is named.
+    err = _cli_error(capsys, ["--checkpoint", run, "data.dataset=builtin100"])
+    assert "head.weight" in err or "head.bias" in err
+    # Another architecture
+    err = _cli_error(capsys, ["--checkpoint", run, "model.name=resmlp_cifar_s12"])
+    assert "checkpoint" in err
+    # --ema picks the run's EMA export
+    import eval as eval_entry
+    cfg, path, kind = eval_entry.resolve(eval_entry.parse_args(["--checkpoint", run, "--ema"]))
+    assert path == os.path.join(run, "model_ema.safetensors") and kind == "ema"
+    assert cfg.head.name == "sparsemax" and cfg.data.calib_fraction == 0.25
+    # A config key typo is caught by the config loader
+    assert "unknown config key" in _cli_error(capsys, ["--checkpoint", run, "data.datset=builtin10"])
+    assert "unrecognized argument" in _cli_error(capsys, ["--checkpoint", run, "--frobnicate"])
+    # No calibration split held out, but asked for explicitly
+    assert "calib_fraction" in _cli_error(capsys, ["--checkpoint", weights, "--model", "resmlp_tiny",
+                                                   "--calib", "calib", "--quiet"])
+
+
+def test_gather_in_order_interleaves_uneven_shards():
+    from engine.predict import _interleave
+
+    full = torch.arange(11)
+    shards = [full[r::3] for r in range(3)]  # 4, 4, 3 samples
+    assert _interleave(shards).tolist() == full.tolist()
