@@ -10,6 +10,7 @@ Every mistake is a one-line `UserError`: unknown key (closest valid key suggeste
 import dataclasses
 import difflib
 import os
+import re
 import typing
 
 import yaml
@@ -21,13 +22,35 @@ from .schema import CHOICES, Config
 RUN_CONFIG_NAME = "config.yaml"
 
 
+class _SafeLoaderYaml12Bools(yaml.SafeLoader):
+    """yaml.SafeLoader (no object construction) whose booleans are YAML 1.2's: only true/false.
+
+    PyYAML follows YAML 1.1, where `no`, `yes`, `on`, `off` are booleans, so
+    `train.mixed_precision=no` (Accelerate's own spelling) would arrive as False.
+    """
+
+
+_BOOL_TAG = "tag:yaml.org,2002:bool"
+_SafeLoaderYaml12Bools.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != _BOOL_TAG]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_SafeLoaderYaml12Bools.add_implicit_resolver(
+    _BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+
+
+def safe_load(stream):
+    """yaml.safe_load with YAML 1.2 booleans (see _SafeLoaderYaml12Bools)."""
+    return yaml.load(stream, Loader=_SafeLoaderYaml12Bools)  # a SafeLoader subclass: safe
+
+
 # ----------------------------------------------------------------------------- reading YAML
 def _read_yaml(path):
     if not os.path.isfile(path):
         raise UserError(f"config file not found: {path}")
     try:
         with open(path) as f:
-            data = yaml.safe_load(f)
+            data = safe_load(f)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else path
@@ -78,7 +101,7 @@ def parse_override(text):
     if not sep or not key.strip():
         raise UserError(f"override '{text}' must look like key.sub=value (e.g. optim.lr=1e-3)")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw  # not valid YAML: keep it as a plain string, the type check decides
     return key.strip().split("."), value

@@ -369,7 +369,8 @@ VARIANTS = {
     "resmlp_s12": dict(img_size=224, patch_size=16, embed_dim=384, depth=12),
     "resmlp_s24": dict(img_size=224, patch_size=16, embed_dim=384, depth=24),
     "resmlp_s36": dict(img_size=224, patch_size=16, embed_dim=384, depth=36),
-    "resmlp_b24": dict(img_size=224, patch_size=8, embed_dim=768, depth=24),
+    # DeiT's resmlpB_24 (and timm's resmlp_big_24) start LayerScale at 1e-6, below the depth rule.
+    "resmlp_b24": dict(img_size=224, patch_size=8, embed_dim=768, depth=24, init_values=1e-6),
 }
 MODEL_NAMES = tuple(VARIANTS)
 
@@ -378,7 +379,7 @@ def create_resmlp(name: str, **kwargs) -> ResMLP:
     """Build a named variant; keyword arguments override its defaults (e.g. num_classes, norm)."""
     if name not in VARIANTS:
         raise UserError(f"unknown model '{name}'; valid names: {', '.join(MODEL_NAMES)}")
-    kwargs = {k: v for k, v in kwargs.items() if v is not None or k == "init_values"}
+    kwargs = {k: v for k, v in kwargs.items() if v is not None}  # None: the variant's default
     if kwargs.pop("pretrained", False):
         raise UserError(f"no pretrained weights are bundled for '{name}'; load them with "
                         "models.convert.load_pretrained(model, path)")

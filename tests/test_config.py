@@ -75,6 +75,16 @@ def test_overrides_are_yaml_scalars(tmp_path):
     assert cfg.train.output_dir == "runs/x"
 
 
+def test_mixed_precision_no_is_a_string_not_a_yaml11_boolean(tmp_path):
+    # YAML 1.1 reads `no` as False; Accelerate spells "no mixed precision" exactly `no`.
+    path = _write(tmp_path / "c.yaml", "train: {mixed_precision: no}\n")
+    assert load_config(path, []).train.mixed_precision == "no"
+    assert load_config(path, ["train.mixed_precision=bf16", "train.mixed_precision=no"]).train.mixed_precision == "no"
+    assert load_config(path, ["train.ema=False", "train.tensorboard=true"]).train.ema is False
+    with pytest.raises(UserError, match="train.ema"):
+        load_config(path, ["train.ema=no"])  # a str where a bool is expected: named, not guessed
+
+
 @pytest.mark.parametrize("override,suggestion", [
     ("optim.lrr=1", "optim.lr"),
     ("train.ema_decy=0.9", "train.ema_decay"),

@@ -143,6 +143,12 @@ def test_init_values():
         assert torch.allclose(m.blocks[-1].ls1, torch.full((8,), want)), depth
     m = ResMLP(depth=36, init_values=0.5, **small)
     assert torch.allclose(m.blocks[0].ls2, torch.full((8,), 0.5))
+    # Named variants follow the paper's code: S12/S24/S36 by the depth rule, B24 at 1e-6 (DeiT's
+    # resmlpB_24); init_values=None keeps the variant's value, a number overrides it.
+    for name, want in (("resmlp_s24", 1e-5), ("resmlp_s36", 1e-6), ("resmlp_b24", 1e-6)):
+        with torch.device("meta"):
+            assert create_resmlp(name, init_values=None).init_values == want, name
+            assert create_resmlp(name, init_values=0.01).init_values == 0.01, name
 
 
 @pytest.mark.parametrize("norm", ["affine", "layernorm", "batchnorm"])
