@@ -77,7 +77,7 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     if not args.keep_denormals:
-        torch.set_flush_denormal(True)  # as train.py does (denormals slow CPU matmuls many-fold)
+        torch.set_flush_denormal(True)  # as train.py does
     device = torch.device(args.device)
     cfg = configs.load_config(args.config, args.overrides)
     heads = args.heads.split(",")
