@@ -15,6 +15,7 @@ import typing
 
 import yaml
 
+from engine.atomic import atomic_write_text
 from models.errors import UserError
 
 from .schema import CHOICES, Config
@@ -284,10 +285,7 @@ def config_to_dict(cfg):
 
 def save_config(cfg, path):
     """Write the fully resolved config (every field) as YAML, atomically."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        yaml.safe_dump(config_to_dict(cfg), f, sort_keys=False)
-    os.replace(tmp, path)
+    atomic_write_text(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
 
 
 def load_run_config(run_dir, overrides=()):

@@ -28,6 +28,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from engine.atomic import atomic_write_text
 from models.errors import UserError
 
 CHECKPOINT_SUBDIR = "checkpoints"
@@ -68,12 +69,7 @@ def save_weights(state_dict, path):
 
 
 def write_json(obj, path):
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(obj, indent=1))
 
 
 # ----------------------------------------------------------------------------- saving

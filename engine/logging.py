@@ -10,6 +10,8 @@ import math
 import os
 import sys
 
+from engine.atomic import atomic_write_text
+
 METRICS_FILE = "metrics.jsonl"
 EPOCHS_FILE = "epochs.csv"
 
@@ -21,10 +23,7 @@ def _clean(value):
 
 
 def _rewrite(path, lines):
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.writelines(lines)
-    os.replace(tmp, path)
+    atomic_write_text(path, "".join(lines))
 
 
 class MetricsLog:

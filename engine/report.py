@@ -8,6 +8,8 @@ import math
 import os
 import statistics
 
+from engine.atomic import atomic_write_text
+
 # Scalar metrics in display order: (key in the flattened dict, label, format).
 METRIC_COLUMNS = [
     ("top1", "top-1 acc", "pct"),
@@ -72,11 +74,7 @@ def json_safe(obj):
 def write_json(obj, path):
     """Atomic JSON write (a reader never sees half a file; compare_heads relies on this)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(json_safe(obj), f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(json_safe(obj), indent=2) + "\n")
 
 
 def write_csv(rows, path):
