@@ -27,7 +27,7 @@ import time
 import torch
 
 from engine.cli import run_cli
-from models.errors import UserError
+from common.errors import UserError
 
 RAW_WEIGHTS = "model.safetensors"
 EMA_WEIGHTS = "model_ema.safetensors"
@@ -154,7 +154,7 @@ def _split_half(n, seed=0):
 
 def prediction_set_results(head, cfg, args, preds, predict_split):
     """Calibrate on the calib split (or half of the evaluated one) and measure on the rest."""
-    from engine import conformal
+    from evaluation import conformal
 
     if args.calib == "none":
         return None
@@ -198,9 +198,9 @@ def main(argv=None):
     import data
     from accelerate import Accelerator
 
-    from engine import metrics as M
-    from engine import report
-    from engine.predict import predict
+    from evaluation import metrics as M
+    from evaluation import report
+    from evaluation.predict import predict
 
     # Data and weights first: every user error surfaces before any process group is set up.
     if args.calib == "calib" and cfg.data.calib_fraction <= 0:

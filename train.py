@@ -7,7 +7,7 @@
 Accelerate owns devices, distribution (DDP), mixed precision (train.mixed_precision: no | bf16 |
 fp16) and gradient accumulation (train.grad_accum). The run directory (train.output_dir) gets
 config.yaml, metrics.jsonl, epochs.csv, model.safetensors, model_ema.safetensors, summary.json,
-checkpoints/ and TensorBoard logs (see /work/contracts.md and engine/checkpoint.py).
+checkpoints/ and TensorBoard logs (see engine/checkpoint.py).
 
 Exact resume: the training loader is NOT passed through `accelerator.prepare` (its re-sharding
 replays the wrong samples mid-epoch); `data.build_train_loader` is already deterministic per
@@ -32,7 +32,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from engine.cli import run_cli  # noqa: E402
-from models.errors import UserError  # noqa: E402
+from common.errors import UserError  # noqa: E402
 
 EXIT_NONFINITE = 3
 
@@ -131,7 +131,7 @@ def train(cfg, resume=None, overwrite=False):
 
     import data as data_lib
     from engine import checkpoint as ck
-    from engine.evaluate import evaluate
+    from evaluation.evaluate import evaluate
     from engine.logging import EpochCSV, MetricsLog, console, format_eval
     from engine.optim import build_optimizer, build_scheduler
     from engine.rng import capture_rng_state, reseed, restore_rng_state

@@ -15,8 +15,8 @@ import typing
 
 import yaml
 
-from engine.atomic import atomic_write_text
-from models.errors import UserError
+from common.io import atomic_write_text
+from common.errors import UserError
 
 from .schema import CHOICES, Config
 

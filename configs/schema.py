@@ -1,4 +1,4 @@
-"""Typed training configuration: one dataclass per section (contract in /work/contracts.md).
+"""Typed training configuration: one dataclass per section.
 
 Every YAML key maps onto a field here; `configs.loader` rejects unknown keys (suggesting the
 closest valid one) and wrong types (naming the key and the expected type).
@@ -6,13 +6,61 @@ closest valid one) and wrong types (naming the key and the expected type).
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
-from data.config import DataConfig
+from data.names import DATASET_NAMES
+from models.heads import HEAD_NAMES
+from models.resmlp import NORMS
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+# DataConfig: every data/augmentation choice is a config field.
+#
+# Defaults suit the built-in dataset and CIFAR (32 px, random crop with padding 4 + flip); the
+# ImageNet configs set the DeiT/ResMLP recipe (RandAugment 'rand-m9-mstd0.5-inc1', reprob 0.25,
+# mixup 0.8, cutmix 1.0, label smoothing 0.1, repeated augmentation, crop_pct 0.9).
+@dataclass
+class DataConfig:
+    dataset: str = "builtin10"  # any data.names.DATASET_NAMES entry
+    root: str = "datasets"  # where CIFAR/ImageNet live (cifar-10-batches-py/, train/ val/)
+    image_size: int = 32
+    batch_size: int = 128  # per process
+    eval_batch_size: int = 256  # per process
+    num_workers: int = 2
+    in_memory: bool = True  # CIFAR/builtin: whole split as one uint8 tensor, batch aug on device
+    download: bool = True
+    auto_augment: Optional[str] = None  # e.g. "rand-m9-mstd0.5-inc1" (forces the per-sample path)
+    reprob: float = 0.0  # random erasing probability (timm RandomErasing, mode "pixel")
+    interpolation: str = "bicubic"
+    crop_pct: float = 0.875
+    hflip: float = 0.5
+    mixup: float = 0.0
+    cutmix: float = 0.0
+    mixup_prob: float = 1.0
+    mixup_switch_prob: float = 0.5
+    label_smoothing: float = 0.0
+    repeated_aug: bool = False
+    skip_corrupt: bool = False
+    calib_fraction: float = 0.0  # fraction of TRAIN held out (deterministically) as "calib" split
+    builtin_train_size: int = 20000
+    builtin_val_size: int = 2000
+    builtin_seed: int = 0
+    # ---- extra fields (all optional) ----
+    # "pad": random crop with `crop_padding` (CIFAR style); "rrc": RandomResizedCrop (DeiT);
+    # "auto": pad for builtin*/cifar*, rrc for imagefolder.
+    train_crop: str = "auto"
+    crop_padding: int = 4
+    color_jitter: float = 0.0  # timm colour jitter (only used when auto_augment is None; per-sample path)
+    mean: Tuple[float, float, float] = IMAGENET_MEAN
+    std: Tuple[float, float, float] = IMAGENET_STD
+    repeated_aug_repeats: int = 3  # timm RepeatAugSampler num_repeats
+    cache_dir: Optional[str] = None  # built-in dataset cache; None -> $XDG_CACHE_HOME or ~/.cache /resmlp-data
 
 
 @dataclass
 class ModelConfig:
     name: str = "resmlp_tiny"  # any models.resmlp.MODEL_NAMES entry
-    norm: str = "affine"  # affine (the paper) | layernorm (baseline) | batchnorm
+    norm: str = "affine"  # models.resmlp.NORMS: affine (the paper) | layernorm (baseline) | batchnorm
     drop_path: float = 0.0  # stochastic depth rate, uniform over blocks as in the paper
     init_values: Optional[float] = None  # LayerScale init; None -> depth rule (0.1 / 1e-5 / 1e-6)
     img_size: int = 32
@@ -20,7 +68,7 @@ class ModelConfig:
 
 @dataclass
 class HeadConfig:
-    name: str = "softmax"  # softmax | sparsemax | entmax15 | entmax_bisect
+    name: str = "softmax"  # any models.heads.HEAD_NAMES entry
     alpha: float = 1.5  # entmax_bisect only: alpha in (1, 2]
     learn_alpha: bool = False  # entmax_bisect only: alpha = 1 + sigmoid(alpha_logit) is trained
 
@@ -73,8 +121,8 @@ class Config:
 # Closed vocabularies checked at load time (the model/head/dataset names are checked by their
 # owners' builders, which list the valid names).
 CHOICES = {
-    "model.norm": ("affine", "layernorm", "batchnorm"),
-    "head.name": ("softmax", "sparsemax", "entmax15", "entmax_bisect"),
+    "model.norm": NORMS,
+    "head.name": HEAD_NAMES,
     "optim.name": ("lamb", "adamw", "sgd"),
     "train.mixed_precision": ("no", "bf16", "fp16"),
     "train.nonfinite": ("stop", "skip"),

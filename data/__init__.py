@@ -1,5 +1,5 @@
 """Data: built-in procedural dataset, CIFAR-10/100, ImageNet-style folders; DeiT augmentation via
-timm; deterministic, resumable, rank-sharded loaders (contract in /work/contracts.md).
+timm; deterministic, resumable, rank-sharded loaders (configured by configs.schema.DataConfig).
 
     from data import build_dataset, build_train_loader, build_eval_loader, build_mixup, num_classes
     train_ds = build_dataset(cfg.data, "train")
@@ -15,7 +15,7 @@ semantics at every world size (with one process the 3 views of an image share a 
 the "union over ranks == 1-process batch" property. ImageFolder skips (skip_corrupt) are counted
 in `dataset.skipped` and logged as warnings on the "data" logger.
 """
-from .config import DATASET_NAMES, DataConfig
+from .names import DATASET_NAMES
 from .datasets import build_dataset, calib_indices, num_classes
 from .loaders import EvalLoader, TrainLoader
 
@@ -40,7 +40,7 @@ def build_mixup(cfg, num_classes):
     from timm.data import Mixup
 
     if cfg.batch_size % 2:
-        from models.errors import UserError
+        from common.errors import UserError
 
         raise UserError(f"Mixup/CutMix needs an even data.batch_size, got {cfg.batch_size}")
     return Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, prob=cfg.mixup_prob,
@@ -48,5 +48,5 @@ def build_mixup(cfg, num_classes):
                  num_classes=num_classes)
 
 
-__all__ = ["DataConfig", "DATASET_NAMES", "build_dataset", "num_classes", "calib_indices",
+__all__ = ["DATASET_NAMES", "build_dataset", "num_classes", "calib_indices",
            "build_train_loader", "build_eval_loader", "build_mixup", "TrainLoader", "EvalLoader"]

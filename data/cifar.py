@@ -17,7 +17,7 @@ import tarfile
 import numpy as np
 import torch
 
-from models.errors import UserError
+from common.errors import UserError
 
 SPECS = {
     "cifar10": dict(title="CIFAR-10", folder="cifar-10-batches-py", archive="cifar-10-python.tar.gz",

@@ -5,10 +5,10 @@ import numpy as np
 import torch
 from PIL import Image
 
-from models.errors import UserError
+from common.errors import UserError
 
 from . import builtin, cifar, imagefolder
-from .config import DATASET_NAMES, SPLITS
+from .names import DATASET_NAMES, SPLITS
 from .samplers import mix64
 from .transforms import INTERPOLATIONS, build_eval_transform, build_train_transform, train_crop_mode
 

@@ -13,7 +13,7 @@ import os
 
 from PIL import Image
 
-from models.errors import UserError
+from common.errors import UserError
 
 log = logging.getLogger("data")
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png")

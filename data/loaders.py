@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from models.errors import UserError
+from common.errors import UserError
 
 from .samplers import eval_batches, train_batches
 from .transforms import (BatchAugment, Normalize, build_eval_transform, build_train_transform, resize_uint8,

@@ -15,7 +15,7 @@ from timm.data import create_transform
 from timm.data.random_erasing import RandomErasing
 from torchvision import transforms as T
 
-from models.errors import UserError
+from common.errors import UserError
 
 log = logging.getLogger("data")
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest", "random")

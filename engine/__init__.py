@@ -1,1 +1,1 @@
-"""Training and evaluation machinery shared by train.py, eval.py and scripts/."""
+"""Training machinery used by train.py: checkpoints, RNG state, optimizer and schedule, logging, the CLI wrapper."""

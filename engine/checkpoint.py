@@ -28,8 +28,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from engine.atomic import atomic_write_text
-from models.errors import UserError
+from common.io import atomic_write_text
+from common.errors import UserError
 
 CHECKPOINT_SUBDIR = "checkpoints"
 MARKER = "COMPLETE.json"

@@ -1,7 +1,7 @@
 """Entry-point wrapper: a user mistake becomes one line on stderr and exit code 2, not a traceback."""
 import sys
 
-from models.errors import UserError
+from common.errors import UserError
 
 
 def run_cli(main, *args, **kwargs):

@@ -10,7 +10,7 @@ import math
 import os
 import sys
 
-from engine.atomic import atomic_write_text
+from common.io import atomic_write_text
 
 METRICS_FILE = "metrics.jsonl"
 EPOCHS_FILE = "epochs.csv"

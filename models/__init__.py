@@ -1,6 +1,6 @@
 """Models: the ResMLP family (models/resmlp.py) and the swappable output heads (models/heads.py)."""
 from .convert import convert_state_dict, load_pretrained
-from .errors import UserError
+from common.errors import UserError
 from .heads import (HEAD_NAMES, Entmax15Loss, EntmaxBisectLoss, OutputHead, SoftmaxLoss, SparsemaxLoss,
                     build_output_head, entmax15, entmax15_loss, entmax_bisect, entmax_bisect_loss, softmax,
                     softmax_loss, sparsemax, sparsemax_loss)

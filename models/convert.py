@@ -24,7 +24,7 @@ import os
 
 import torch
 
-from .errors import UserError
+from common.errors import UserError
 
 _TIMM_RENAMES = ((".linear_tokens.", ".cross_patch."), (".mlp_channels.", ".mlp."))
 _FB_RENAMES = (("patch_embed.", "stem."), (".attn.", ".cross_patch."), (".gamma_1", ".ls1"),

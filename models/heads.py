@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from .errors import UserError
+from common.errors import UserError
 from .losses import (
     REDUCTIONS,
     Entmax15Loss,
@@ -31,6 +31,8 @@ from .losses import (
 from .mappings import entmax15, entmax_bisect, softmax, sparsemax
 
 HEAD_NAMES = ("softmax", "sparsemax", "entmax15", "entmax_bisect")
+# Heads whose probabilities have exact zeros: their support is a prediction set.
+SPARSE_HEAD_NAMES = ("sparsemax", "entmax15", "entmax_bisect")
 
 _FIXED_ALPHA = {"softmax": 1.0, "sparsemax": 2.0, "entmax15": 1.5}
 _MAPPINGS = {"softmax": softmax, "sparsemax": sparsemax, "entmax15": entmax15}
@@ -109,7 +111,7 @@ def build_output_head(name: str, alpha: float = 1.5, learn_alpha: bool = False) 
 
 
 __all__ = [
-    "HEAD_NAMES", "OutputHead", "build_output_head", "REDUCTIONS",
+    "HEAD_NAMES", "SPARSE_HEAD_NAMES", "OutputHead", "build_output_head", "REDUCTIONS",
     "softmax", "sparsemax", "entmax15", "entmax_bisect",
     "softmax_loss", "sparsemax_loss", "entmax15_loss", "entmax_bisect_loss",
     "SoftmaxLoss", "SparsemaxLoss", "Entmax15Loss", "EntmaxBisectLoss",

@@ -26,7 +26,7 @@ from typing import Optional, Union
 import torch
 from torch import Tensor, nn
 
-from .errors import UserError
+from common.errors import UserError
 from .mappings import (
     SOFTMAX_BELOW,
     _check_alpha_value,

@@ -35,7 +35,7 @@ from typing import Optional, Union
 import torch
 from torch import Tensor
 
-from .errors import UserError
+from common.errors import UserError
 
 # In scaled units (x - max) * (alpha - 1) every entry is outside the support when it is below -1
 # (the threshold is always >= max - 1). Clamping there makes -inf and huge negative logits

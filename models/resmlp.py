@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from timm.layers import DropPath, trunc_normal_
 from timm.models import register_model
 
-from .errors import UserError
+from common.errors import UserError
 
 NORMS = ("affine", "layernorm", "batchnorm")
 

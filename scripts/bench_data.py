@@ -25,7 +25,7 @@ import torch.nn.functional as F  # noqa: E402
 from PIL import Image  # noqa: E402
 
 import data  # noqa: E402
-from data.config import DataConfig  # noqa: E402
+from configs.schema import DataConfig  # noqa: E402
 
 
 def write_cifar_fixture(root, n):

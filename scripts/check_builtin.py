@@ -22,7 +22,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import data  # noqa: E402
-from data.config import DataConfig  # noqa: E402
+from configs.schema import DataConfig  # noqa: E402
 
 
 def make_model(num_classes):

@@ -28,7 +28,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from engine.cli import run_cli  # noqa: E402
-from models.errors import UserError  # noqa: E402
+from common.errors import UserError  # noqa: E402
 
 REQUEST_FILE = "compare_request.json"  # what this script asked train.py for, to detect clashes
 
@@ -139,7 +139,7 @@ def _run(cmd, what):
 def main(argv=None):
     args = parse_args(argv)
     import configs
-    from engine import comparison
+    from evaluation import comparison
 
     config = os.path.abspath(args.config)
     configs.load_config(config, args.overrides)  # fail fast on a bad config / override

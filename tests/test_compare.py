@@ -60,7 +60,7 @@ def _png_size(path):
 
 
 def test_report_has_every_column_and_plot():
-    from engine import comparison, plots
+    from evaluation import comparison, plots
 
     root, stdout = tiny_comparison()
     report_dir = os.path.join(root, "report")
@@ -147,7 +147,7 @@ def test_runs_with_other_settings_are_refused(tmp_path):
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
     import compare_heads
 
-    from models.errors import UserError
+    from common.errors import UserError
 
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text(TINY_CONFIG)

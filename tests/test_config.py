@@ -6,7 +6,7 @@ import pytest
 
 import configs
 from configs import load_config, load_run_config, save_config
-from models.errors import UserError
+from common.errors import UserError
 
 CONFIG_DIR = configs.CONFIG_DIR
 ALL_CONFIGS = sorted(glob.glob(os.path.join(CONFIG_DIR, "**", "*.yaml"), recursive=True))

@@ -1,10 +1,10 @@
-"""engine.conformal: closed-form sparse support scores, LAC/APS, coverage on exchangeable data."""
+"""evaluation.conformal: closed-form sparse support scores, LAC/APS, coverage on exchangeable data."""
 import math
 
 import pytest
 import torch
 
-from engine import conformal
+from evaluation import conformal
 
 entmax = pytest.importorskip("entmax")  # independent oracle only (never imported at runtime)
 

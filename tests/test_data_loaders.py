@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import data
-from data.config import DataConfig
+from configs.schema import DataConfig
 from data.samplers import train_batches
 
 

@@ -9,8 +9,8 @@ import torch
 from PIL import Image
 
 import data
-from data.config import DataConfig
-from models.errors import UserError
+from configs.schema import DataConfig
+from common.errors import UserError
 
 
 def write_cifar(root, name, n_train=120, n_test=40, seed=0):

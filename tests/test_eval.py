@@ -147,7 +147,7 @@ def test_user_errors_are_one_line(tmp_path, capsys):
 
 
 def test_gather_in_order_interleaves_uneven_shards():
-    from engine.predict import _interleave
+    from evaluation.predict import _interleave
 
     full = torch.arange(11)
     shards = [full[r::3] for r in range(3)]  # 4, 4, 3 samples

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from models.errors import UserError
+from common.errors import UserError
 from models.heads import (
     HEAD_NAMES,
     Entmax15Loss,

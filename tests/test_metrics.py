@@ -1,10 +1,10 @@
-"""engine.metrics on hand-built probabilities with known answers."""
+"""evaluation.metrics on hand-built probabilities with known answers."""
 import math
 
 import pytest
 import torch
 
-from engine import metrics
+from evaluation import metrics
 
 
 def test_topk_accuracy_caps_k_and_uses_logits_for_ties():

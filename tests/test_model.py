@@ -8,7 +8,7 @@ import torch.nn as nn
 from timm.models.mlp_mixer import Affine as TimmAffine, MlpMixer, ResBlock
 
 from models.convert import convert_state_dict, load_pretrained
-from models.errors import UserError
+from common.errors import UserError
 from models.resmlp import MODEL_NAMES, VARIANTS, Affine, ResMLP, create_resmlp
 
 TIMM_TWIN = {"resmlp_s12": "resmlp_12_224", "resmlp_s24": "resmlp_24_224",

@@ -11,7 +11,7 @@ from configs import load_run_config
 from engine import checkpoint as ck
 from engine.optim import build_optimizer, build_scheduler, scaled_lr
 from models import create_classifier
-from models.errors import UserError
+from common.errors import UserError
 from test_train_helpers import NO_AUG, read_metrics, run_inprocess, tiny_cfg, weights
 
 TRAIN_KEYS = {"kind", "step", "epoch", "loss", "lr", "img_per_s"}

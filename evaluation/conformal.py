@@ -28,10 +28,11 @@ import math
 
 import torch
 
+from models.heads import SPARSE_HEAD_NAMES
+
 EPSILONS = (0.1, 0.05)
 # A finer sweep for the coverage-vs-set-size plot.
 CURVE_EPSILONS = (0.4, 0.3, 0.2, 0.15, 0.1, 0.075, 0.05, 0.03, 0.02, 0.01)
-SPARSE_HEAD_NAMES = ("sparsemax", "entmax15", "entmax_bisect")
 
 
 def conformal_quantile(scores, eps):

@@ -8,7 +8,7 @@ import math
 import os
 import statistics
 
-from engine.atomic import atomic_write_text
+from common.io import atomic_write_text
 
 # Scalar metrics in display order: (key in the flattened dict, label, format).
 METRIC_COLUMNS = [

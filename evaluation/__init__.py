@@ -1,0 +1,1 @@
+"""Evaluation and analysis: predictions over a loader, metrics, prediction sets, head comparison reports and plots."""
