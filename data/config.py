@@ -13,7 +13,7 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 @dataclass
 class DataConfig:
-    dataset: str = "builtin10"  # builtin10 | builtin100 | cifar10 | cifar100 | imagefolder
+    dataset: str = "builtin10"  # builtin10 | builtin100 | builtin{10,100}_ood | cifar10 | cifar100 | imagefolder
     root: str = "datasets"  # where CIFAR/ImageNet live (cifar-10-batches-py/, train/ val/)
     image_size: int = 32
     batch_size: int = 128  # per process
@@ -49,5 +49,5 @@ class DataConfig:
     cache_dir: Optional[str] = None  # built-in dataset cache; None -> $XDG_CACHE_HOME or ~/.cache /resmlp-data
 
 
-DATASET_NAMES = ("builtin10", "builtin100", "cifar10", "cifar100", "imagefolder")
+DATASET_NAMES = ("builtin10", "builtin100", "builtin10_ood", "builtin100_ood", "cifar10", "cifar100", "imagefolder")
 SPLITS = ("train", "val", "calib")
