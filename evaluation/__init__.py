@@ -1,0 +1,1 @@
+"""Evaluation of trained heads: metrics, paired statistics, selective prediction, OOD detection."""
