@@ -165,6 +165,8 @@ def _check_inputs(results_a, results_b, metrics):
             raise ValueError(f"unknown metric {m!r}; valid: {', '.join(METRICS)}")
         if m not in available:
             raise ValueError(f"metric {m!r} needs per-example {' and '.join(_NEEDS[m])} for both heads")
+    if not metrics:
+        raise ValueError("no metric to compare: give per-example 'correct', 'loss' or 'confidence' arrays")
     lengths = {np.asarray(r[k]).shape for r in (results_a, results_b) for m in metrics for k in _NEEDS[m]}
     if len(lengths) != 1 or len(next(iter(lengths))) != 1:
         raise ValueError(f"per-example arrays must be 1-D with the same length for both heads, got {lengths}")

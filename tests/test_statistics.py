@@ -96,6 +96,8 @@ def test_paired_bootstrap_point_values_and_determinism():
     assert other["top1"]["ci_low"] != out["top1"]["ci_low"]
     with pytest.raises(ValueError, match="needs per-example"):
         st.paired_bootstrap({"correct": a["correct"]}, {"correct": b["correct"]}, metrics=["ece"])
+    with pytest.raises(ValueError, match="no metric"):
+        st.paired_bootstrap({"pred": a["correct"]}, {"pred": b["correct"]})
     with pytest.raises(ValueError, match="same length"):
         st.paired_bootstrap({"correct": a["correct"]}, {"correct": b["correct"][:-1]})
 
