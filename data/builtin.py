@@ -9,6 +9,12 @@ pixels (~15%), while a small ResMLP (local patch features + pooling) learns it i
 (numbers: scripts/check_builtin.py).
 `builtin100`: the same 10 shapes x 10 foreground hue bins (hue decides the second digit of the
 label), so sparse heads have many classes to choose among.
+`builtin10_ood` / `builtin100_ood`: an out-of-distribution set for the two above. builtin100's classes
+are builtin10's shapes in other hues, so they are not new to a builtin10 model; instead these sets
+draw 10 *other* outlines (OOD_SHAPES: crescent, L, trefoil, arrow, bow tie, T, two bars, chevron, arc,
+four dots) through the very same pipeline (pose, colours or hues, background, clutter, noise, and the
+surface patterns, reused by label index), so only the global outline is new: a semantic shift with
+matched low-level statistics. Their labels index OOD_SHAPES and mean nothing to the ID model.
 
 Generation is vectorised in torch (50k 32x32 images in a few seconds) and cached twice: in this
 process (dict) and on disk as .npy (no pickle) keyed by every generation parameter.
@@ -25,6 +31,10 @@ import torch
 log = logging.getLogger(__name__)
 
 SHAPES = ("disk", "ring", "square", "triangle", "plus", "star", "frame", "halfdisk", "dumbbell", "bar")
+# Outlines for the out-of-distribution sets; none is a pose (rotation <= 30 deg, aspect) of a SHAPES
+# outline (tests/test_builtin_ood.py checks their masks' overlap against every in-distribution shape).
+OOD_SHAPES = ("crescent", "lshape", "trefoil", "arrow", "bowtie", "tee", "twobars", "chevron", "arc", "fourdots")
+FAMILIES = {"id": SHAPES, "ood": OOD_SHAPES}
 GENERATOR_VERSION = 3  # bump when the drawing code changes: invalidates disk caches
 MAX_ROTATION = math.pi / 6  # radians either way
 PATTERN_CONTRAST = 0.6
@@ -34,6 +44,52 @@ _MEMORY_CACHE = {}
 
 def _box(u, v, w, h):
     return torch.maximum(u.abs() - w, v.abs() - h)
+
+
+def _segment(u, v, ax, ay, bx, by, radius):
+    """Signed distance to the segment (ax, ay)-(bx, by) thickened by `radius` (a capsule)."""
+    du, dv, eu, ev = u - ax, v - ay, bx - ax, by - ay
+    t = ((du * eu + dv * ev) / (eu * eu + ev * ev)).clamp(0, 1)
+    return torch.sqrt((du - t * eu) ** 2 + (dv - t * ev) ** 2) - radius
+
+
+def _disk_at(u, v, cx, cy, radius):
+    return torch.sqrt((u - cx) ** 2 + (v - cy) ** 2) - radius
+
+
+def _ood_shape_sdf(shape, u, v):
+    """Signed distance (negative inside, approximate) of an OOD_SHAPES outline, local units."""
+    if shape == "crescent":
+        return torch.maximum(_disk_at(u, v, 0, 0, 0.9), -_disk_at(u, v, 0.5, -0.1, 0.7))
+    if shape == "lshape":
+        return torch.minimum(_box(u + 0.55, v, 0.3, 0.9), _box(u, v - 0.6, 0.85, 0.3))
+    if shape == "trefoil":
+        lobes = [_disk_at(u, v, 0.6 * math.cos(a), 0.6 * math.sin(a), 0.38)
+                 for a in (math.pi / 2, math.pi / 2 + 2 * math.pi / 3, math.pi / 2 + 4 * math.pi / 3)]
+        return torch.minimum(torch.minimum(lobes[0], lobes[1]), lobes[2])
+    if shape == "arrow":
+        shaft = _box(u + 0.35, v, 0.6, 0.16)
+        head = torch.maximum((v.abs() - (0.95 - u) * 0.75) * 0.8, 0.1 - u)  # tip at u = 0.95
+        return torch.minimum(shaft, head)
+    if shape == "bowtie":
+        return torch.maximum((v.abs() - 0.85 * u.abs()) * 0.75, u.abs() - 0.95)
+    if shape == "tee":
+        return torch.minimum(_box(u, v + 0.62, 0.9, 0.26), _box(u, v - 0.2, 0.26, 0.75))
+    if shape == "twobars":
+        return torch.minimum(_box(u, v - 0.45, 0.95, 0.18), _box(u, v + 0.45, 0.95, 0.18))
+    if shape == "chevron":
+        return torch.minimum(_segment(u, v, -0.8, -0.55, 0, 0.55, 0.2), _segment(u, v, 0, 0.55, 0.8, -0.55, 0.2))
+    if shape == "arc":
+        return torch.maximum(((u * u + v * v).sqrt() - 0.72).abs() - 0.22, v - 0.1)
+    if shape == "fourdots":
+        return torch.minimum(torch.minimum(_disk_at(u, v, 0.55, 0.55, 0.32), _disk_at(u, v, -0.55, 0.55, 0.32)),
+                             torch.minimum(_disk_at(u, v, 0.55, -0.55, 0.32), _disk_at(u, v, -0.55, -0.55, 0.32)))
+    raise KeyError(shape)
+
+
+def shape_sdf(shape, u, v):
+    """Signed distance of any SHAPES or OOD_SHAPES outline."""
+    return _ood_shape_sdf(shape, u, v) if shape in OOD_SHAPES else _shape_sdf(shape, u, v)
 
 
 def _shape_sdf(shape, u, v):
@@ -91,8 +147,9 @@ def _hsv_to_rgb(h, s, v):
     return v[:, None] - v[:, None] * s[:, None] * f
 
 
-def _draw_chunk(labels, size, n_hues, g):
-    """Render images for `labels` (n,) -> uint8 (n, 3, size, size). All randomness from `g`."""
+def _draw_chunk(labels, size, n_hues, g, shapes=SHAPES):
+    """Render images for `labels` (n,) -> uint8 (n, 3, size, size). All randomness from `g`;
+    `shapes` (SHAPES or OOD_SHAPES) names the outline of each label mod 10."""
     n = labels.shape[0]
     U = lambda *shape: torch.rand(*shape, generator=g)  # noqa: E731
     coords = (torch.arange(size, dtype=torch.float32) + 0.5) / size * 2 - 1  # pixel centres in [-1, 1]
@@ -143,10 +200,10 @@ def _draw_chunk(labels, size, n_hues, g):
     u = (cos * dx + sin * dy) / sx
     v = (-sin * dx + cos * dy) / sy
     sdf = torch.empty_like(u)
-    for k, name in enumerate(SHAPES):
+    for k, name in enumerate(shapes):
         m = shape_id == k
         if m.any():
-            sdf[m] = _shape_sdf(name, u[m], v[m])
+            sdf[m] = shape_sdf(name, u[m], v[m])
     alpha = (0.5 - sdf * (scale[:, None, None] * px)).clamp(0, 1)  # ~1 px anti-aliased edge
     # class-specific surface pattern in the shape's own frame (random phase): a second cue that is
     # local (easy for a patch MLP) but phase-randomised (invisible to a linear map on pixels)
@@ -177,22 +234,27 @@ def _mix_seed(*parts):
     return int.from_bytes(h, "little") & ((1 << 63) - 1)
 
 
-def generate(num_classes, n, size, seed, stream, chunk=4096):
+def generate(num_classes, n, size, seed, stream, chunk=4096, family="id"):
     """Generate `n` images of `num_classes` classes -> (uint8 (n, 3, size, size), int64 labels (n,)).
 
     Labels are exactly balanced (counts differ by at most one) and shuffled; output is a pure
     function of the arguments (each chunk has its own generator, so chunking doesn't matter).
+    family "id" draws SHAPES (builtin10/100), "ood" draws OOD_SHAPES from seed streams of its own.
     """
     if num_classes % len(SHAPES):
         raise ValueError(f"num_classes must be a multiple of {len(SHAPES)}")
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {family!r}")
+    # The in-distribution family keeps its historical seeds (and so its images and caches).
+    tag = () if family == "id" else (family,)
     n_hues = num_classes // len(SHAPES)
-    g = torch.Generator().manual_seed(_mix_seed("labels", GENERATOR_VERSION, num_classes, n, size, seed, stream))
+    g = torch.Generator().manual_seed(_mix_seed("labels", *tag, GENERATOR_VERSION, num_classes, n, size, seed, stream))
     labels = (torch.arange(n) % num_classes)[torch.randperm(n, generator=g)]
     images = torch.empty((n, 3, size, size), dtype=torch.uint8)
     for start in range(0, n, chunk):
         gc = torch.Generator().manual_seed(
-            _mix_seed("chunk", GENERATOR_VERSION, num_classes, size, seed, stream, start // chunk, chunk))
-        images[start:start + chunk] = _draw_chunk(labels[start:start + chunk], size, n_hues, gc)
+            _mix_seed("chunk", *tag, GENERATOR_VERSION, num_classes, size, seed, stream, start // chunk, chunk))
+        images[start:start + chunk] = _draw_chunk(labels[start:start + chunk], size, n_hues, gc, FAMILIES[family])
     return images, labels
 
 
@@ -201,13 +263,14 @@ def default_cache_dir():
     return os.path.join(base, "resmlp-data", "builtin")
 
 
-def load_split(num_classes, split, n, size, seed, cache_dir=None):
+def load_split(num_classes, split, n, size, seed, cache_dir=None, family="id"):
     """Cached `generate` for split 'train' or 'val' (different seed streams, hence disjoint)."""
-    key = (GENERATOR_VERSION, num_classes, split, n, size, seed)
+    key = (GENERATOR_VERSION, num_classes, split, n, size, seed, family)
     if key in _MEMORY_CACHE:
         return _MEMORY_CACHE[key]
     cache_dir = cache_dir or default_cache_dir()
-    name = f"builtin{num_classes}_v{GENERATOR_VERSION}_{split}_n{n}_s{size}_seed{seed}"
+    suffix = "" if family == "id" else f"_{family}"
+    name = f"builtin{num_classes}{suffix}_v{GENERATOR_VERSION}_{split}_n{n}_s{size}_seed{seed}"
     path = os.path.join(cache_dir, name + ".npz")
     out = None
     if os.path.exists(path):
@@ -217,7 +280,7 @@ def load_split(num_classes, split, n, size, seed, cache_dir=None):
         except Exception as e:  # corrupt cache: regenerate (it's only a cache)
             log.warning("ignoring unreadable built-in dataset cache %s (%s)", path, e)
     if out is None:
-        out = generate(num_classes, n, size, seed, _SPLIT_STREAM[split])
+        out = generate(num_classes, n, size, seed, _SPLIT_STREAM[split], family=family)
         try:  # best effort: a read-only home must not break training
             os.makedirs(cache_dir, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=cache_dir, suffix=".tmp.npz")

@@ -13,7 +13,8 @@ from .samplers import mix64
 from .transforms import INTERPOLATIONS, build_eval_transform, build_train_transform, train_crop_mode
 
 log = logging.getLogger("data")
-_BUILTIN_CLASSES = {"builtin10": 10, "builtin100": 100}
+# builtin*_ood: other outlines through the same renderer, the out-of-distribution set of builtin10/100.
+_BUILTIN_CLASSES = {"builtin10": 10, "builtin100": 100, "builtin10_ood": 10, "builtin100_ood": 100}
 
 
 class ArrayDataset:
@@ -86,7 +87,8 @@ def _raw_split(cfg, split):
     if cfg.dataset in _BUILTIN_CLASSES:
         n = cfg.builtin_train_size if split == "train" else cfg.builtin_val_size
         images, labels = builtin.load_split(_BUILTIN_CLASSES[cfg.dataset], split, n, cfg.image_size,
-                                            cfg.builtin_seed, cfg.cache_dir)
+                                            cfg.builtin_seed, cfg.cache_dir,
+                                            family="ood" if cfg.dataset.endswith("_ood") else "id")
         return ArrayDataset(images, labels, _BUILTIN_CLASSES[cfg.dataset], name=cfg.dataset)
     if cfg.dataset in cifar.SPECS:
         images, labels, k = cifar.load_cifar(cfg.dataset, cfg.root, split, cfg.download)

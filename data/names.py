@@ -1,3 +1,3 @@
 """The one list of dataset names and splits (configs/schema.py and the dataset builders import it)."""
-DATASET_NAMES = ("builtin10", "builtin100", "cifar10", "cifar100", "imagefolder")
+DATASET_NAMES = ("builtin10", "builtin100", "builtin10_ood", "builtin100_ood", "cifar10", "cifar100", "imagefolder")
 SPLITS = ("train", "val", "calib")
