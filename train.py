@@ -9,16 +9,18 @@ fp16) and gradient accumulation (train.grad_accum). The run directory (train.out
 config.yaml, metrics.jsonl, epochs.csv, model.safetensors, model_ema.safetensors, summary.json,
 checkpoints/ and TensorBoard logs (see engine/checkpoint.py).
 
+The loop reads top to bottom: `setup` builds the run (accelerator, run dir, data, model, optimizer,
+schedule, EMA, resume), `train_step` does one optimizer update, `end_of_epoch` evaluates, exports
+the weights and checkpoints, `write_summary` closes the run.
+
 Exact resume: the training loader is NOT passed through `accelerator.prepare` (its re-sharding
 replays the wrong samples mid-epoch); `data.build_train_loader` is already deterministic per
 (seed, epoch, position) and sharded per rank, and restarts at any batch. Every random draw of a
 step (drop path, Mixup/CutMix, ...) comes from RNGs reseeded from (seed, step, micro-batch, rank),
 so a run killed at any step and resumed from its last checkpoint ends bit-identical (CPU).
 
-Fault-injection hooks (for tests; documented here because they are environment variables):
-    RESMLP_INJECT_NAN_AT_STEP=N   the loss of optimizer update N (0-based) is made NaN
-    RESMLP_KILL_DURING_SAVE=N     SIGKILL in the middle of writing the checkpoint of step N
-    RESMLP_STEP_DELAY_S=X         sleep X seconds after each update (lets a test kill mid-epoch)
+Tests inject faults through `train(cfg, hooks=...)`: an object with `on_loss(step, loss) -> loss`
+and `after_update(step)` (tests/hooked_train.py); production passes None and only checks for None.
 """
 import argparse
 import math
@@ -26,15 +28,32 @@ import os
 import shutil
 import sys
 import time
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Optional
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from engine.cli import run_cli  # noqa: E402
+import torch  # noqa: E402
+from accelerate import Accelerator  # noqa: E402
+from timm.utils import ModelEmaV3  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+import configs  # noqa: E402
+import data as data_lib  # noqa: E402
 from common.errors import UserError  # noqa: E402
+from data.samplers import num_train_batches  # noqa: E402
+from engine import checkpoint as ck  # noqa: E402
+from engine.cli import run_cli  # noqa: E402
+from engine.logging import EpochCSV, MetricsLog, console, format_eval, tensorboard_available  # noqa: E402
+from engine.optim import build_optimizer, build_scheduler  # noqa: E402
+from engine.rng import capture_rng_state, reseed, restore_rng_state  # noqa: E402
+from evaluation.evaluate import evaluate  # noqa: E402
+from models import create_classifier  # noqa: E402
 
 EXIT_NONFINITE = 3
+RUN_FILES = ("metrics.jsonl", "epochs.csv", "summary.json", "model.safetensors", "model_ema.safetensors")
 
 
 def parse_args(argv=None):
@@ -54,12 +73,10 @@ def parse_args(argv=None):
     return args
 
 
-def main(argv=None):
+def main(argv=None, hooks=None):
     args = parse_args(argv)
-    import configs
-
     cfg = configs.load_config(args.config, args.overrides)
-    return train(cfg, resume=args.resume, overwrite=args.overwrite)
+    return train(cfg, resume=args.resume, overwrite=args.overwrite, hooks=hooks)
 
 
 def fingerprint(cfg, num_classes):
@@ -71,12 +88,378 @@ def fingerprint(cfg, num_classes):
     }
 
 
-def _build_accelerator(cfg, run_dir):
-    import torch
-    from accelerate import Accelerator
+class NonFiniteLoss(Exception):
+    """A non-finite loss under train.nonfinite=stop; the message names the step and the last checkpoint."""
 
-    from engine.logging import tensorboard_available
 
+@dataclass
+class RunState:
+    """The counters a checkpoint saves (trainer_state.json) and a resume restores."""
+    step: int = 0  # optimizer updates done
+    epoch: int = 0  # epochs done
+    batch: int = 0  # micro-batches done in the current epoch
+    best_top1: Optional[float] = None
+    best_step: Optional[int] = None
+    skipped: int = 0  # updates skipped for a non-finite loss
+    train_time_s: float = 0.0
+    images: int = 0
+    last_eval: dict = field(default_factory=dict)
+    last_ckpt: Optional[str] = None  # not saved: where this session's last checkpoint went
+
+
+@dataclass
+class Run:
+    """Everything one training run holds; built once by `setup`."""
+    cfg: Any
+    accelerator: Any
+    use_tb: bool
+    fingerprint: dict
+    global_batch: int
+    updates_per_epoch: int
+    train_set: Any
+    val_loader: Any
+    mixup: Any
+    label_smoothing: float
+    raw_model: Any  # the classifier itself: checkpoints, EMA and the head's loss use it
+    model: Any  # what runs forward/backward: raw_model compiled and wrapped by Accelerate
+    optimizer: Any
+    scheduler: Any
+    ema: Any
+    metrics: MetricsLog
+    epochs_csv: EpochCSV
+    state: RunState = field(default_factory=RunState)
+    bar: Any = None
+    session_t0: float = field(default_factory=time.perf_counter)
+    time_base: float = 0.0  # train_time_s of earlier sessions (resume)
+    log_t: float = field(default_factory=time.perf_counter)  # throughput window start
+    log_images: int = 0
+
+    @property
+    def main_proc(self):
+        return self.accelerator.is_main_process
+
+    @property
+    def rank(self):
+        return self.accelerator.process_index
+
+    @property
+    def world(self):
+        return self.accelerator.num_processes
+
+    @property
+    def run_dir(self):
+        return self.cfg.train.output_dir
+
+    def say(self, msg):
+        console(msg, self.main_proc)
+
+    def elapsed(self):
+        return self.time_base + time.perf_counter() - self.session_t0
+
+    def train_loader(self, epoch, start_batch):
+        reseed(self.cfg.train.seed, "loader", epoch, self.rank)
+        return data_lib.build_train_loader(self.train_set, self.cfg.data, seed=self.cfg.train.seed, epoch=epoch,
+                                           rank=self.rank, world_size=self.world, start_batch=start_batch,
+                                           device=self.accelerator.device)
+
+
+# ============================================================================ the loop
+def train(cfg, resume=None, overwrite=False, hooks=None):
+    """Run (or resume) the training described by `cfg`; returns the process exit status."""
+    run = setup(cfg, resume, overwrite)
+    run.model.train()
+    try:
+        while run.state.epoch < cfg.optim.epochs:
+            run_epoch(run, hooks)
+    except NonFiniteLoss as stop:
+        run.bar.close()
+        if run.main_proc:
+            print(f"error: {stop}", file=sys.stderr, flush=True)
+        run.accelerator.end_training()
+        return EXIT_NONFINITE
+    run.bar.close()
+    if run.main_proc:
+        write_summary(run)
+    run.accelerator.end_training()
+    return 0
+
+
+def run_epoch(run, hooks=None):
+    """The rest of the current epoch (all of it, or from a resumed batch), then its end."""
+    state, accum = run.state, run.cfg.train.grad_accum
+    epoch = state.epoch
+    batches = iter(run.train_loader(epoch, state.batch))
+    t0, loss_sum, updates = time.perf_counter(), 0.0, 0
+    for _ in range(state.batch // accum, run.updates_per_epoch):
+        loss = train_step(run, batches, hooks)
+        if hooks is not None:
+            hooks.after_update(state.step)
+        if loss is not None:
+            loss_sum, updates = loss_sum + loss, updates + 1
+        log_step(run, loss)
+        state.train_time_s = run.elapsed()
+        if state.step % run.cfg.train.save_every == 0 and state.batch // accum < run.updates_per_epoch:
+            save_checkpoint(run, epoch, state.batch)  # mid-epoch; the epoch's end saves its own
+    end_of_epoch(run, epoch, time.perf_counter() - t0, loss_sum, updates)
+
+
+def train_step(run, batches, hooks=None):
+    """One optimizer update over train.grad_accum micro-batches. Returns the mean loss, or None when a
+    non-finite loss skipped the update (train.nonfinite=skip); raises NonFiniteLoss under =stop."""
+    cfg, state, accelerator = run.cfg, run.state, run.accelerator
+    accum, step = cfg.train.grad_accum, state.step
+    run.scheduler.step_update(step)  # lr of this update: warmup + cosine indexed by update
+    skip, loss_sum = False, 0.0
+    for micro in range(accum):
+        reseed(cfg.train.seed, "step", step, micro, run.rank)
+        images, targets = next(batches)
+        if run.mixup is not None:
+            images, targets = run.mixup(images, targets)
+        with accelerator.accumulate(run.model):
+            logits = run.model(images)
+            loss = run.raw_model.output_head.loss(logits.float(), targets, label_smoothing=run.label_smoothing)  # fp32
+            if hooks is not None:
+                loss = hooks.on_loss(step, loss)
+            if not all_finite(run, loss):
+                if cfg.train.nonfinite == "stop":
+                    raise NonFiniteLoss(
+                        f"non-finite loss ({loss.item()}) at step {step} (epoch {state.epoch + 1}, batch "
+                        f"{state.batch + micro}); training stopped. Last good checkpoint: {state.last_ckpt or 'none yet'}. "
+                        f"Lower optim.lr, set optim.clip_grad, or set train.nonfinite=skip")
+                skip = True
+            if not skip:
+                accelerator.backward(loss)
+                loss_sum += loss.detach().item()
+            if accelerator.sync_gradients:
+                if not skip:
+                    if cfg.optim.clip_grad:
+                        accelerator.clip_grad_norm_(run.model.parameters(), cfg.optim.clip_grad)
+                    run.optimizer.step()
+                run.optimizer.zero_grad(set_to_none=True)
+    state.step += 1
+    state.batch += accum
+    state.images += run.global_batch
+    if skip:
+        state.skipped += 1
+        if run.main_proc:
+            console(f"warning: non-finite loss at step {step}: update skipped ({state.skipped} so far)")
+        return None
+    if run.ema is not None:
+        run.ema.update(run.raw_model, step=state.step)
+    return loss_sum / accum
+
+
+def all_finite(run, loss):
+    """Whether the loss is finite on every rank: all ranks must take the same branch (DDP collectives)."""
+    ok = torch.isfinite(loss.detach()).float().reshape(1)
+    if run.world > 1:
+        ok = run.accelerator.reduce(ok, reduction="sum") / run.world
+    return bool(ok.item() == 1.0)
+
+
+def log_step(run, loss):
+    """Every train.log_every updates: a metrics.jsonl row (loss averaged over ranks), TensorBoard, the bar."""
+    state, step = run.state, run.state.step
+    if step % run.cfg.train.log_every == 0:
+        lr = run.optimizer.param_groups[0]["lr"]
+        loss_t = torch.tensor([0.0 if loss is None else loss], device=run.accelerator.device)
+        if run.world > 1:
+            loss_t = run.accelerator.reduce(loss_t, reduction="mean")
+        now = time.perf_counter()
+        ips = (state.images - run.log_images) / max(now - run.log_t, 1e-9)
+        run.log_t, run.log_images = now, state.images
+        row = {"kind": "train", "step": step, "epoch": state.epoch + 1,
+               "loss": float("nan") if loss is None else loss_t.item(), "lr": lr, "img_per_s": ips,
+               "skipped": state.skipped}
+        run.metrics.write(**row)
+        if run.use_tb:
+            run.accelerator.log({"train/loss": row["loss"], "train/lr": lr, "train/img_per_s": ips}, step=step)
+        run.bar.set_postfix(loss=f"{row['loss']:.4f}", lr=f"{lr:.2e}", img_s=f"{ips:.0f}", refresh=False)
+    run.bar.update(1)
+
+
+def end_of_epoch(run, epoch, seconds, loss_sum, updates):
+    """epochs.csv row and console line (with an eval when due), exported weights, checkpoint."""
+    state, epochs = run.state, run.cfg.optim.epochs
+    state.epoch, state.batch = epoch + 1, 0
+    loss_stats = torch.tensor([loss_sum, float(updates)], dtype=torch.float64, device=run.accelerator.device)
+    if run.world > 1:
+        loss_stats = run.accelerator.reduce(loss_stats, reduction="sum")
+    row = {"epoch": epoch + 1, "step": state.step,
+           "train_loss": loss_stats[0].item() / max(loss_stats[1].item(), 1.0),
+           "lr": run.optimizer.param_groups[0]["lr"],
+           "img_per_s": updates * run.global_batch / max(seconds, 1e-9),
+           "time_s": seconds, "skipped": state.skipped}
+    line = (f"epoch {epoch + 1}/{epochs}  step {state.step}  loss {row['train_loss']:.4f}  "
+            f"lr {row['lr']:.2e}  {row['img_per_s']:.0f} img/s")
+    if (epoch + 1) % run.cfg.train.eval_every == 0 or epoch + 1 == epochs:
+        line += evaluate_epoch(run, row)
+    run.epochs_csv.write(row)
+    run.say(line)
+    state.train_time_s = run.elapsed()
+    export_weights(run)
+    save_checkpoint(run, epoch + 1, 0)
+
+
+def evaluate_epoch(run, row):
+    """Evaluate the raw (and EMA) weights on the val split; log them, track the best; -> console text."""
+    state, text = run.state, ""
+    evals = {"raw": evaluate(run.model, run.val_loader, run.accelerator)}
+    if run.ema is not None:
+        evals["ema"] = evaluate(run.ema.module, run.val_loader, run.accelerator)
+    for weights, m in evals.items():
+        run.metrics.write(kind="eval", step=state.step, epoch=state.epoch, weights=weights, **m)
+        row.update({f"{weights}_{k}": v for k, v in m.items()})
+        text += f"  | {weights}: {format_eval(m)}"
+        if run.use_tb:
+            run.accelerator.log({f"val_{weights}/{k}": v for k, v in m.items() if k != "n"}, step=state.step)
+    state.last_eval = evals
+    if state.best_top1 is None or evals["raw"]["top1"] > state.best_top1:
+        state.best_top1, state.best_step = evals["raw"]["top1"], state.step
+    return text
+
+
+def write_summary(run):
+    """Main process: summary.json and the closing console line."""
+    state, run_dir = run.state, run.run_dir
+    if not os.path.exists(os.path.join(run_dir, "model.safetensors")):
+        export_weights(run)
+    summary = {
+        "final": state.last_eval,
+        "train_time_s": state.train_time_s,
+        "img_per_s": state.images / max(state.train_time_s, 1e-9),
+        "epochs": run.cfg.optim.epochs, "steps": state.step, "skipped_steps": state.skipped,
+        "best": {"top1": state.best_top1, "step": state.best_step},
+        "global_batch": run.global_batch, "num_processes": run.world,
+    }
+    ck.write_json(summary, os.path.join(run_dir, "summary.json"))
+    raw_top1 = 100 * state.last_eval.get("raw", {}).get("top1", math.nan)
+    ema_text = f", {100 * state.last_eval['ema']['top1']:.2f}% (ema)" if "ema" in state.last_eval else ""
+    run.say(f"done: {state.step} steps in {state.train_time_s:.1f}s; final val top1 {raw_top1:.2f}% (raw)"
+            f"{ema_text}; run dir {run_dir}")
+
+
+# ============================================================================ checkpoints and weights
+def save_checkpoint(run, epoch, batch):
+    """Every rank writes its RNG states, the main process the rest; then one atomic rename."""
+    accelerator, state = run.accelerator, run.state
+    root, step = os.path.join(run.run_dir, ck.CHECKPOINT_SUBDIR), state.step
+    if run.main_proc:
+        ck.begin_save(root, step)
+    accelerator.wait_for_everyone()
+    ck.write_rank_files(ck.tmp_dir_for(root, step), run.rank, capture_rng_state())
+    if run.main_proc:
+        trainer_state = asdict(state)
+        del trainer_state["last_ckpt"]
+        trainer_state.update(epoch=epoch, batch=batch, fingerprint=run.fingerprint, global_batch=run.global_batch,
+                             world_size=run.world, config_name=run.cfg.name)
+        ck.write_main_files(
+            ck.tmp_dir_for(root, step),
+            model_state=run.raw_model.state_dict(),
+            ema_state=run.ema.module.state_dict() if run.ema is not None else None,
+            optimizer_state=run.optimizer.state_dict(),
+            scheduler_state=run.scheduler.state_dict(),
+            scaler_state=accelerator.scaler.state_dict() if accelerator.scaler is not None else None,
+            trainer_state=trainer_state,
+        )
+    accelerator.wait_for_everyone()
+    if run.main_proc:
+        state.last_ckpt = ck.commit_save(root, step)
+        ck.prune(root, run.cfg.train.keep_last, keep_steps=[state.best_step])
+    accelerator.wait_for_everyone()
+
+
+def export_weights(run):
+    if run.main_proc:
+        ck.save_weights(run.raw_model.state_dict(), os.path.join(run.run_dir, "model.safetensors"))
+        if run.ema is not None:
+            ck.save_weights(run.ema.module.state_dict(), os.path.join(run.run_dir, "model_ema.safetensors"))
+
+
+def restore(run, ckpt):
+    """Load weights, EMA, optimizer, schedule, scaler, RNG states and counters from a checkpoint."""
+    saved = ck.read_trainer_state(ckpt)
+    ck.load_state_dict_strict(run.raw_model, ck.load_weights(os.path.join(ckpt, "model.safetensors")), ckpt)
+    if run.ema is not None and os.path.isfile(os.path.join(ckpt, "ema.safetensors")):
+        ck.load_state_dict_strict(run.ema.module, ck.load_weights(os.path.join(ckpt, "ema.safetensors")), ckpt)
+    run.optimizer.load_state_dict(ck.load_torch(os.path.join(ckpt, "optimizer.pt")))
+    run.scheduler.load_state_dict(ck.load_torch(os.path.join(ckpt, "scheduler.pt")))
+    scaler_state = ck.load_torch(os.path.join(ckpt, "scaler.pt"))
+    if scaler_state is not None and run.accelerator.scaler is not None:
+        run.accelerator.scaler.load_state_dict(scaler_state)
+    rng_state = ck.load_rng(ckpt, run.rank)
+    if rng_state is not None:
+        restore_rng_state(rng_state)
+    for f in fields(RunState):
+        if f.name in saved:
+            setattr(run.state, f.name, saved[f.name])
+    run.state.last_ckpt = ckpt
+    run.metrics.truncate_after(run.state.step)  # rows after the checkpoint are re-logged exactly once
+    run.epochs_csv.truncate_after(run.state.step)
+    run.say(f"resumed from {ckpt} (step {run.state.step}, epoch {run.state.epoch + 1}, batch {run.state.batch})")
+
+
+# ============================================================================ setup
+def setup(cfg, resume, overwrite):
+    """Accelerator, run directory, data, model/optimizer/schedule/EMA, and the resumed state."""
+    # A guard, not a measured fix: arithmetic on denormal floats is slow on CPUs, and flushing them
+    # to zero costs nothing (a census of one training step per head found none; the sparse-head
+    # slowdowns first blamed on them came from other jobs sharing the cores). Deterministic either way.
+    torch.set_flush_denormal(True)
+    accelerator, use_tb = build_accelerator(cfg)
+    world, device, main_proc = accelerator.num_processes, accelerator.device, accelerator.is_main_process
+    global_batch = cfg.data.batch_size * world * cfg.train.grad_accum
+    num_classes = data_lib.num_classes(cfg.data)
+    fp = fingerprint(cfg, num_classes)
+    ckpt = prepare_run_dir(cfg, resume, overwrite, accelerator, fp, global_batch)
+
+    with accelerator.main_process_first():  # downloads / dataset caches are written once
+        train_set = data_lib.build_dataset(cfg.data, "train")
+        val_set = data_lib.build_dataset(cfg.data, "val")
+    val_loader = data_lib.build_eval_loader(val_set, cfg.data, rank=accelerator.process_index, world_size=world,
+                                            device=device)
+    mixup = data_lib.build_mixup(cfg.data, num_classes)
+    updates_per_epoch = count_updates_per_epoch(cfg, len(train_set), world)
+
+    reseed(cfg.train.seed, "init")
+    raw_model = create_classifier(cfg.model, cfg.head, num_classes)
+    optimizer = build_optimizer(raw_model, cfg.optim, global_batch)
+    scheduler = build_scheduler(optimizer, cfg.optim, updates_per_epoch)  # stepped by us per update
+    model = torch.compile(raw_model) if cfg.train.compile else raw_model
+    model, optimizer = accelerator.prepare(model, optimizer)
+    run = Run(
+        cfg=cfg, accelerator=accelerator, use_tb=use_tb, fingerprint=fp, global_batch=global_batch,
+        updates_per_epoch=updates_per_epoch, train_set=train_set, val_loader=val_loader, mixup=mixup,
+        # Mixup/CutMix already fold label smoothing into their soft targets: never apply it twice.
+        label_smoothing=0.0 if mixup is not None else cfg.data.label_smoothing,
+        raw_model=raw_model, model=model, optimizer=optimizer, scheduler=scheduler,
+        ema=ModelEmaV3(raw_model, decay=cfg.train.ema_decay) if cfg.train.ema else None,
+        metrics=MetricsLog(cfg.train.output_dir, enabled=main_proc),
+        epochs_csv=EpochCSV(cfg.train.output_dir, enabled=main_proc),
+    )
+    if ckpt is not None:
+        restore(run, ckpt)
+    if use_tb:
+        accelerator.init_trackers("tensorboard")
+    run.time_base, run.log_images = run.state.train_time_s, run.state.images
+    run.session_t0 = run.log_t = time.perf_counter()
+    run.bar = tqdm(total=cfg.optim.epochs * updates_per_epoch, initial=run.state.step, unit="step",
+                   disable=not (main_proc and cfg.train.progress), dynamic_ncols=True, file=sys.stdout)
+    return run
+
+
+def count_updates_per_epoch(cfg, num_samples, world):
+    """Optimizer updates per epoch, from the sampler's arithmetic (no loader is built)."""
+    batches = num_train_batches(num_samples, world_size=world, batch_size=cfg.data.batch_size,
+                                repeated_aug=cfg.data.repeated_aug, num_repeats=cfg.data.repeated_aug_repeats)
+    if batches < cfg.train.grad_accum:
+        raise UserError(f"the training split has {num_samples} samples, {batches} batches of data.batch_size="
+                        f"{cfg.data.batch_size} per process ({world} process(es)) per epoch, fewer than "
+                        f"train.grad_accum={cfg.train.grad_accum}: lower data.batch_size or train.grad_accum")
+    return batches // cfg.train.grad_accum
+
+
+def build_accelerator(cfg):
     if cfg.train.mixed_precision == "fp16" and not torch.cuda.is_available():
         raise UserError("train.mixed_precision=fp16 needs a CUDA GPU; use bf16 (or no) on CPU")
     use_tb = cfg.train.tensorboard and tensorboard_available()
@@ -87,18 +470,16 @@ def _build_accelerator(cfg, run_dir):
         mixed_precision=cfg.train.mixed_precision,
         gradient_accumulation_steps=cfg.train.grad_accum,
         log_with="tensorboard" if use_tb else None,
-        project_dir=run_dir,
+        project_dir=cfg.train.output_dir,
     )
     return accelerator, use_tb
 
 
-def _prepare_run_dir(cfg, run_dir, resume, overwrite, accelerator, say, fp, global_batch):
+def prepare_run_dir(cfg, resume, overwrite, accelerator, fp, global_batch):
     """Resolve the checkpoint to resume from and check it fits this config (before anything in the
     run dir is touched); on a fresh start, clear (or refuse to clear) the run dir."""
-    import configs
-    from engine import checkpoint as ck
-
-    ckpt = ck.resolve_resume(resume, run_dir, warn=say)
+    run_dir = cfg.train.output_dir
+    ckpt = ck.resolve_resume(resume, run_dir, warn=lambda msg: console(msg, accelerator.is_main_process))
     if ckpt is not None:
         saved = ck.read_trainer_state(ckpt)
         ck.check_fingerprint(saved.get("fingerprint", {}), fp, ckpt)
@@ -115,284 +496,12 @@ def _prepare_run_dir(cfg, run_dir, resume, overwrite, accelerator, say, fp, glob
         os.makedirs(run_dir, exist_ok=True)
         if ckpt is None:
             shutil.rmtree(os.path.join(run_dir, ck.CHECKPOINT_SUBDIR), ignore_errors=True)
-            for name in ("metrics.jsonl", "epochs.csv", "summary.json", "model.safetensors", "model_ema.safetensors"):
+            for name in RUN_FILES:
                 if os.path.exists(os.path.join(run_dir, name)):
                     os.remove(os.path.join(run_dir, name))
         configs.save_config(cfg, os.path.join(run_dir, "config.yaml"))
     accelerator.wait_for_everyone()
     return ckpt
-
-
-def train(cfg, resume=None, overwrite=False):
-    """Run (or resume) the training described by `cfg`; returns the process exit status."""
-    import torch
-    from timm.utils import ModelEmaV3
-    from tqdm import tqdm
-
-    import data as data_lib
-    from engine import checkpoint as ck
-    from evaluation.evaluate import evaluate
-    from engine.logging import EpochCSV, MetricsLog, console, format_eval
-    from engine.optim import build_optimizer, build_scheduler
-    from engine.rng import capture_rng_state, reseed, restore_rng_state
-    from models import create_classifier
-
-    # A guard, not a measured fix: arithmetic on denormal floats is slow on CPUs, and flushing them
-    # to zero costs nothing (a census of one training step per head found none; the sparse-head
-    # slowdowns first blamed on them came from other jobs sharing the cores). Deterministic either way.
-    torch.set_flush_denormal(True)
-    run_dir = cfg.train.output_dir
-    accelerator, use_tb = _build_accelerator(cfg, run_dir)
-    main_proc = accelerator.is_main_process
-    rank, world = accelerator.process_index, accelerator.num_processes
-    device = accelerator.device
-
-    def say(msg):
-        console(msg, main_proc)
-
-    seed, accum = cfg.train.seed, cfg.train.grad_accum
-    global_batch = cfg.data.batch_size * world * accum
-    num_classes = data_lib.num_classes(cfg.data)
-    fp = fingerprint(cfg, num_classes)
-    ckpt = _prepare_run_dir(cfg, run_dir, resume, overwrite, accelerator, say, fp, global_batch)
-    metrics = MetricsLog(run_dir, enabled=main_proc)
-    epochs_csv = EpochCSV(run_dir, enabled=main_proc)
-
-    # ---------------------------------------------------------------- data
-    with accelerator.main_process_first():  # downloads / dataset caches are written once
-        train_set = data_lib.build_dataset(cfg.data, "train")
-        val_set = data_lib.build_dataset(cfg.data, "val")
-
-    def train_loader(epoch, start_batch):
-        reseed(seed, "loader", epoch, rank)
-        return data_lib.build_train_loader(train_set, cfg.data, seed=seed, epoch=epoch, rank=rank, world_size=world,
-                                           start_batch=start_batch, device=device)
-
-    batches_per_epoch = len(train_loader(0, 0))
-    updates_per_epoch = batches_per_epoch // accum
-    if updates_per_epoch < 1:
-        raise UserError(f"the training split has {batches_per_epoch} batches per process per epoch, fewer than "
-                        f"train.grad_accum={accum}: lower data.batch_size or train.grad_accum")
-    val_loader = data_lib.build_eval_loader(val_set, cfg.data, rank=rank, world_size=world, device=device)
-    mixup = data_lib.build_mixup(cfg.data, num_classes)
-    # Mixup/CutMix already fold label smoothing into their soft targets: never apply it twice.
-    label_smoothing = 0.0 if mixup is not None else cfg.data.label_smoothing
-
-    # ---------------------------------------------------------------- model, optimizer, EMA
-    reseed(seed, "init")
-    raw_model = create_classifier(cfg.model, cfg.head, num_classes)
-    optimizer = build_optimizer(raw_model, cfg.optim, global_batch)
-    scheduler = build_scheduler(optimizer, cfg.optim, updates_per_epoch)  # stepped by us per update
-    model = torch.compile(raw_model) if cfg.train.compile else raw_model
-    model, optimizer = accelerator.prepare(model, optimizer)
-    head = raw_model.output_head
-    ema = ModelEmaV3(raw_model, decay=cfg.train.ema_decay) if cfg.train.ema else None
-
-    state = {"step": 0, "epoch": 0, "batch": 0, "best_top1": None, "best_step": None, "skipped": 0,
-             "train_time_s": 0.0, "images": 0, "last_eval": {}, "last_ckpt": None}
-    if ckpt is not None:
-        saved = ck.read_trainer_state(ckpt)
-        ck.load_state_dict_strict(raw_model, ck.load_weights(os.path.join(ckpt, "model.safetensors")), ckpt)
-        if ema is not None and os.path.isfile(os.path.join(ckpt, "ema.safetensors")):
-            ck.load_state_dict_strict(ema.module, ck.load_weights(os.path.join(ckpt, "ema.safetensors")), ckpt)
-        optimizer.load_state_dict(ck.load_torch(os.path.join(ckpt, "optimizer.pt")))
-        scheduler.load_state_dict(ck.load_torch(os.path.join(ckpt, "scheduler.pt")))
-        scaler_state = ck.load_torch(os.path.join(ckpt, "scaler.pt"))
-        if scaler_state is not None and accelerator.scaler is not None:
-            accelerator.scaler.load_state_dict(scaler_state)
-        rng_state = ck.load_rng(ckpt, rank)
-        if rng_state is not None:
-            restore_rng_state(rng_state)
-        for key in state:
-            if key in saved:
-                state[key] = saved[key]
-        state["last_ckpt"] = ckpt
-        metrics.truncate_after(state["step"])  # rows after the checkpoint are re-logged exactly once
-        epochs_csv.truncate_after(state["step"])
-        say(f"resumed from {ckpt} (step {state['step']}, epoch {state['epoch'] + 1}, batch {state['batch']})")
-
-    if use_tb:
-        accelerator.init_trackers("tensorboard")
-
-    # ---------------------------------------------------------------- helpers
-    def save_checkpoint(epoch, batch):
-        root = os.path.join(run_dir, ck.CHECKPOINT_SUBDIR)
-        step = state["step"]
-        if main_proc:
-            ck.begin_save(root, step)
-        accelerator.wait_for_everyone()
-        ck.write_rank_files(ck.tmp_dir_for(root, step), rank, capture_rng_state())
-        if main_proc:
-            trainer_state = {k: v for k, v in state.items() if k != "last_ckpt"}
-            trainer_state.update(epoch=epoch, batch=batch, fingerprint=fp, global_batch=global_batch,
-                                 world_size=world, config_name=cfg.name)
-            ck.write_main_files(
-                ck.tmp_dir_for(root, step),
-                model_state=raw_model.state_dict(),
-                ema_state=ema.module.state_dict() if ema is not None else None,
-                optimizer_state=optimizer.state_dict(),
-                scheduler_state=scheduler.state_dict(),
-                scaler_state=accelerator.scaler.state_dict() if accelerator.scaler is not None else None,
-                trainer_state=trainer_state,
-            )
-        accelerator.wait_for_everyone()
-        if main_proc:
-            state["last_ckpt"] = ck.commit_save(root, step)
-            ck.prune(root, cfg.train.keep_last, keep_steps=[state["best_step"]])
-        accelerator.wait_for_everyone()
-
-    def export_weights():
-        if main_proc:
-            ck.save_weights(raw_model.state_dict(), os.path.join(run_dir, "model.safetensors"))
-            if ema is not None:
-                ck.save_weights(ema.module.state_dict(), os.path.join(run_dir, "model_ema.safetensors"))
-
-    def all_finite(loss):
-        ok = torch.isfinite(loss.detach()).float().reshape(1)
-        if world > 1:  # every rank must take the same branch (DDP collectives)
-            ok = accelerator.reduce(ok, reduction="sum") / world
-        return bool(ok.item() == 1.0)
-
-    inject_nan_at = int(os.environ.get("RESMLP_INJECT_NAN_AT_STEP", "-1"))
-    step_delay = float(os.environ.get("RESMLP_STEP_DELAY_S", "0") or 0)
-
-    # ---------------------------------------------------------------- loop
-    epochs = cfg.optim.epochs
-    total_updates = epochs * updates_per_epoch
-    bar = tqdm(total=total_updates, initial=state["step"], disable=not (main_proc and cfg.train.progress),
-               dynamic_ncols=True, unit="step", file=sys.stdout)
-    model.train()
-    window_t, window_imgs = time.perf_counter(), 0
-    session_t0 = time.perf_counter()
-    time_base = state["train_time_s"]
-    while state["epoch"] < epochs:
-        epoch = state["epoch"]
-        loader_iter = iter(train_loader(epoch, state["batch"]))
-        epoch_t0, epoch_loss_sum, epoch_updates = time.perf_counter(), 0.0, 0
-        for _ in range(state["batch"] // accum, updates_per_epoch):
-            step = state["step"]
-            scheduler.step_update(step)  # lr of this update: warmup + cosine indexed by update
-            lr = optimizer.param_groups[0]["lr"]
-            skip, loss_sum = False, 0.0
-            for micro in range(accum):
-                reseed(seed, "step", step, micro, rank)
-                images, labels = next(loader_iter)
-                targets = labels
-                if mixup is not None:
-                    images, targets = mixup(images, labels)
-                with accelerator.accumulate(model):
-                    logits = model(images)
-                    loss = head.loss(logits.float(), targets, label_smoothing=label_smoothing)  # fp32 loss
-                    if step == inject_nan_at:
-                        loss = loss * float("nan")
-                    if not all_finite(loss):
-                        if cfg.train.nonfinite == "stop":
-                            bar.close()
-                            where = f"step {step} (epoch {epoch + 1}, batch {state['batch'] + micro})"
-                            kept = state["last_ckpt"] or "none yet"
-                            if main_proc:
-                                print(f"error: non-finite loss ({loss.item()}) at {where}; training stopped. Last good "
-                                      f"checkpoint: {kept}. Lower optim.lr, set optim.clip_grad, or set "
-                                      f"train.nonfinite=skip", file=sys.stderr, flush=True)
-                            accelerator.end_training()
-                            return EXIT_NONFINITE
-                        skip = True
-                    if not skip:
-                        accelerator.backward(loss)
-                        loss_sum += loss.detach().item()
-                    if accelerator.sync_gradients:
-                        if not skip:
-                            if cfg.optim.clip_grad:
-                                accelerator.clip_grad_norm_(model.parameters(), cfg.optim.clip_grad)
-                            optimizer.step()
-                        optimizer.zero_grad(set_to_none=True)
-            state["step"] = step = step + 1
-            state["batch"] += accum
-            if skip:
-                state["skipped"] += 1
-                if main_proc:
-                    console(f"warning: non-finite loss at step {step - 1}: update skipped ({state['skipped']} so far)")
-            elif ema is not None:
-                ema.update(raw_model, step=step)
-            window_imgs += global_batch
-            state["images"] += global_batch
-            mean_loss = loss_sum / accum if not skip else float("nan")
-            if not skip:
-                epoch_loss_sum += mean_loss
-                epoch_updates += 1
-            if step_delay:
-                time.sleep(step_delay)
-            if step % cfg.train.log_every == 0:
-                loss_t = torch.tensor([mean_loss if not skip else 0.0], device=device)
-                if world > 1:
-                    loss_t = accelerator.reduce(loss_t, reduction="mean")
-                now = time.perf_counter()
-                ips = window_imgs / max(now - window_t, 1e-9)
-                window_t, window_imgs = now, 0
-                row = {"kind": "train", "step": step, "epoch": epoch + 1, "loss": loss_t.item() if not skip else mean_loss,
-                       "lr": lr, "img_per_s": ips, "skipped": state["skipped"]}
-                metrics.write(**row)
-                if use_tb:
-                    accelerator.log({"train/loss": row["loss"], "train/lr": lr, "train/img_per_s": ips}, step=step)
-                bar.set_postfix(loss=f"{row['loss']:.4f}", lr=f"{lr:.2e}", img_s=f"{ips:.0f}", refresh=False)
-            bar.update(1)
-            state["train_time_s"] = time_base + time.perf_counter() - session_t0
-            if step % cfg.train.save_every == 0 and state["batch"] // accum < updates_per_epoch:
-                save_checkpoint(epoch, state["batch"])
-
-        # ------------------------------------------------------------ epoch end
-        state["epoch"], state["batch"] = epoch + 1, 0
-        epoch_time = time.perf_counter() - epoch_t0
-        loss_stats = torch.tensor([epoch_loss_sum, float(epoch_updates)], dtype=torch.float64, device=device)
-        if world > 1:
-            loss_stats = accelerator.reduce(loss_stats, reduction="sum")
-        row = {"epoch": epoch + 1, "step": state["step"],
-               "train_loss": loss_stats[0].item() / max(loss_stats[1].item(), 1.0),
-               "lr": optimizer.param_groups[0]["lr"],
-               "img_per_s": epoch_updates * global_batch / max(epoch_time, 1e-9),
-               "time_s": epoch_time, "skipped": state["skipped"]}
-        line = (f"epoch {epoch + 1}/{epochs}  step {state['step']}  loss {row['train_loss']:.4f}  "
-                f"lr {row['lr']:.2e}  {row['img_per_s']:.0f} img/s")
-        if (epoch + 1) % cfg.train.eval_every == 0 or epoch + 1 == epochs:
-            evals = {"raw": evaluate(model, val_loader, accelerator)}
-            if ema is not None:
-                evals["ema"] = evaluate(ema.module, val_loader, accelerator)
-            for weights, m in evals.items():
-                metrics.write(kind="eval", step=state["step"], epoch=epoch + 1, weights=weights, **m)
-                row.update({f"{weights}_{k}": v for k, v in m.items()})
-                line += f"  | {weights}: {format_eval(m)}"
-                if use_tb:
-                    accelerator.log({f"val_{weights}/{k}": v for k, v in m.items() if k != "n"}, step=state["step"])
-            state["last_eval"] = evals
-            if state["best_top1"] is None or evals["raw"]["top1"] > state["best_top1"]:
-                state["best_top1"], state["best_step"] = evals["raw"]["top1"], state["step"]
-        epochs_csv.write(row)
-        say(line)
-        state["train_time_s"] = time_base + time.perf_counter() - session_t0
-        export_weights()
-        save_checkpoint(epoch + 1, 0)
-    bar.close()
-
-    # ---------------------------------------------------------------- summary
-    if main_proc:
-        if not os.path.exists(os.path.join(run_dir, "model.safetensors")):
-            export_weights()
-        summary = {
-            "final": state["last_eval"],
-            "train_time_s": state["train_time_s"],
-            "img_per_s": state["images"] / max(state["train_time_s"], 1e-9),
-            "epochs": epochs, "steps": state["step"], "skipped_steps": state["skipped"],
-            "best": {"top1": state["best_top1"], "step": state["best_step"]},
-            "global_batch": global_batch, "num_processes": world,
-        }
-        ck.write_json(summary, os.path.join(run_dir, "summary.json"))
-        final = state["last_eval"].get("ema" if "ema" in state["last_eval"] else "raw") or {}
-        top1 = 100 * final.get("top1", float("nan"))
-        say(f"done: {state['step']} steps in {state['train_time_s']:.1f}s; final val top1 "
-            f"{100 * state['last_eval'].get('raw', {}).get('top1', math.nan):.2f}% (raw)"
-            + (f", {top1:.2f}% (ema)" if "ema" in state["last_eval"] else "") + f"; run dir {run_dir}")
-    accelerator.end_training()
-    return 0
 
 
 if __name__ == "__main__":

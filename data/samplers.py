@@ -61,14 +61,20 @@ def rank_order(n, *, seed, epoch, rank, world_size, repeated_aug=False, num_repe
     return indices, positions
 
 
-def train_batches(n, *, seed, epoch, rank, world_size, batch_size, repeated_aug=False, num_repeats=3):
-    """-> list of (indices, aug_seeds) per batch for this rank; drop_last with a count that is the
-    same on every rank (the shortest rank's full batches)."""
+def num_train_batches(n, *, world_size, batch_size, repeated_aug=False, num_repeats=3):
+    """Batches per epoch of every rank (drop_last: the shortest rank's full batches); no data touched."""
     if repeated_aug:
         per_rank = len(RepeatAugSampler(_Sized(n), num_replicas=world_size, rank=0, num_repeats=num_repeats))
     else:
         per_rank = n // world_size  # the shortest shard
-    num_batches = per_rank // batch_size
+    return per_rank // batch_size
+
+
+def train_batches(n, *, seed, epoch, rank, world_size, batch_size, repeated_aug=False, num_repeats=3):
+    """-> list of (indices, aug_seeds) per batch for this rank; drop_last with a count that is the
+    same on every rank (the shortest rank's full batches)."""
+    num_batches = num_train_batches(n, world_size=world_size, batch_size=batch_size, repeated_aug=repeated_aug,
+                                    num_repeats=num_repeats)
     indices, positions = rank_order(n, seed=seed, epoch=epoch, rank=rank, world_size=world_size,
                                     repeated_aug=repeated_aug, num_repeats=num_repeats)
     seeds = mix64_array(mix64(seed, epoch, 0x415547), positions)

@@ -12,6 +12,7 @@ from engine import checkpoint as ck
 from engine.optim import build_optimizer, build_scheduler, scaled_lr
 from models import create_classifier
 from common.errors import UserError
+from hooked_train import FaultHooks
 from test_train_helpers import NO_AUG, read_metrics, run_inprocess, tiny_cfg, weights
 
 TRAIN_KEYS = {"kind", "step", "epoch", "loss", "lr", "img_per_s"}
@@ -99,20 +100,18 @@ def test_bf16_autocast_runs_on_cpu(tmp_path):
     assert all(v.dtype == torch.float32 for v in weights(run).values())  # master weights stay fp32
 
 
-def test_nonfinite_loss_stops_naming_step_and_keeps_checkpoint(tmp_path, monkeypatch, capsys):
+def test_nonfinite_loss_stops_naming_step_and_keeps_checkpoint(tmp_path, capsys):
     run = str(tmp_path / "nan")
-    monkeypatch.setenv("RESMLP_INJECT_NAN_AT_STEP", "7")
-    assert run_inprocess(tiny_cfg(run)) == 3
+    assert run_inprocess(tiny_cfg(run), hooks=FaultHooks(nan_at_step=7)) == 3
     err = capsys.readouterr().err
     assert "non-finite loss" in err and "step 7" in err and "step_000000005" in err
     latest = ck.find_latest(run)
     assert latest and latest.endswith("step_000000005") and ck.validation_error(latest) is None
 
 
-def test_nonfinite_loss_skip_counts_skips(tmp_path, monkeypatch):
+def test_nonfinite_loss_skip_counts_skips(tmp_path):
     run = str(tmp_path / "skip")
-    monkeypatch.setenv("RESMLP_INJECT_NAN_AT_STEP", "3")
-    assert run_inprocess(tiny_cfg(run, "train.nonfinite=skip", "optim.epochs=1")) == 0
+    assert run_inprocess(tiny_cfg(run, "train.nonfinite=skip", "optim.epochs=1"), hooks=FaultHooks(nan_at_step=3)) == 0
     summary = json.load(open(os.path.join(run, "summary.json")))
     assert summary["skipped_steps"] == 1 and summary["steps"] == 8
     rows = [r for r in read_metrics(run) if r["kind"] == "train"]

@@ -64,6 +64,11 @@ def train_cmd(config_path, *args):
     return [sys.executable, TRAIN_PY, "--config", str(config_path), *args]
 
 
+def hooked_train_cmd(config_path, *hook_args):
+    """train.py through the test-only launcher that installs fault hooks (tests/hooked_train.py)."""
+    return [sys.executable, os.path.join(ROOT, "tests", "hooked_train.py"), *hook_args, "--config", str(config_path)]
+
+
 def run_train_subprocess(config_path, *args, env=None, timeout=240):
     return subprocess.run(train_cmd(config_path, *args), cwd=ROOT, env=env or subprocess_env(),
                           capture_output=True, text=True, timeout=timeout)

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from engine import checkpoint as ck
-from test_train_helpers import ROOT, read_metrics, run_train_subprocess, subprocess_env, tiny_cfg, train_cmd, weights, write_cfg
+from test_train_helpers import (ROOT, hooked_train_cmd, read_metrics, run_train_subprocess, subprocess_env, tiny_cfg, weights,
+                                write_cfg)
 
 # 3 epochs x 8 updates; checkpoints every 5 updates (mid-epoch) and at epoch ends.
 RECIPE = ["optim.epochs=3", "data.mixup=0.8", "data.cutmix=1.0", "data.label_smoothing=0.1", "model.drop_path=0.1",
@@ -51,7 +52,7 @@ def test_sigkill_mid_epoch_and_mid_save_then_resume_is_bit_identical(tmp_path, r
 
     # 1. SIGKILL from outside once the log shows a step past the first checkpoint (step 5), inside
     #    epoch 1 (8 steps); the steps are slowed down by a sleep (numerics untouched) so it lands mid-run.
-    proc = subprocess.Popen(train_cmd(cfg_path), cwd=ROOT, env=subprocess_env(RESMLP_STEP_DELAY_S=0.3),
+    proc = subprocess.Popen(hooked_train_cmd(cfg_path, "--step-delay-s", "0.3"), cwd=ROOT, env=subprocess_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     metrics = os.path.join(run, "metrics.jsonl")
     deadline = time.time() + 180
