@@ -19,10 +19,19 @@ replays the wrong samples mid-epoch); `data.build_train_loader` is already deter
 step (drop path, Mixup/CutMix, ...) comes from RNGs reseeded from (seed, step, micro-batch, rank),
 so a run killed at any step and resumed from its last checkpoint ends bit-identical (CPU).
 
+GPU-first: between log steps the loop never waits on the device. The step's loss, the epoch's
+loss sum and the first non-finite step stay on the device and are read at log steps, checkpoint
+saves and epoch ends only; under train.nonfinite=stop the run can therefore go on for up to
+min(train.log_every, train.save_every) - 1 updates past a non-finite loss before it stops, naming
+the first bad update and never saving its weights. train.nonfinite=skip must decide before each
+optimizer step, so it reads one flag per update (one device sync per update: a documented cost).
+train.compile compiles the forward together with the head's loss (auto: on for CUDA).
+
 Tests inject faults through `train(cfg, hooks=...)`: an object with `on_loss(step, loss) -> loss`
 and `after_update(step)` (tests/hooked_train.py); production passes None and only checks for None.
 """
 import argparse
+import contextlib
 import math
 import os
 import shutil
@@ -53,6 +62,9 @@ from evaluation.evaluate import evaluate  # noqa: E402
 from models import create_classifier  # noqa: E402
 
 EXIT_NONFINITE = 3
+# Updates at the start of every session (compilation, autotuning, allocator warm-up) that are left
+# out of img/s and the progress bar's rate and ETA; their time is reported as warmup_s.
+WARMUP_UPDATES = 2
 RUN_FILES = ("metrics.jsonl", "epochs.csv", "summary.json", "model.safetensors", "model_ema.safetensors")
 
 
@@ -103,6 +115,8 @@ class RunState:
     skipped: int = 0  # updates skipped for a non-finite loss
     train_time_s: float = 0.0
     images: int = 0
+    warmup_s: float = 0.0  # session warm-up time (see WARMUP_UPDATES), excluded from img/s
+    warmup_images: int = 0
     last_eval: dict = field(default_factory=dict)
     last_ckpt: Optional[str] = None  # not saved: where this session's last checkpoint went
 
@@ -121,7 +135,8 @@ class Run:
     mixup: Any
     label_smoothing: float
     raw_model: Any  # the classifier itself: checkpoints, EMA and the head's loss use it
-    model: Any  # what runs forward/backward: raw_model compiled and wrapped by Accelerate
+    model: Any  # what runs forward/backward: raw_model wrapped by Accelerate (DDP)
+    forward_loss: Any  # (images, targets) -> fp32 loss: model + head's loss, compiled when train.compile is on
     optimizer: Any
     scheduler: Any
     ema: Any
@@ -133,6 +148,12 @@ class Run:
     time_base: float = 0.0  # train_time_s of earlier sessions (resume)
     log_t: float = field(default_factory=time.perf_counter)  # throughput window start
     log_images: int = 0
+    session_updates: int = 0
+    session_images: int = 0  # state.images when this session started
+    # On the device, read only at log steps / saves / epoch ends (see the module docstring):
+    last_loss: Any = None  # mean loss of the latest update
+    epoch_loss: Any = None  # [sum of finite update losses, number of finite updates] this epoch
+    first_bad_step: Any = None  # first update with a non-finite loss (NO_BAD_STEP when none)
 
     @property
     def main_proc(self):
@@ -189,88 +210,134 @@ def run_epoch(run, hooks=None):
     state, accum = run.state, run.cfg.train.grad_accum
     epoch = state.epoch
     batches = iter(run.train_loader(epoch, state.batch))
-    t0, loss_sum, updates = time.perf_counter(), 0.0, 0
+    run.epoch_loss = torch.zeros(2, dtype=torch.float64, device=run.accelerator.device)
+    t0 = time.perf_counter()
     for _ in range(state.batch // accum, run.updates_per_epoch):
-        loss = train_step(run, batches, hooks)
+        with sync_debug(run):
+            train_step(run, batches, hooks)
         if hooks is not None:
             hooks.after_update(state.step)
-        if loss is not None:
-            loss_sum, updates = loss_sum + loss, updates + 1
-        log_step(run, loss)
+        end_warmup(run)
+        log_step(run)
         state.train_time_s = run.elapsed()
         if state.step % run.cfg.train.save_every == 0 and state.batch // accum < run.updates_per_epoch:
             save_checkpoint(run, epoch, state.batch)  # mid-epoch; the epoch's end saves its own
-    end_of_epoch(run, epoch, time.perf_counter() - t0, loss_sum, updates)
+    end_of_epoch(run, epoch, time.perf_counter() - t0)
 
 
 def train_step(run, batches, hooks=None):
-    """One optimizer update over train.grad_accum micro-batches. Returns the mean loss, or None when a
-    non-finite loss skipped the update (train.nonfinite=skip); raises NonFiniteLoss under =stop."""
+    """One optimizer update over train.grad_accum micro-batches, with no host read (but under
+    train.nonfinite=skip, see the module docstring): the loss and its finiteness stay on the device."""
     cfg, state, accelerator = run.cfg, run.state, run.accelerator
     accum, step = cfg.train.grad_accum, state.step
     run.scheduler.step_update(step)  # lr of this update: warmup + cosine indexed by update
-    skip, loss_sum = False, 0.0
+    losses = []
     for micro in range(accum):
         reseed(cfg.train.seed, "step", step, micro, run.rank)
         images, targets = next(batches)
         if run.mixup is not None:
             images, targets = run.mixup(images, targets)
         with accelerator.accumulate(run.model):
-            logits = run.model(images)
-            loss = run.raw_model.output_head.loss(logits.float(), targets, label_smoothing=run.label_smoothing)  # fp32
+            loss = run.forward_loss(images, targets)
             if hooks is not None:
                 loss = hooks.on_loss(step, loss)
-            if not all_finite(run, loss):
-                if cfg.train.nonfinite == "stop":
-                    raise NonFiniteLoss(
-                        f"non-finite loss ({loss.item()}) at step {step} (epoch {state.epoch + 1}, batch "
-                        f"{state.batch + micro}); training stopped. Last good checkpoint: {state.last_ckpt or 'none yet'}. "
-                        f"Lower optim.lr, set optim.clip_grad, or set train.nonfinite=skip")
-                skip = True
-            if not skip:
-                accelerator.backward(loss)
-                loss_sum += loss.detach().item()
+            losses.append(loss.detach())
+            accelerator.backward(loss)  # on every rank, finite or not: DDP's all-reduce needs them all
             if accelerator.sync_gradients:
-                if not skip:
+                loss = torch.stack(losses).mean()
+                finite = torch.isfinite(loss)
+                if cfg.train.nonfinite == "skip" and not finite_on_every_rank(run, finite):  # the one host read
+                    run.optimizer.zero_grad(set_to_none=True)
+                    state.skipped += 1
+                    if run.main_proc:
+                        console(f"warning: non-finite loss at step {step}: update skipped ({state.skipped} so far)")
+                else:
                     if cfg.optim.clip_grad:
                         accelerator.clip_grad_norm_(run.model.parameters(), cfg.optim.clip_grad)
                     run.optimizer.step()
-                run.optimizer.zero_grad(set_to_none=True)
+                    run.optimizer.zero_grad(set_to_none=True)
+                    if run.ema is not None:
+                        run.ema.update(run.raw_model, step=step + 1)
+    run.last_loss = loss
+    run.epoch_loss += torch.stack([torch.where(finite, loss, 0.0).double(), finite.double()])
+    run.first_bad_step = torch.where(finite | (run.first_bad_step != NO_BAD_STEP), run.first_bad_step, step)
     state.step += 1
     state.batch += accum
     state.images += run.global_batch
-    if skip:
-        state.skipped += 1
-        if run.main_proc:
-            console(f"warning: non-finite loss at step {step}: update skipped ({state.skipped} so far)")
-        return None
-    if run.ema is not None:
-        run.ema.update(run.raw_model, step=state.step)
-    return loss_sum / accum
 
 
-def all_finite(run, loss):
-    """Whether the loss is finite on every rank: all ranks must take the same branch (DDP collectives)."""
-    ok = torch.isfinite(loss.detach()).float().reshape(1)
+NO_BAD_STEP = -1
+
+
+def finite_on_every_rank(run, finite):
+    """Whether the loss is finite on every rank (all ranks must take the same branch)."""
+    ok = finite.float().reshape(1)
     if run.world > 1:
         ok = run.accelerator.reduce(ok, reduction="sum") / run.world
     return bool(ok.item() == 1.0)
 
 
-def log_step(run, loss):
+def stop_if_nonfinite(run):
+    """Under train.nonfinite=stop, raise NonFiniteLoss if any update since the start of the session
+    had a non-finite loss on any rank. Reads the device: call at log steps, saves and epoch ends only."""
+    if run.cfg.train.nonfinite != "stop":
+        return
+    bad = run.first_bad_step.reshape(1)
+    if run.world > 1:
+        bad = run.accelerator.gather(bad)
+    bad = [b for b in bad.tolist() if b != NO_BAD_STEP]
+    if bad:
+        kept = run.state.last_ckpt or "none yet"
+        raise NonFiniteLoss(
+            f"non-finite loss at step {min(bad)} (found at step {run.state.step}, the next check); training "
+            f"stopped and nothing after step {min(bad)} was saved. Last checkpoint: {kept}. Lower optim.lr, "
+            f"set optim.clip_grad, or set train.nonfinite=skip")
+
+
+def end_warmup(run):
+    """After WARMUP_UPDATES updates of this session, restart the img/s window and the bar's rate clock."""
+    run.session_updates += 1
+    if run.session_updates != WARMUP_UPDATES:
+        return
+    run.accelerator.wait_for_everyone()
+    if run.accelerator.device.type == "cuda":
+        torch.cuda.synchronize()
+    now = time.perf_counter()
+    run.state.warmup_s += now - run.session_t0
+    run.state.warmup_images += run.state.images - run.session_images
+    run.log_t, run.log_images = now, run.state.images
+    n = run.bar.n
+    run.bar.reset(total=run.bar.total)  # tqdm's rate and ETA then count from here
+    run.bar.initial = run.bar.n = run.bar.last_print_n = n
+
+
+@contextlib.contextmanager
+def sync_debug(run):
+    """train.sync_debug: CUDA's sync debug mode set to "error" around one update (after warm-up)."""
+    on = run.cfg.train.sync_debug and run.session_updates >= WARMUP_UPDATES
+    if on:
+        torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        if on:
+            torch.cuda.set_sync_debug_mode("default")
+
+
+def log_step(run):
     """Every train.log_every updates: a metrics.jsonl row (loss averaged over ranks), TensorBoard, the bar."""
     state, step = run.state, run.state.step
     if step % run.cfg.train.log_every == 0:
+        stop_if_nonfinite(run)
         lr = run.optimizer.param_groups[0]["lr"]
-        loss_t = torch.tensor([0.0 if loss is None else loss], device=run.accelerator.device)
+        loss_t = run.last_loss.float().reshape(1)
         if run.world > 1:
             loss_t = run.accelerator.reduce(loss_t, reduction="mean")
         now = time.perf_counter()
         ips = (state.images - run.log_images) / max(now - run.log_t, 1e-9)
         run.log_t, run.log_images = now, state.images
         row = {"kind": "train", "step": step, "epoch": state.epoch + 1,
-               "loss": float("nan") if loss is None else loss_t.item(), "lr": lr, "img_per_s": ips,
-               "skipped": state.skipped}
+               "loss": loss_t.item(), "lr": lr, "img_per_s": ips, "skipped": state.skipped}
         run.metrics.write(**row)
         if run.use_tb:
             run.accelerator.log({"train/loss": row["loss"], "train/lr": lr, "train/img_per_s": ips}, step=step)
@@ -278,17 +345,20 @@ def log_step(run, loss):
     run.bar.update(1)
 
 
-def end_of_epoch(run, epoch, seconds, loss_sum, updates):
+def end_of_epoch(run, epoch, seconds):
     """epochs.csv row and console line (with an eval when due), exported weights, checkpoint."""
     state, epochs = run.state, run.cfg.optim.epochs
+    stop_if_nonfinite(run)
     state.epoch, state.batch = epoch + 1, 0
-    loss_stats = torch.tensor([loss_sum, float(updates)], dtype=torch.float64, device=run.accelerator.device)
+    local_updates = run.epoch_loss[1].item()
+    loss_stats = run.epoch_loss
     if run.world > 1:
         loss_stats = run.accelerator.reduce(loss_stats, reduction="sum")
+    loss_sum, updates = loss_stats.tolist()
     row = {"epoch": epoch + 1, "step": state.step,
-           "train_loss": loss_stats[0].item() / max(loss_stats[1].item(), 1.0),
+           "train_loss": loss_sum / max(updates, 1.0),
            "lr": run.optimizer.param_groups[0]["lr"],
-           "img_per_s": updates * run.global_batch / max(seconds, 1e-9),
+           "img_per_s": local_updates * run.global_batch / max(seconds, 1e-9),
            "time_s": seconds, "skipped": state.skipped}
     line = (f"epoch {epoch + 1}/{epochs}  step {state.step}  loss {row['train_loss']:.4f}  "
             f"lr {row['lr']:.2e}  {row['img_per_s']:.0f} img/s")
@@ -327,7 +397,9 @@ def write_summary(run):
     summary = {
         "final": state.last_eval,
         "train_time_s": state.train_time_s,
-        "img_per_s": state.images / max(state.train_time_s, 1e-9),
+        # without the warm-up updates of each session (compilation): the throughput a user plans with
+        "img_per_s": (state.images - state.warmup_images) / max(state.train_time_s - state.warmup_s, 1e-9),
+        "warmup_s": state.warmup_s,
         "epochs": run.cfg.optim.epochs, "steps": state.step, "skipped_steps": state.skipped,
         "best": {"top1": state.best_top1, "step": state.best_step},
         "global_batch": run.global_batch, "num_processes": run.world,
@@ -343,6 +415,7 @@ def write_summary(run):
 def save_checkpoint(run, epoch, batch):
     """Every rank writes its RNG states, the main process the rest; then one atomic rename."""
     accelerator, state = run.accelerator, run.state
+    stop_if_nonfinite(run)  # never save the weights of a non-finite update
     root, step = os.path.join(run.run_dir, ck.CHECKPOINT_SUBDIR), state.step
     if run.main_proc:
         ck.begin_save(root, step)
@@ -425,14 +498,15 @@ def setup(cfg, resume, overwrite):
     raw_model = create_classifier(cfg.model, cfg.head, num_classes)
     optimizer = build_optimizer(raw_model, cfg.optim, global_batch)
     scheduler = build_scheduler(optimizer, cfg.optim, updates_per_epoch)  # stepped by us per update
-    model = torch.compile(raw_model) if cfg.train.compile else raw_model
-    model, optimizer = accelerator.prepare(model, optimizer)
+    model, optimizer = accelerator.prepare(raw_model, optimizer)
+    label_smoothing = 0.0 if mixup is not None else cfg.data.label_smoothing
     run = Run(
         cfg=cfg, accelerator=accelerator, use_tb=use_tb, fingerprint=fp, global_batch=global_batch,
         updates_per_epoch=updates_per_epoch, train_set=train_set, val_loader=val_loader, mixup=mixup,
         # Mixup/CutMix already fold label smoothing into their soft targets: never apply it twice.
-        label_smoothing=0.0 if mixup is not None else cfg.data.label_smoothing,
-        raw_model=raw_model, model=model, optimizer=optimizer, scheduler=scheduler,
+        label_smoothing=label_smoothing, raw_model=raw_model, model=model,
+        forward_loss=build_forward_loss(cfg, model, raw_model.output_head, label_smoothing, device),
+        optimizer=optimizer, scheduler=scheduler,
         ema=ModelEmaV3(raw_model, decay=cfg.train.ema_decay) if cfg.train.ema else None,
         metrics=MetricsLog(cfg.train.output_dir, enabled=main_proc),
         epochs_csv=EpochCSV(cfg.train.output_dir, enabled=main_proc),
@@ -442,10 +516,22 @@ def setup(cfg, resume, overwrite):
     if use_tb:
         accelerator.init_trackers("tensorboard")
     run.time_base, run.log_images = run.state.train_time_s, run.state.images
+    run.session_images = run.state.images
+    run.first_bad_step = torch.tensor(NO_BAD_STEP, device=device)
     run.session_t0 = run.log_t = time.perf_counter()
     run.bar = tqdm(total=cfg.optim.epochs * updates_per_epoch, initial=run.state.step, unit="step",
                    disable=not (main_proc and cfg.train.progress), dynamic_ncols=True, file=sys.stdout)
     return run
+
+
+def build_forward_loss(cfg, model, head, label_smoothing, device):
+    """(images, targets) -> the head's fp32 loss on the model's logits; with train.compile on (auto:
+    CUDA only), torch.compile'd as one function, so the head's loss fuses with the model's last layers."""
+    def forward_loss(images, targets):
+        return head.loss(model(images).float(), targets, label_smoothing=label_smoothing)
+
+    compile_on = cfg.train.compile == "true" or (cfg.train.compile == "auto" and device.type == "cuda")
+    return torch.compile(forward_loss) if compile_on else forward_loss
 
 
 def count_updates_per_epoch(cfg, num_samples, world):
@@ -462,6 +548,12 @@ def count_updates_per_epoch(cfg, num_samples, world):
 def build_accelerator(cfg):
     if cfg.train.mixed_precision == "fp16" and not torch.cuda.is_available():
         raise UserError("train.mixed_precision=fp16 needs a CUDA GPU; use bf16 (or no) on CPU")
+    if cfg.train.sync_debug and not torch.cuda.is_available():
+        raise UserError("train.sync_debug=true needs a CUDA GPU (it sets CUDA's sync debug mode); on CPU the "
+                        "test suite checks the step for host syncs (tests/test_train_no_sync.py)")
+    if cfg.train.sync_debug and cfg.train.nonfinite == "skip":
+        raise UserError("train.sync_debug=true cannot be combined with train.nonfinite=skip, which reads one flag "
+                        "per update by design; use train.nonfinite=stop")
     use_tb = cfg.train.tensorboard and tensorboard_available()
     # Accelerate only sets up gloo multi-process training on CPU when asked for the CPU explicitly.
     cpu_multi_process = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1

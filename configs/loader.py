@@ -203,6 +203,8 @@ def _coerce(value, tp):
     if tp is str:
         if isinstance(value, str):
             return value
+        if isinstance(value, bool):  # e.g. train.compile=true for a key whose choices include "true"
+            return "true" if value else "false"
         raise _TypeMismatch
     return value  # other annotations: accepted as given
 

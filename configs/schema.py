@@ -103,7 +103,11 @@ class TrainConfig:
     ema: bool = True
     ema_decay: float = 0.99996
     nonfinite: str = "stop"  # stop | skip
-    compile: bool = False  # torch.compile the model
+    # torch.compile the forward together with the loss: auto = on for CUDA, off for CPU | true | false
+    compile: str = "auto"
+    # CUDA only: torch.cuda.set_sync_debug_mode("error") around every update that is not a log step
+    # (after the warm-up updates), so a host sync in the training step fails loudly.
+    sync_debug: bool = False
     tensorboard: bool = True  # TensorBoard through Accelerate's trackers, when installed
     progress: bool = True  # tqdm bar on the main process
 
@@ -126,4 +130,5 @@ CHOICES = {
     "optim.name": ("lamb", "adamw", "sgd"),
     "train.mixed_precision": ("no", "bf16", "fp16"),
     "train.nonfinite": ("stop", "skip"),
+    "train.compile": ("auto", "true", "false"),
 }
