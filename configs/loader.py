@@ -251,6 +251,16 @@ def _check(cfg):
             raise UserError(f"config key '{key}' must be >= 1, got {value}")
     if not 1.0 < cfg.head.alpha <= 2.0:
         raise UserError(f"config key 'head.alpha' must be in (1, 2], got {cfg.head.alpha}")
+    head_rules = {  # key: (value is valid, what a valid value is)
+        "head.gamma": (cfg.head.gamma > 1.0, "> 1 (e.g. 2)"),
+        "head.k": (cfg.head.k >= 1, "a whole number >= 1 and at most the number of classes"),
+        "head.order": (cfg.head.order >= 2 and cfg.head.order % 2 == 0, "an even whole number >= 2"),
+        "head.scale": (0.0 < cfg.head.scale < float("inf"), "a finite number > 0 (e.g. 30)"),
+        "head.margin": (0.0 <= cfg.head.margin < float("inf"), "a finite number >= 0 (e.g. 0.35)"),
+    }
+    for key, (ok, rule) in head_rules.items():
+        if not ok:
+            raise UserError(f"config key '{key}' must be {rule}, got {getattr(cfg.head, key.split('.')[1])}")
     if cfg.optim.lr <= 0:
         raise UserError(f"config key 'optim.lr' must be > 0, got {cfg.optim.lr}")
     if cfg.model.img_size != cfg.data.image_size:

@@ -71,6 +71,11 @@ class HeadConfig:
     name: str = "softmax"  # any models.heads.HEAD_NAMES entry
     alpha: float = 1.5  # entmax_bisect only: alpha in (1, 2]
     learn_alpha: bool = False  # entmax_bisect only: alpha = 1 + sigmoid(alpha_logit) is trained
+    gamma: float = 2.0  # normmax only: gamma > 1 (Santos et al. 2024 use 2)
+    k: int = 5  # sparse_softmax only: classes kept, 1 <= k <= num_classes (5: the top-5 metric)
+    order: int = 2  # taylor_softmax only: even order >= 2 (2: 1 + x + x^2/2)
+    scale: float = 30.0  # am_softmax only: s > 0, logits = s * cos (Wang et al. 2018 use 30)
+    margin: float = 0.35  # am_softmax only: m >= 0 subtracted from the true cosine in training (paper: 0.35)
 
 
 @dataclass

@@ -28,7 +28,7 @@ import math
 
 import torch
 
-from models.heads import SPARSE_HEAD_NAMES
+from models.heads import ENTMAX_HEAD_NAMES
 
 EPSILONS = (0.1, 0.05)
 # A finer sweep for the coverage-vs-set-size plot.
@@ -174,7 +174,7 @@ def aps_uniforms(n, stream):
 
 def methods_for_head(head_name):
     """Score families that make sense for a head: its own support if sparse, LAC and APS always."""
-    return (("support",) if head_name in SPARSE_HEAD_NAMES else ()) + ("lac", "aps")
+    return (("support",) if head_name in ENTMAX_HEAD_NAMES else ()) + ("lac", "aps")
 
 
 def _scores_and_sizer(method, logits, probs, labels, alpha, stream=0):

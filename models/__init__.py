@@ -13,6 +13,7 @@ def create_classifier(model_cfg, head_cfg, num_classes):
     `model(x)` returns logits, exactly as a timm model; `model.output_head(logits)` gives the
     head's probabilities and `model.output_head.loss(logits, target)` its Fenchel-Young loss.
     A learned entmax alpha therefore lives in the model's state dict and optimizer like any weight.
+    With head.name=am_softmax, `model.head` is a CosineLinear (scale * cosine, no bias).
     """
     import timm
 
@@ -26,5 +27,9 @@ def create_classifier(model_cfg, head_cfg, num_classes):
         drop_path_rate=model_cfg.drop_path,
         init_values=model_cfg.init_values,
     )
-    model.output_head = build_output_head(head_cfg.name, alpha=head_cfg.alpha, learn_alpha=head_cfg.learn_alpha)
+    model.output_head = build_output_head(
+        head_cfg.name, alpha=head_cfg.alpha, learn_alpha=head_cfg.learn_alpha, gamma=head_cfg.gamma,
+        k=head_cfg.k, order=head_cfg.order, scale=head_cfg.scale, margin=head_cfg.margin)
+    # am_softmax swaps the final Linear for a cosine classifier; sparse_softmax checks head.k
+    model.output_head.prepare_classifier(model)
     return model
