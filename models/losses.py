@@ -18,6 +18,11 @@ gives 0, not NaN). Logits are (N, K) or (..., K) with classes last.
 +inf (as for cross-entropy: the target is impossible) and the gradient stays the finite p - q.
 
 The forward computes the mapping once and the backward saves only p - q (and dL/dalpha).
+
+Like the mappings (models/mappings.py), the losses take the device path for non-CPU logits and
+under torch.compile: no host read anywhere in forward or backward (ignored rows and alpha close
+to 1 are handled with torch.where, not with a branch on their presence). CPU logits take the CPU
+path, which checks on the host whether such rows exist and skips their ops when none do.
 """
 from __future__ import annotations
 
@@ -30,11 +35,13 @@ from common.errors import UserError
 from .mappings import (
     SOFTMAX_BELOW,
     _check_alpha_value,
-    _compiling,
+    _check_n_iter,
     _compute_dtype,
+    _threads_for,
     entmax15_kernel,
     entmax_alpha_kernel,
     sparsemax_kernel,
+    uses_device_path,
 )
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -72,25 +79,34 @@ def _omega_q_minus_p(q: Tensor, p: Tensor, a) -> Tensor:
 class _FenchelYoungLoss(torch.autograd.Function):
     """Per-row loss for logits z (N, K) and either class indices y (N,) or a dense target q (N, K).
 
-    kind in {"softmax", "sparsemax", "entmax15", "alpha"}. Saves only p - q (and dL/dalpha).
+    kind in {"softmax", "sparsemax", "entmax15", "alpha"}; alpha (kind "alpha" only) is a float
+    > 1 + SOFTMAX_BELOW or a tensor (scalar or per row). Saves only p - q (and dL/dalpha).
     """
 
     @staticmethod
-    def forward(ctx, z: Tensor, y: Optional[Tensor], q: Optional[Tensor], alpha: Optional[Tensor],
-                kind: str, n_iter: Optional[int]):
+    def forward(ctx, z: Tensor, y: Optional[Tensor], q: Optional[Tensor], alpha: Union[None, float, Tensor],
+                kind: str, n_iter: Optional[int], device_path: bool):
+        with _threads_for(z):
+            return _FenchelYoungLoss._forward(ctx, z, y, q, alpha, kind, n_iter, device_path)
+
+    @staticmethod
+    def _forward(ctx, z, y, q, alpha, kind, n_iter, device_path):
         zf = _compute_dtype(z)
         # An all -inf row: m = lowest finite value keeps z - m = -inf there (not NaN); one op.
         m = zf.amax(-1, keepdim=True).clamp_(min=torch.finfo(zf.dtype).min)
         d_alpha = None
         near_one = None
-        if kind == "alpha":
+        if kind == "alpha" and isinstance(alpha, Tensor):
             a = alpha.to(zf.dtype).reshape(-1, 1).expand(zf.size(0), 1)
-            # alpha within SOFTMAX_BELOW of 1: softmax rows (see mappings.SOFTMAX_BELOW).
+            # alpha within SOFTMAX_BELOW of 1: softmax rows (see mappings.SOFTMAX_BELOW). The
+            # device path always takes the where; the CPU path only when such rows exist.
             near_one = a <= 1.0 + SOFTMAX_BELOW
-            if _compiling() or bool(near_one.any()):
+            if device_path or bool(near_one.any()):
                 a = torch.where(near_one, torch.full_like(a, 1.5), a)
             else:
                 near_one = None
+        elif kind == "alpha":
+            a = float(alpha)  # a float near 1 was sent to the softmax loss by the caller
         else:
             a = _ALPHA_OF.get(kind)
         if kind == "softmax":
@@ -102,13 +118,14 @@ class _FenchelYoungLoss(torch.autograd.Function):
         else:
             want_log = kind == "alpha" and ctx.needs_input_grad[3]
             if kind == "sparsemax":
-                p, d, tau = sparsemax_kernel(zf, -1)
+                p, d, tau = sparsemax_kernel(zf, -1, device_path)
                 spd = torch.linalg.vecdot(p, d).unsqueeze(-1)
             elif kind == "entmax15":
-                p, d, tau = entmax15_kernel(zf, -1)
+                p, d, tau = entmax15_kernel(zf, -1, device_path)
                 spd = torch.linalg.vecdot(p, d).unsqueeze(-1)
             else:
-                p, spd, tau, splogp = entmax_alpha_kernel(zf, a, -1, n_iter, need_log=want_log)
+                p, spd, tau, splogp = entmax_alpha_kernel(zf, a, -1, n_iter, need_log=want_log,
+                                                          device_path=device_path)
             if near_one is not None:
                 e = (zf - m).exp_()
                 se = e.sum(-1, keepdim=True)
@@ -149,7 +166,7 @@ class _FenchelYoungLoss(torch.autograd.Function):
             diff = p.sub_(q)
         # inf - inf (all -inf row with target mass) means an impossible target: +inf like CE.
         loss = torch.nan_to_num(loss, nan=float("inf"), posinf=float("inf")).clamp_(min=0.0)
-        ctx.alpha_shape = None if alpha is None else alpha.shape
+        ctx.alpha_shape = alpha.shape if isinstance(alpha, Tensor) else None
         ctx.save_for_backward(diff, d_alpha)
         ctx.z_dtype = z.dtype
         return loss
@@ -157,14 +174,15 @@ class _FenchelYoungLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g: Tensor):
         diff, d_alpha = ctx.saved_tensors
-        g = g.to(diff.dtype)
-        dz = (diff * g.unsqueeze(-1)).to(ctx.z_dtype) if ctx.needs_input_grad[0] else None
-        da = None
-        if ctx.needs_input_grad[3] and d_alpha is not None:
-            da = g * d_alpha
-            shape = ctx.alpha_shape
-            da = (da.sum() if shape.numel() == 1 else da).reshape(shape)
-        return dz, None, None, da, None, None
+        with _threads_for(diff):
+            g = g.to(diff.dtype)
+            dz = (diff * g.unsqueeze(-1)).to(ctx.z_dtype) if ctx.needs_input_grad[0] else None
+            da = None
+            if ctx.needs_input_grad[3] and d_alpha is not None:
+                da = g * d_alpha
+                shape = ctx.alpha_shape
+                da = (da.sum() if shape.numel() == 1 else da).reshape(shape)
+        return dz, None, None, da, None, None, None
 
 
 def _dense_target(zf: Tensor, target: Tensor, label_smoothing: float, ignore_index: int):
@@ -196,6 +214,14 @@ def _fy_loss(kind: str, logits: Tensor, target: Tensor, alpha=None, label_smooth
         raise UserError(f"unknown reduction '{reduction}'; valid: {', '.join(REDUCTIONS)}")
     if not 0.0 <= label_smoothing <= 1.0:
         raise UserError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
+    device_path = uses_device_path(logits)
+    with _threads_for(logits):
+        return _fy_loss_body(kind, logits, target, alpha, label_smoothing, ignore_index, reduction,
+                             n_iter, device_path)
+
+
+def _fy_loss_body(kind, logits, target, alpha, label_smoothing, ignore_index, reduction, n_iter,
+                  device_path):
     lead = logits.shape[:-1]
     K = logits.shape[-1]
     z = logits.reshape(-1, K)
@@ -213,19 +239,20 @@ def _fy_loss(kind: str, logits: Tensor, target: Tensor, alpha=None, label_smooth
         if target.shape != (z.size(0),):
             raise UserError(f"class-index targets must have shape {(z.size(0),)}, got {tuple(target.shape)}")
         valid = target != ignore_index
-        if not _compiling() and bool(valid.all()):
+        if not device_path and bool(valid.all()):
             y, valid = target, None  # nothing ignored (the usual case): skip the masking ops
         else:
             y = torch.where(valid, target, torch.zeros_like(target))
-    loss = _FenchelYoungLoss.apply(z, y, q, alpha, kind, n_iter)
+    loss = _FenchelYoungLoss.apply(z, y, q, alpha, kind, n_iter, device_path)
     if valid is not None:
         loss = torch.where(valid, loss, torch.zeros_like(loss))
     if reduction == "none":
         return loss.reshape(lead)
     if reduction == "sum":
         return loss.sum()
-    count = loss.new_tensor(loss.numel()) if valid is None else valid.sum().to(loss.dtype)
-    return loss.sum() / count.clamp(min=1.0)
+    if valid is None:  # a Python count: no tensor made from host data (a copy, a sync on CUDA)
+        return loss.sum() / max(loss.numel(), 1)
+    return loss.sum() / valid.sum().to(loss.dtype).clamp(min=1.0)
 
 
 def softmax_loss(logits, target, label_smoothing=0.0, ignore_index=-100, reduction="mean"):
@@ -247,15 +274,16 @@ def entmax_bisect_loss(logits, target, alpha: Union[float, Tensor] = 1.5, label_
                        ignore_index=-100, reduction="mean", n_iter: Optional[int] = None):
     """Fenchel-Young loss of alpha-entmax; a tensor alpha (scalar or per row) gets a gradient.
 
-    A float alpha of 1, 1.5 or 2 dispatches to the softmax, 1.5-entmax or sparsemax loss.
+    A float alpha of 1, 1.5 or 2 dispatches to the softmax, 1.5-entmax or sparsemax loss (and one
+    within SOFTMAX_BELOW of 1 to the softmax loss); other floats stay Python numbers (no tensor
+    made from host data on every call).
     """
+    _check_n_iter(n_iter)
     if not isinstance(alpha, Tensor):
         alpha = _check_alpha_value(alpha)
-        kind = {1.0: "softmax", 1.5: "entmax15", 2.0: "sparsemax"}.get(alpha)
+        kind = "softmax" if alpha - 1.0 <= SOFTMAX_BELOW else {1.5: "entmax15", 2.0: "sparsemax"}.get(alpha)
         if kind is not None:
             return _fy_loss(kind, logits, target, None, label_smoothing, ignore_index, reduction)
-        alpha = torch.tensor(alpha, dtype=torch.float64 if logits.dtype == torch.float64 else torch.float32,
-                             device=logits.device)
     return _fy_loss("alpha", logits, target, alpha, label_smoothing, ignore_index, reduction, n_iter)
 
 

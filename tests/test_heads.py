@@ -332,14 +332,14 @@ def test_all_neg_inf_rows_give_zeros_without_nan():
 def test_all_neg_inf_row_does_not_stall_the_eager_iterations(monkeypatch):
     # A dead row once gave the sort-free solvers an empty support (0/0 steps): the whole batch
     # then ran _MAX_STEPS passes and fell back to the (very slow on CPU) sort. Forbid both.
-    from models import mappings
+    from models import thresholds_cpu
 
     def no_sort(*args, **kwargs):
         raise AssertionError("sort fallback reached")
 
-    monkeypatch.setattr(mappings, "_sparsemax_tau_sorted", no_sort)
-    monkeypatch.setattr(mappings, "_entmax15_tau_sorted", no_sort)
-    monkeypatch.setattr(mappings, "_MAX_STEPS", 30)
+    monkeypatch.setattr(thresholds_cpu, "sparsemax_tau_sorted", no_sort)
+    monkeypatch.setattr(thresholds_cpu, "entmax15_tau_sorted", no_sort)
+    monkeypatch.setattr(thresholds_cpu, "MAX_STEPS", 30)
     x = _x((6, 100), 2.0, seed=30, dtype=torch.float32)
     x[2] = NEG_INF
     x[4, :60] = NEG_INF
@@ -555,3 +555,246 @@ def test_learned_alpha():
         h.alpha_logit.fill_(-50.0)
         assert 1.0 <= float(h.alpha) < 2.0
         assert torch.isfinite(h(z)).all() and torch.isfinite(h.loss(z, y))
+
+
+# ------------------------------------------------------------------------------- device path
+# The fixed-shape path that GPUs and torch.compile take (models/thresholds_device.py), forced on
+# CPU tensors: the same values and gradients as the CPU path, the float64 references and the
+# `entmax` package. tests/test_no_sync.py proves that it never reads on the host.
+from models import mappings, thresholds_cpu  # noqa: E402
+from models.mappings import THRESHOLD_PATHS, set_threshold_path, threshold_path, uses_device_path  # noqa: E402
+
+
+def _ref_on_finite(ref, x):
+    """A numpy reference applied row by row to the finite entries (zeros elsewhere)."""
+    out = np.zeros(tuple(x.shape))
+    for i, row in enumerate(x.numpy()):
+        keep = np.isfinite(row)
+        if keep.any():
+            out[i, keep] = ref(row[keep][None])[0]
+    return out
+
+
+def _both_paths(fn, *args):
+    with threshold_path("cpu"):
+        cpu = fn(*args)
+    with threshold_path("device"):
+        dev = fn(*args)
+    return cpu, dev
+
+
+@pytest.mark.parametrize("K", [2, 7, 17, 100, 1000, 5000])
+def test_device_path_matches_references_and_cpu_path(K):
+    x = _x((6, K), 2.0, seed=40 + K)
+    x[1, : K // 2] = NEG_INF
+    x[2] = NEG_INF
+    w = _x((6, K), 1.0, seed=41)
+    with threshold_path("device"):
+        np.testing.assert_allclose(sparsemax(x).numpy(), _ref_on_finite(ref_sparsemax, x), atol=1e-12)
+        for alpha in (1.05, 1.3, 1.5, 1.95):
+            ref = _ref_on_finite(lambda v: ref_entmax(v, alpha), x)
+            np.testing.assert_allclose(entmax_bisect(x, alpha).numpy(), ref, atol=1e-10)
+            np.testing.assert_allclose(entmax_bisect(x, torch.full((6, 1), alpha, dtype=x.dtype)).numpy(),
+                                       ref, atol=1e-10)
+        np.testing.assert_allclose(entmax15(x).numpy(), _ref_on_finite(lambda v: ref_entmax(v, 1.5), x), atol=1e-12)
+    for name, f in MAPPINGS.items():
+        def value_and_grad(v):
+            v = v.clone().requires_grad_()
+            p = f(v)
+            return p, torch.autograd.grad((p * w).sum(), v)[0]
+        (p_cpu, g_cpu), (p_dev, g_dev) = _both_paths(value_and_grad, x)
+        torch.testing.assert_close(p_dev, p_cpu, atol=1e-12, rtol=0, msg=name)
+        torch.testing.assert_close(g_dev, g_cpu, atol=1e-10, rtol=0, msg=name)
+
+
+@pytest.mark.parametrize("K", [10, 500, 6000])
+def test_device_path_matches_entmax_package(K):
+    with threshold_path("device"):
+        test_values_and_gradients_match_entmax_package(K)
+        test_alpha_gradient_matches_entmax_package()
+
+
+@pytest.mark.parametrize("name", list(LOSSES))
+@pytest.mark.parametrize("K", [6, 300, 2000])
+def test_device_path_losses_match_cpu_path(name, K):
+    f = LOSSES[name]
+    z = _x((5, K), 2.0, seed=42 + K)
+    z[0, : K // 2] = NEG_INF
+    y = torch.tensor([K - 1, 1, -100, 0, 2])
+    q = torch.softmax(_x((5, K), 1.0, seed=43), -1) * torch.isfinite(z)
+    q = q / q.sum(-1, keepdim=True)
+    for target, kw in [(y, {}), (y, {"label_smoothing": 0.2}), (q, {}), (q, {"reduction": "none"})]:
+        def value_and_grad(v):
+            v = v.clone().requires_grad_()
+            loss = f(v, target, **kw)
+            return loss, torch.autograd.grad(loss.sum(), v)[0]
+        (l_cpu, g_cpu), (l_dev, g_dev) = _both_paths(value_and_grad, z)
+        torch.testing.assert_close(l_dev, l_cpu, atol=1e-10, rtol=1e-12)
+        torch.testing.assert_close(g_dev, g_cpu, atol=1e-10, rtol=0)
+
+
+def test_device_path_alpha_gradients_match_cpu_path():
+    x = _x((4, 300), 1.5, seed=44)
+    x[3] = NEG_INF
+    y = torch.tensor([0, 5, 299, 7])
+    w = _x((4, 300), 1.0, seed=45)
+    for alpha in (torch.tensor(1.4), torch.tensor([[1.2], [1.0], [1.7], [1.5]]), torch.tensor([1.3, 1.6, 1.0005, 1.9])):
+        alpha = alpha.double()
+
+        def grads(a):
+            a = a.clone().requires_grad_()
+            if a.dim() == 1:
+                return torch.autograd.grad(entmax_bisect_loss(x, y, a, reduction="sum"), a)[0]
+            g_map = torch.autograd.grad((entmax_bisect(x, a) * w).sum(), a)[0]
+            g_loss = torch.autograd.grad(entmax_bisect_loss(x, y, a.reshape(-1) if a.dim() else a), a)[0]
+            return g_map, g_loss
+        cpu, dev = _both_paths(grads, alpha)
+        torch.testing.assert_close(dev, cpu, atol=1e-9, rtol=1e-9)
+
+
+@pytest.mark.parametrize("name", list(MAPPINGS))
+def test_device_path_gradcheck(name):
+    x = _x((2, 5, 3), 1.5, seed=46).requires_grad_()
+    with threshold_path("device"):
+        assert torch.autograd.gradcheck(lambda v: MAPPINGS[name](v, 1), (x,))
+        if name in LOSSES:
+            z = _x((4, 7), 1.5, seed=47).requires_grad_()
+            y = torch.tensor([0, 3, -100, 2])
+            assert torch.autograd.gradcheck(lambda v: LOSSES[name](v, y, label_smoothing=0.1), (z,))
+    a = torch.tensor([[1.2], [1.5], [1.8]], dtype=torch.float64, requires_grad=True)
+    xa = _x((3, 6), 1.5, seed=48).requires_grad_()
+    with threshold_path("device"):
+        assert torch.autograd.gradcheck(lambda v, t: entmax_bisect(v, t), (xa, a))
+        assert torch.autograd.gradcheck(lambda v, t: entmax_bisect_loss(v, torch.tensor([1, 2, 3]), t.view(-1)), (xa, a))
+
+
+@settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(x=logit_batches(), name=st.sampled_from(list(MAPPINGS)))
+def test_device_path_agrees_on_adversarial_rows(x, name):
+    (p_cpu, p_dev) = _both_paths(MAPPINGS[name], x)
+    torch.testing.assert_close(p_dev, p_cpu, atol=1e-9, rtol=0)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 1e-2), (torch.float16, 2e-3)])
+def test_device_path_half_precision(dtype, tol):
+    x32 = _x((8, 300), 2.0, seed=49, dtype=torch.float32)
+    y = torch.arange(8) * 7
+    with threshold_path("device"):
+        for f in MAPPINGS.values():
+            xr = x32.to(dtype).requires_grad_()
+            p = f(xr)
+            assert p.dtype == dtype
+            torch.testing.assert_close(p.float(), f(x32.to(dtype).float()), atol=tol, rtol=0)
+            g, = torch.autograd.grad(p.float().pow(2).sum(), xr)
+            assert g.dtype == dtype and torch.isfinite(g.float()).all()
+        for f in LOSSES.values():
+            torch.testing.assert_close(f(x32.to(dtype), y).float(), f(x32.to(dtype).float(), y), atol=tol * 5, rtol=tol)
+
+
+def test_device_path_any_dim():
+    x = _x((3, 9, 4), 2.0, seed=50)
+    a = torch.tensor([[[1.3, 1.6, 1.9, 1.2]], [[1.4, 1.5, 1.1, 1.8]], [[1.7, 1.3, 1.5, 1.05]]], dtype=x.dtype)
+    with threshold_path("device"):
+        for f in MAPPINGS.values():
+            torch.testing.assert_close(f(x, 1), f(x.transpose(1, 2), -1).transpose(1, 2), atol=1e-12, rtol=0)
+        torch.testing.assert_close(entmax_bisect(x, a, dim=1),
+                                   entmax_bisect(x.transpose(1, 2), a.transpose(1, 2), dim=-1).transpose(1, 2),
+                                   atol=1e-12, rtol=0)
+
+
+def test_device_path_compiles_fullgraph_with_autograd():
+    # aot_eager traces forward and backward with fake tensors: a host read or data-dependent
+    # shape anywhere in either would break the graph (inductor on CPU works too, but takes ~1 min).
+    a = torch.tensor(1.3, requires_grad=True)
+
+    def fn(x, y, q):
+        return (sparsemax(x).pow(2).sum() + entmax15(x).pow(2).sum() + entmax_bisect(x, a).pow(2).sum()
+                + entmax_bisect(x, 1.7).pow(2).sum() + sparsemax_loss(x, y) + entmax15_loss(x, q)
+                + entmax_bisect_loss(x, y, a, label_smoothing=0.1) + softmax_loss(x, y))
+
+    x = torch.randn(4, 12)
+    x[1, :5] = NEG_INF
+    y = torch.tensor([0, 7, -100, 11])
+    q = torch.softmax(torch.randn(4, 12), -1)
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    xc = x.clone().requires_grad_()
+    compiled(xc, y, q).backward()
+    gx, ga = xc.grad, a.grad.clone()
+    a.grad = None
+    xr = x.clone().requires_grad_()
+    with threshold_path("device"):
+        fn(xr, y, q).backward()
+    torch.testing.assert_close(gx, xr.grad, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(ga, a.grad, atol=1e-5, rtol=1e-5)
+
+
+def test_auto_path_picks_by_device_and_meta_tensors_run_it():
+    assert mappings._threshold_path == "auto"
+    assert not uses_device_path(torch.zeros(2))
+    meta = torch.zeros(4, 30, device="meta")
+    assert uses_device_path(meta)
+    # Meta tensors have no values: any host read would raise. Every head runs on them.
+    x = torch.empty(4, 30, device="meta", requires_grad=True)
+    y = torch.zeros(4, dtype=torch.long, device="meta")
+    a = torch.empty(4, 1, device="meta", requires_grad=True)
+    for out in (softmax(x), sparsemax(x), entmax15(x), entmax_bisect(x, 1.3), entmax_bisect(x, a)):
+        assert out.shape == (4, 30) and out.device.type == "meta"
+        out.sum().backward()
+    for f in LOSSES.values():
+        loss = f(x, y, label_smoothing=0.1)
+        assert loss.device.type == "meta"
+        loss.backward()
+    entmax_bisect_loss(x, y, a.view(-1)).backward()
+    assert x.grad.shape == x.shape and a.grad.shape == a.shape
+
+
+def test_threshold_path_errors_and_restore():
+    with pytest.raises(UserError, match="auto, device, cpu"):
+        set_threshold_path("gpu")
+    with pytest.raises(UserError):
+        with threshold_path("GPU"):
+            pass
+    assert THRESHOLD_PATHS == ("auto", "device", "cpu")
+    with pytest.raises(RuntimeError):
+        with threshold_path("device"):
+            assert mappings._threshold_path == "device"
+            raise RuntimeError("boom")
+    assert mappings._threshold_path == "auto"
+    # forcing the CPU path where it would sync (a non-CPU tensor) or cannot compile: one line
+    with threshold_path("cpu"):
+        with pytest.raises(UserError, match="'cpu'.*meta"):
+            sparsemax(torch.zeros(2, 5, device="meta"))
+        # fullgraph=True wraps the UserError in dynamo's "Observed exception", message included
+        with pytest.raises((UserError, RuntimeError), match="cannot be compiled"):
+            torch.compile(lambda v: sparsemax(v), fullgraph=True, backend="eager")(torch.randn(2, 5))
+        with pytest.raises(UserError, match="cannot be compiled"):
+            torch.compile(lambda v: sparsemax(v) * 2, backend="eager")(torch.randn(2, 5))
+    for bad in (0, -3, 2.5, True, "12"):
+        with pytest.raises(UserError, match="n_iter"):
+            entmax_bisect(_x((2, 5)), 1.3, n_iter=bad)
+        with pytest.raises(UserError, match="n_iter"):
+            entmax_bisect_loss(_x((2, 5)), torch.tensor([0, 1]), 1.3, n_iter=bad)
+
+
+def test_cpu_path_runs_small_work_on_one_thread(monkeypatch):
+    seen = []
+    original = thresholds_cpu.michelot_tau
+
+    def spy(c):
+        seen.append(torch.get_num_threads())
+        return original(c)
+
+    monkeypatch.setattr(thresholds_cpu, "michelot_tau", spy)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        x = _x((8, 100), 2.0, seed=51).requires_grad_()
+        sparsemax(x).sum().backward()
+        sparsemax_loss(x, torch.arange(8))
+        assert seen == [1, 1]
+        assert torch.get_num_threads() == 2  # restored
+        monkeypatch.setattr(thresholds_cpu, "SERIAL_MAX_NUMEL", 10)
+        with thresholds_cpu.one_thread_below(x.numel(), limit=10):
+            assert torch.get_num_threads() == 2  # large work keeps the caller's threads
+    finally:
+        torch.set_num_threads(before)

@@ -1,0 +1,252 @@
+"""Thresholds for CPU tensors: iterative, sort-free, and reading a few values on the host.
+
+On CPU a host read costs nothing, while a sort of 256 x 1000 values costs ~50x a cross-entropy,
+and comparisons, torch.where and transcendental functions cost 5-50x an add over the same tensor.
+So these solvers loop until done (checked on the host), use mostly adds, clamps and row sums, and
+first gather the few candidate entries of large rows into a small block:
+
+* sparsemax: Michelot's iteration (Michelot 1986, "A finite algorithm for finding the projection
+  of a point onto the canonical simplex of R^n"): exact, finite, monotone.
+* 1.5-entmax: Newton steps, then the exact closed-form root on the support they found, verified.
+* alpha-entmax: Newton from the left (monotone, quadratic; Correia, Niculae & Martins 2019) to
+  rounding level.
+
+Each of these reads values on the host (a sync per read on CUDA); thresholds_device.py has the
+fixed-shape equivalents that GPUs and torch.compile use. Inputs follow threshold_common:
+z = clamp((alpha - 1)(x - max), FLOOR), rows of shape (R, K), tau in [-1, 0].
+
+On a few cores, intra-op threads do not pay off for the many small ops of these loops: each op
+is a fork/join of the thread team, which costs more than the op when it is short, and much more
+when another process holds a core (the waiting thread spins until the descheduled one runs).
+`one_thread_below` runs such work on the calling thread only.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .threshold_common import FLOOR, tsallis_power
+from .thresholds_device import N_NEWTON, entmax15_tau_sorted, sparsemax_tau_sorted, tsallis_tau_fixed
+from .thresholds_device import threshold as sorted_threshold
+
+# Head work on CPU tensors with at most this many elements runs on one intra-op thread: measured
+# on a 2-core machine shared with other jobs, 2 threads made the 1.5-entmax loss at 256 x 1000
+# 3-5x slower than 1 thread (issue 11); above this size each op is long enough to amortize the
+# fork/join.
+SERIAL_MAX_NUMEL = 1 << 22
+
+
+@contextmanager
+def one_thread_below(numel: int, limit: int = SERIAL_MAX_NUMEL):
+    """Run the enclosed torch ops on one intra-op thread when numel <= limit (restored after)."""
+    n = torch.get_num_threads()
+    if n == 1 or numel > limit:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+MAX_STEPS = 100
+
+# Only arithmetic ops and row sums touch full-size tensors in the iterations below: on CPU,
+# comparisons, torch.where and transcendental functions cost 5-50x an add over the same tensor.
+
+
+def _count(d: Tensor) -> Tensor:
+    """Number of positive entries per row of d in [0, 1] (tau >= -1 >= z - 1), as a float (R, 1).
+
+    ceil maps (0, 1] to 1; it is the cheapest indicator on CPU (sign and comparisons are not)."""
+    return d.ceil().sum(-1, keepdim=True)
+
+
+def michelot_tau(c: Tensor):
+    """Exact sparsemax threshold of rows of c (R, m) by Michelot's iteration (Michelot 1986):
+    tau <- (sum_{c > tau} c - 1) / |{c > tau}| increases monotonically to the exact value and
+    stops as soon as the support no longer shrinks. Returns (tau, [c - tau]_+)."""
+    tau = torch.full_like(c[:, :1], -1.0)
+    d = torch.empty_like(c)
+    k_prev = None
+    for _ in range(MAX_STEPS):
+        torch.sub(c, tau, out=d).clamp_(min=0.0)
+        k = _count(d)
+        if k_prev is not None and torch.equal(k, k_prev):
+            return tau, d
+        tau = torch.addcdiv(tau, d.sum(-1, keepdim=True).sub_(1.0), k)
+        k_prev = k
+    tau = sparsemax_tau_sorted(c.sort(-1, descending=True).values, -1)
+    return tau, None
+
+
+NEWTON_HANDOFF = 1e-3
+
+
+def entmax15_tau_iter(c: Tensor) -> Tensor:
+    """Exact 1.5-entmax threshold of rows of c (R, m) without sorting.
+
+    With d = [c - tau]_+, f(tau) = sum d^2 - 1 is convex and decreasing. Left of the root
+    (f >= 0) take the closed-form root for the current support S,
+    tau_c = tau + (A - sqrt(A^2 - k (Q - 1))) / k (A = sum d, Q = sum d^2, k = |S|), which is
+    >= the true root and equal to it iff S is the true support; right of the root take a Newton
+    step, which lands left of it (convexity). A closed-form step whose support count does not
+    change is exact: the row is done.
+
+    That loop costs ~30 ops per pass, which dominates at small widths (per-op overhead), so it
+    starts from plain Newton steps (5 ops per pass, monotone from the left) run until they move
+    tau by less than NEWTON_HANDOFF: from there the support is almost always final, and a
+    closed-form step plus one confirming count (the same exactness test as the loop's) ends it.
+    """
+    tau = torch.full_like(c[:, :1], -1.0)
+    d = torch.empty_like(c)
+    for _ in range(MAX_STEPS):
+        torch.sub(c, tau, out=d).clamp_(min=0.0)
+        # f / -f' = (Q - 1) / (2 A) >= 0 left of the root; A > 0 since max(c) = 0 > tau.
+        step = (torch.linalg.vecdot(d, d).unsqueeze(-1) - 1.0).div_(d.sum(-1, keepdim=True))
+        tau = torch.add(tau, step, alpha=0.5)
+        if float(step.max()) <= 2.0 * NEWTON_HANDOFF:
+            break
+    # Fast finish (the usual case): one closed-form step on the support S at tau, then one pass
+    # to confirm that the support count at the new tau is unchanged, i.e. S was the support.
+    torch.sub(c, tau, out=d).clamp_(min=0.0)
+    k = _count(d)
+    a = d.sum(-1, keepdim=True)
+    q = torch.linalg.vecdot(d, d).unsqueeze(-1) - 1.0
+    tau_c = tau + (a - torch.addcmul(a * a, k, q, value=-1.0).clamp_(min=0.0).sqrt_()).div_(k)
+    torch.sub(c, tau_c, out=d).clamp_(min=0.0)
+    if torch.equal(_count(d), k):
+        return tau_c, d
+    # General loop (a boundary entry within rounding of tau, or a slow Newton phase).
+    k_prev = torch.full_like(tau, -1.0)
+    closed = torch.zeros_like(tau, dtype=torch.bool)
+    tol = 4.0 * torch.finfo(c.dtype).eps
+    for _ in range(MAX_STEPS):
+        d = (c - tau).clamp_(min=0.0)
+        k = _count(d)
+        q = torch.linalg.vecdot(d, d).unsqueeze(-1) - 1.0
+        # A boundary entry can flicker in and out of S by rounding; |f| at rounding level is done.
+        done = (closed & (k == k_prev)) | (q.abs() <= tol)
+        if bool(done.all()):
+            return tau, d
+        a = d.sum(-1, keepdim=True)
+        left = q >= 0
+        tau_c = tau + (a - (a * a - k * q).clamp_(min=0.0).sqrt_()) / k
+        tau_n = tau + q / (2.0 * a)
+        tau = torch.where(done, tau, torch.where(left, tau_c, tau_n))
+        closed = left | done
+        k_prev = k
+    return entmax15_tau_sorted(c.sort(-1, descending=True).values, -1), None
+
+
+def tsallis_tau_iter(c: Tensor, beta) -> Tensor:
+    """alpha-entmax threshold of rows of c (R, m): Newton from tau = -1 (left of the root, so the
+    iterates increase monotonically and converge quadratically) until the step is at rounding."""
+    tau = torch.full_like(c[:, :1], -1.0)
+    tol = 8.0 * torch.finfo(c.dtype).eps
+    if isinstance(beta, float):
+        power = lambda d: tsallis_power(d, beta)[1]  # noqa: E731  (cheap special cases)
+    else:
+        bm1 = beta - 1.0  # once, not per pass: at small widths every op costs the same
+        power = lambda d: d.pow(bm1)  # noqa: E731
+    d = torch.empty_like(c)
+    for _ in range(MAX_STEPS):
+        torch.sub(c, tau, out=d).clamp_(min=0.0)
+        d_bm1 = power(d)
+        # sum d^beta = <d^(beta-1), d>: one fused reduction instead of a product and a sum
+        step = (torch.linalg.vecdot(d_bm1, d).unsqueeze(-1) - 1.0).div_(
+            d_bm1.sum(-1, keepdim=True).mul_(beta))
+        tau = tau + step
+        if float(step.abs().max()) <= tol:
+            break
+    return tau
+
+
+# Eager thresholds work on the full slice up to these sizes; above, they first gather the
+# candidates (entries above -1) into a small padded block. alpha-entmax needs a pow per entry
+# and step, so it compacts early; the others only add and sum, which is cheaper than gathering.
+COMPACT_MIN_K = {"sparsemax": 2048, "entmax15": 512, "alpha": 64}
+SORT_MAX_K = 16
+
+
+class Candidates:
+    """Entries > -1 of each row of z2 (R, K), left-aligned in a block (R, m) padded with FLOOR.
+
+    With `scatter_back` (alpha-entmax, whose outputs go back to full size) the block is built
+    from column indices (R, m), so that the way back is a scatter_add_ rather than a
+    masked_scatter_ over the full (R, K) mask (~4-10x slower on CPU); building the indices costs
+    more than the masked_select used otherwise."""
+
+    def __init__(self, z2: Tensor, scatter_back: bool = False):
+        mask = z2 > -1.0
+        counts = mask.sum(-1, keepdim=True)
+        self.m = max(1, int(counts.max()))
+        self.shape = z2.shape
+        self.useful = 2 * self.m < z2.size(-1)
+        if not self.useful:
+            return
+        slots = torch.arange(self.m, device=z2.device) < counts
+        if not scatter_back:
+            out = torch.full((z2.size(0), self.m), FLOOR, dtype=z2.dtype, device=z2.device)
+            self.values = out.masked_scatter_(slots, z2.masked_select(mask))
+            return
+        rows, cols = mask.nonzero(as_tuple=True)  # row-major order
+        counts = counts.squeeze(-1)
+        slot = torch.arange(rows.numel(), device=z2.device) - (counts.cumsum(0) - counts)[rows]
+        # Padding slots point at column 0; they hold FLOOR here and zeros in scattered blocks.
+        self.index = torch.zeros((z2.size(0), self.m), dtype=torch.long, device=z2.device)
+        self.index.index_put_((rows, slot), cols)
+        self.pad = ~slots
+        self.values = z2.gather(1, self.index).masked_fill_(self.pad, FLOOR)
+
+    def scatter(self, block: Tensor) -> Tensor:
+        """Inverse of the gather (scatter_back only): a block (R, m) back to (R, K), zeros elsewhere."""
+        full = torch.zeros(self.shape, dtype=block.dtype, device=block.device)
+        return full.scatter_add_(1, self.index, block.masked_fill(self.pad, 0.0))
+
+
+def threshold(z: Tensor, dim: int, kind: str, beta=None, n_iter: Optional[int] = None):
+    """(tau, d, cand) for kind in {"sparsemax", "entmax15", "alpha"}: tau keepdim along dim;
+    d = [z - tau]_+ when the solver produced it for the full slice (else None); cand the
+    Candidates block the solver worked on (alpha-entmax with a large K) or None.
+
+    Tiny rows (K <= SORT_MAX_K) use the sort-based thresholds: sorting 16 values is cheap. A given
+    n_iter asks for the fixed bisection + Newton of alpha-entmax (the same as the device path)."""
+    K = z.size(dim)
+    if K <= SORT_MAX_K and kind != "alpha":
+        return sorted_threshold(z, dim, kind), None, None
+    zt = z.movedim(dim, -1)
+    lead = zt.shape[:-1]
+    c = zt.reshape(-1, K)
+    cand = None
+    if K > COMPACT_MIN_K[kind]:
+        cand = Candidates(c, scatter_back=kind == "alpha")
+        if cand.useful:
+            c = cand.values
+        else:
+            cand = None
+    d = None
+    if kind == "sparsemax":
+        tau, d = michelot_tau(c)
+    elif kind == "entmax15":
+        tau, d = entmax15_tau_iter(c)
+    else:
+        if isinstance(beta, Tensor) and beta.dim() > 0:
+            beta = beta.movedim(dim, -1).expand(*lead, 1).reshape(-1, 1)
+        if n_iter is not None:
+            tau = tsallis_tau_fixed(c, beta, -1, n_iter, N_NEWTON)
+        else:
+            tau = tsallis_tau_iter(c, beta)
+        if cand is not None:
+            cand.beta = beta
+            cand.tau = tau
+            cand.lead = lead
+    if cand is not None and kind != "alpha":
+        d, cand = None, None
+    if d is not None:
+        d = d.reshape(*lead, K).movedim(-1, dim)
+    return tau.reshape(*lead, 1).movedim(-1, dim), d, cand

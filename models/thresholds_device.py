@@ -1,0 +1,101 @@
+"""Thresholds for GPUs and other accelerators (and torch.compile): fixed shapes, no branches on
+data, no host reads.
+
+Every routine here issues the same ops whatever the values are, so on CUDA the host only
+launches kernels and never waits for the device (no `.item()`, `bool(tensor)`, `nonzero`,
+`masked_select` or data-dependent loop), and torch.compile traces each as one graph.
+
+* sparsemax: the exact threshold from the values sorted in descending order (Martins &
+  Astudillo 2016, "From Softmax to Sparsemax", Algorithm 1).
+* 1.5-entmax: the exact threshold from sorted values (Peters, Niculae & Martins 2019, "Sparse
+  Sequence-to-Sequence Models", Algorithm 2), then one closed-form step on the support it found:
+  that step recomputes tau from plain row sums, which the cumulative sums of the sort-based
+  formula cannot match in float32 at large K.
+* alpha-entmax: a fixed number of bisection steps, then Newton steps (Correia, Niculae & Martins
+  2019, "Adaptively Sparse Transformers", section 3.2 for the bisection). f(tau) =
+  sum [z - tau]_+^beta - 1 is convex and decreasing and bisection keeps tau left of the root, so
+  Newton approaches the root monotonically (never overshoots) and converges quadratically.
+
+Inputs follow threshold_common: z = clamp((alpha - 1)(x - max), FLOOR), so tau is in [-1, 0].
+The CPU fast path (thresholds_cpu.py) computes the same thresholds with iterative, sort-free
+algorithms that read values on the host to stop early.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .threshold_common import positions, tsallis_power
+
+# Newton steps after the bisection: quadratic convergence from a bracket of width 2^-n_iter
+# reaches rounding level in 2-3 steps; the fourth is a margin for alpha close to 1.
+N_NEWTON = 4
+
+
+def default_n_iter(dtype: torch.dtype) -> int:
+    """Bisection steps before the Newton polish: enough for quadratic convergence to the dtype."""
+    return 20 if dtype == torch.float64 else 12
+
+
+def sparsemax_tau_sorted(zs: Tensor, dim: int) -> Tensor:
+    """Exact sparsemax threshold from values sorted in descending order (Martins & Astudillo)."""
+    r = positions(zs.size(dim), zs, dim)
+    cs = zs.cumsum(dim).sub_(1.0)
+    k_star = (r * zs > cs).sum(dim, keepdim=True)
+    return cs.gather(dim, k_star - 1) / k_star.to(zs.dtype)
+
+
+def entmax15_tau_sorted(zs: Tensor, dim: int) -> Tensor:
+    """Peters et al. 2019, Algorithm 2: exact threshold for p = [z - tau]_+^2 (sorted input)."""
+    r = positions(zs.size(dim), zs, dim)
+    mean = zs.cumsum(dim).div_(r)
+    mean_sq = (zs * zs).cumsum(dim).div_(r)
+    delta = (1.0 - r * (mean_sq - mean * mean)).div_(r).clamp_(min=0.0)
+    tau = mean.sub_(delta.sqrt_())
+    k_star = (tau <= zs).sum(dim, keepdim=True)
+    return tau.gather(dim, k_star - 1)
+
+
+def entmax15_closed_form_step(z: Tensor, tau: Tensor, dim: int) -> Tensor:
+    """The root of sum_{i in S} (z_i - t)^2 = 1 for the support S = {z > tau}.
+
+    With d = [z - tau]_+, A = sum d, Q = sum d^2 and k = |S| the root is
+    tau + (A - sqrt(A^2 - k (Q - 1))) / k: exact when S is the support, computed from row sums
+    of values near 0 (no cancellation between large cumulative sums)."""
+    d = (z - tau).clamp_(min=0.0)
+    k = d.ceil().sum(dim, keepdim=True)  # d is in [0, 1]: ceil is the support indicator
+    a = d.sum(dim, keepdim=True)
+    q = (d * d).sum(dim, keepdim=True).sub_(1.0)
+    return tau + (a - torch.addcmul(a * a, k, q, value=-1.0).clamp_(min=0.0).sqrt_()) / k
+
+
+def tsallis_tau_fixed(z: Tensor, beta, dim: int, n_iter: int, n_newton: int = N_NEWTON) -> Tensor:
+    """Root of f(tau) = sum [z - tau]_+^beta - 1 with a fixed number of steps.
+
+    beta = 1 / (alpha - 1), a float or a tensor broadcastable to z with size 1 along dim.
+    Bisection keeps tau <= root (f(-1) >= 0 since max z = 0); the Newton steps that follow move
+    right and stop at the root (convexity), converging quadratically."""
+    lo = torch.full_like(z.narrow(dim, 0, 1), -1.0)
+    width = 1.0
+    for _ in range(n_iter):
+        width *= 0.5
+        mid = lo + width
+        f = tsallis_power((z - mid).clamp_(min=0.0), beta)[0].sum(dim, keepdim=True)
+        lo = torch.where(f >= 1.0, mid, lo)
+    for _ in range(n_newton):
+        p, d_bm1 = tsallis_power((z - lo).clamp_(min=0.0), beta)
+        lo = lo + (p.sum(dim, keepdim=True) - 1.0) / (d_bm1.sum(dim, keepdim=True) * beta)
+    return lo
+
+
+def threshold(z: Tensor, dim: int, kind: str, beta=None, n_iter: Optional[int] = None) -> Tensor:
+    """tau (keepdim along dim) for kind in {"sparsemax", "entmax15", "alpha"}; beta = 1/(alpha-1)
+    for "alpha", whose threshold takes n_iter bisection steps (default_n_iter if None)."""
+    if kind == "alpha":
+        return tsallis_tau_fixed(z, beta, dim, default_n_iter(z.dtype) if n_iter is None else n_iter)
+    zs = z.sort(dim, descending=True).values
+    if kind == "sparsemax":
+        return sparsemax_tau_sorted(zs, dim)
+    return entmax15_closed_form_step(z, entmax15_tau_sorted(zs, dim), dim)
