@@ -210,7 +210,6 @@ def run_epoch(run, hooks=None):
     state, accum = run.state, run.cfg.train.grad_accum
     epoch = state.epoch
     batches = iter(run.train_loader(epoch, state.batch))
-    run.epoch_loss = torch.zeros(2, dtype=torch.float64, device=run.accelerator.device)
     t0 = time.perf_counter()
     for _ in range(state.batch // accum, run.updates_per_epoch):
         with sync_debug(run):
@@ -355,6 +354,7 @@ def end_of_epoch(run, epoch, seconds):
     if run.world > 1:
         loss_stats = run.accelerator.reduce(loss_stats, reduction="sum")
     loss_sum, updates = loss_stats.tolist()
+    run.epoch_loss.zero_()
     row = {"epoch": epoch + 1, "step": state.step,
            "train_loss": loss_sum / max(updates, 1.0),
            "lr": run.optimizer.param_groups[0]["lr"],
@@ -518,6 +518,7 @@ def setup(cfg, resume, overwrite):
     run.time_base, run.log_images = run.state.train_time_s, run.state.images
     run.session_images = run.state.images
     run.first_bad_step = torch.tensor(NO_BAD_STEP, device=device)
+    run.epoch_loss = torch.zeros(2, dtype=torch.float64, device=device)
     run.session_t0 = run.log_t = time.perf_counter()
     run.bar = tqdm(total=cfg.optim.epochs * updates_per_epoch, initial=run.state.step, unit="step",
                    disable=not (main_proc and cfg.train.progress), dynamic_ncols=True, file=sys.stdout)

@@ -1,0 +1,88 @@
+"""One full training step of train.py's loop under the host-sync guard (tests/sync_guard.py).
+
+On CUDA, a host read inside the step (`.item()`, `bool(t)`, `nonzero`, boolean-mask indexing...)
+drains the launch queue every update. There is no GPU here, so the step runs on CPU tensors under
+a dispatch mode that fails on every op that would force such a read on CUDA, with the heads forced
+onto their device path (the path every non-CPU device takes). The step is a plain update: not a
+log step and not a save step (those read the device by design). It covers data already on the
+device, Mixup/CutMix, drop path, forward, the head's loss, backward, gradient clipping, the
+optimizer, the schedule and the EMA.
+"""
+import pytest
+import torch
+
+from models.mappings import threshold_path
+from sync_guard import HostSyncError, no_host_sync
+from test_train_helpers import tiny_cfg
+
+HEADS = [["head.name=softmax"], ["head.name=sparsemax"], ["head.name=entmax15"],
+         ["head.name=entmax_bisect", "head.learn_alpha=true"], ["head.name=normmax"], ["head.name=sparse_softmax"],
+         ["head.name=taylor_softmax"], ["head.name=am_softmax"]]
+
+
+def _setup(tmp_path, *overrides):
+    from accelerate.state import AcceleratorState, GradientState
+
+    import train
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    cfg = tiny_cfg(str(tmp_path / "run"), "data.mixup=0.8", "data.cutmix=1.0", "model.drop_path=0.1",
+                   "optim.clip_grad=1.0", "train.log_every=1000", "train.save_every=1000", *overrides)
+    run = train.setup(cfg, resume=None, overwrite=False)
+    run.model.train()
+    batches = [tuple(t.clone() for t in b) for _, b in zip(range(3), run.train_loader(0, 0))]  # on the device
+    return train, run, batches
+
+
+def _host_side_by_design(run):
+    """The named exclusions: values that live on the host by design, so reading them is no GPU sync."""
+    allow = []
+    counters = [g.get("step") for g in run.optimizer.param_groups]  # timm's LAMB: one per param group
+    counters += [state.get("step") for state in run.optimizer.state.values()]  # torch's Adam(W): one per param
+    for step in counters:
+        if torch.is_tensor(step) and step.device.type == "cpu":
+            allow.append((step, "the optimizer's step counter, a host tensor by design (timm LAMB; torch optimizers "
+                                "with capturable=False): reading it is no GPU sync"))
+    assert allow, "the optimizer keeps no host step counter any more: drop this exclusion"
+    return allow
+
+
+@pytest.mark.parametrize("head", HEADS, ids=lambda h: h[0].split("=")[1])
+def test_training_step_reads_nothing_from_the_device(tmp_path, head):
+    train, run, batches = _setup(tmp_path, *head)
+    with threshold_path("device"):
+        train.train_step(run, iter(batches[:1]))  # the first update creates the optimizer state
+        with no_host_sync(allow=_host_side_by_design(run)):
+            train.train_step(run, iter(batches[1:2]))
+            train.train_step(run, iter(batches[2:3]))
+    assert run.state.step == 3
+    assert torch.isfinite(run.last_loss) and int(run.first_bad_step) == train.NO_BAD_STEP
+    assert all(torch.isfinite(p).all() for p in run.raw_model.parameters())
+
+
+def test_guard_catches_a_host_read_added_to_the_step(tmp_path):
+    train, run, batches = _setup(tmp_path, "head.name=entmax15")
+    forward_loss = run.forward_loss
+
+    def with_a_log_read(images, targets):
+        loss = forward_loss(images, targets)
+        print(f"loss {loss.item():.3f}")  # the kind of line that slips into a training step
+        return loss
+
+    run.forward_loss = with_a_log_read
+    with threshold_path("device"):
+        train.train_step(run, iter(batches[:1]))
+        with pytest.raises(HostSyncError, match="item|host"):
+            with no_host_sync(allow=_host_side_by_design(run)):
+                train.train_step(run, iter(batches[1:2]))
+
+
+def test_nonfinite_skip_reads_one_flag_per_update_and_stop_reads_none(tmp_path):
+    """train.nonfinite=skip must decide before the optimizer step (its one documented read)."""
+    train, run, batches = _setup(tmp_path, "head.name=sparsemax", "train.nonfinite=skip")
+    with threshold_path("device"):
+        train.train_step(run, iter(batches[:1]))
+        with pytest.raises(HostSyncError):
+            with no_host_sync(allow=_host_side_by_design(run)):
+                train.train_step(run, iter(batches[1:2]))
