@@ -5,12 +5,17 @@
         [--seeds 0 1 2] [--runs-dir runs/compare] [--report-dir reports/compare] [key.sub=value ...]
 
 For each variant (head × norm × α) and seed the run directory is RUNS_DIR/<variant>-s<seed>.
-Training goes through the one training entry point, one run after another:
+Training and evaluation go through the two entry points the same way, as subprocesses, one run
+after another:
 `python train.py --config CFG <overrides> head.name=.. train.seed=.. train.output_dir=.. --resume auto`
-(prefixed with --launcher, e.g. "accelerate launch --num_processes 8", when given).
+`python eval.py --checkpoint RUN_DIR --output RUN_DIR/eval.json --quiet`
+(both prefixed with --launcher, e.g. "accelerate launch --num_processes 8", when given). Both are
+subprocesses because Accelerate's state (process group, device, mixed precision) is per process and
+a multi-process launcher needs a fresh one anyway; it costs one Python start-up per evaluation.
 Resumable: a run with summary.json is complete and skipped; an interrupted one continues from its
-last checkpoint (--resume auto); a run evaluated already (eval.json) is not evaluated again. So a
-second invocation trains and evaluates nothing and only rewrites the report.
+last checkpoint (--resume auto); a run evaluated already (eval.json and its per-example records,
+eval.examples.safetensors) is not evaluated again. So a second invocation trains and evaluates
+nothing and only rewrites the report.
 Report (REPORT_DIR): report.md (mean ± std over seeds of every metric, training time, img/s),
 runs.csv, summary.csv and val_accuracy.png, support_hist.png, reliability.png,
 coverage_vs_set_size.png.
@@ -140,6 +145,7 @@ def main(argv=None):
     args = parse_args(argv)
     import configs
     from evaluation import comparison
+    from evaluation.examples import examples_path
 
     config = os.path.abspath(args.config)
     configs.load_config(config, args.overrides)  # fail fast on a bad config / override
@@ -161,7 +167,8 @@ def main(argv=None):
                    "resolved": configs.config_to_dict(configs.load_config(config, ov))}
         _check_request(run_dir, request, create=False)  # also for finished runs: no stale reuse
         done_train = os.path.isfile(os.path.join(run_dir, "summary.json"))
-        done_eval = os.path.isfile(os.path.join(run_dir, eval_file))
+        done_eval = all(os.path.isfile(p) for p in (os.path.join(run_dir, eval_file),
+                                                     examples_path(os.path.join(run_dir, eval_file))))
         if done_train and done_eval:
             print(f"{tag}: done, skipped ({run_dir})", flush=True)
             continue
@@ -177,13 +184,9 @@ def main(argv=None):
             if not os.path.isfile(os.path.join(run_dir, "summary.json")):
                 raise UserError(f"train.py finished without writing {run_dir}/summary.json")
         print(f"{tag}: evaluating", flush=True)
-        eval_cmd = ["--checkpoint", run_dir, "--output", os.path.join(run_dir, eval_file), "--quiet"]
-        if args.ema:
-            eval_cmd.append("--ema")
-        if args.launcher:
-            _run(launcher + [os.path.join(ROOT, "eval.py")] + eval_cmd, f"evaluating {run_dir}")
-        else:
-            _eval_in_process(eval_cmd)  # saves a Python start-up (~10 s on 2 cores) per run
+        _run(launcher + [os.path.join(ROOT, "eval.py"), "--checkpoint", run_dir, "--output",
+                         os.path.join(run_dir, eval_file), "--quiet"] + (["--ema"] if args.ema else []),
+             f"evaluating {run_dir}")
         evaluated += 1
     if args.dry_run:
         return 0
@@ -206,15 +209,6 @@ def main(argv=None):
           f"{time.perf_counter() - start:.0f}s; {len(plan)} run(s) in {runs_dir}")
     print(f"report: {path}")
     return 0
-
-
-def _eval_in_process(eval_args):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("resmlp_eval_entry", os.path.join(ROOT, "eval.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.main(eval_args)
 
 
 if __name__ == "__main__":
