@@ -30,11 +30,11 @@ import torch
 
 from engine.cli import run_cli
 from common.errors import UserError
+from common.io import write_json
 
 RAW_WEIGHTS = "model.safetensors"
 EMA_WEIGHTS = "model_ema.safetensors"
 CALIB_SOURCES = ("auto", "calib", "val-half", "none")
-SMALL_MODELS = ("resmlp_tiny", "resmlp_cifar_s12", "resmlp_cifar_s24")  # 32 px; the rest are 224 px
 
 
 def parse_args(argv=None):
@@ -46,8 +46,8 @@ def parse_args(argv=None):
                                     "replaces a run directory's config.yaml)")
     p.add_argument("--model", help="model name for a weights file without --config (e.g. resmlp_s12)")
     p.add_argument("--head", help="output head for a weights file without --config (default softmax)")
-    p.add_argument("--img-size", type=int, help="model/data image size (default: 32 for the CIFAR-size "
-                                                "models, 224 otherwise)")
+    p.add_argument("--img-size", type=int, help="model/data image size (default: the model variant's own, "
+                                                "32 for the CIFAR-size models, 224 otherwise)")
     p.add_argument("--dataset", help="override data.dataset")
     p.add_argument("--data-root", help="override data.root")
     p.add_argument("--split", default="val", choices=("val", "calib", "train"))
@@ -131,7 +131,9 @@ def resolve(args):
     if not args.model:
         raise UserError(f"{ckpt} is a weights file: say what to build with --config CFG.yaml "
                         f"or --model NAME (e.g. --model resmlp_s12 --dataset imagefolder --data-root DIR)")
-    default_img = None if args.img_size else (32 if args.model in SMALL_MODELS else 224)
+    from models.resmlp import VARIANTS
+
+    default_img = None if args.img_size else VARIANTS.get(args.model, {}).get("img_size", 224)
     cfg = configs.config_from_dict({}, default_name=os.path.splitext(os.path.basename(ckpt))[0])
     overrides = _flag_overrides(args, default_img)
     from configs.loader import apply_overrides, config_to_dict
@@ -253,7 +255,7 @@ def main(argv=None):
     result["wall_seconds"] = time.perf_counter() - t0
 
     if args.output:
-        report.write_json(result, args.output)
+        write_json(result, args.output)
         csv_path = os.path.splitext(args.output)[0] + ".csv"
         report.write_csv([report.flatten_metrics(result)], csv_path)
         save_examples(preds.records, examples_path(args.output), head=head.name, split=args.split,

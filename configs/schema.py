@@ -6,7 +6,6 @@ closest valid one) and wrong types (naming the key and the expected type).
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
-from data.names import DATASET_NAMES
 from models.heads import HEAD_NAMES
 from models.resmlp import NORMS
 
@@ -69,7 +68,7 @@ class ModelConfig:
 @dataclass
 class HeadConfig:
     name: str = "softmax"  # any models.heads.HEAD_NAMES entry
-    alpha: float = 1.5  # entmax_bisect only: alpha in (1, 2]
+    alpha: float = 1.5  # entmax_bisect only: in [1, 2], strictly inside when learned (models/heads.py)
     learn_alpha: bool = False  # entmax_bisect only: alpha = 1 + sigmoid(alpha_logit) is trained
 
 

@@ -6,10 +6,10 @@ import torch
 from PIL import Image
 
 from common.errors import UserError
+from common.seeding import mix_seed
 
 from . import builtin, cifar, imagefolder
 from .names import DATASET_NAMES, SPLITS
-from .samplers import mix64
 from .transforms import INTERPOLATIONS, build_eval_transform, build_train_transform, train_crop_mode
 
 log = logging.getLogger("data")
@@ -78,7 +78,7 @@ def calib_indices(n, fraction):
     """The held-out calibration indices of a train split of size n: a fixed function of (n, fraction),
     independent of the training seed, so train and eval agree on it."""
     k = int(round(n * fraction))
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(mix64(0xCA11B, n))).numpy()
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(mix_seed(0xCA11B, n))).numpy()
     return np.sort(perm[:k])
 
 

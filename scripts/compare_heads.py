@@ -34,6 +34,7 @@ if ROOT not in sys.path:
 
 from engine.cli import run_cli  # noqa: E402
 from common.errors import UserError  # noqa: E402
+from common.io import json_text, write_json  # noqa: E402
 
 REQUEST_FILE = "compare_request.json"  # what this script asked train.py for, to detect clashes
 
@@ -66,6 +67,7 @@ def parse_args(argv=None):
 
 def plan_runs(args):
     """[(variant name, seed, run_dir, overrides)] in the order they will run."""
+    from configs.loader import check_alpha
     from models.heads import HEAD_NAMES
 
     for head in args.heads:
@@ -74,8 +76,7 @@ def plan_runs(args):
     if args.alphas and "entmax_bisect" not in args.heads:
         raise UserError("--alphas applies to entmax_bisect; add it to --heads")
     for a in args.alphas or ():
-        if not 1.0 < a <= 2.0:
-            raise UserError(f"--alphas values must be in (1, 2], got {a}")
+        check_alpha(a, args.learn_alpha, "--alphas")
     stem = os.path.splitext(os.path.basename(args.config))[0]
     runs_dir = args.runs_dir or os.path.join("runs", "compare", stem)
     plan = []
@@ -118,7 +119,7 @@ def _check_request(run_dir, request, create=True):
     """Refuse to mix a run trained with other settings (overrides or config contents) into this
     comparison; record the request when the run is first started."""
     path = os.path.join(run_dir, REQUEST_FILE)
-    request = json.loads(json.dumps(request))  # tuples -> lists, as stored
+    request = json.loads(json_text(request))  # tuples -> lists, as stored
     if os.path.isfile(path):
         with open(path) as f:
             previous = json.load(f)
@@ -128,9 +129,7 @@ def _check_request(run_dir, request, create=True):
             raise UserError(f"{run_dir} was trained with other settings ({diff}); "
                             f"use another --runs-dir or delete that run")
     elif create:
-        os.makedirs(run_dir, exist_ok=True)
-        with open(path, "w") as f:
-            json.dump(request, f, indent=1)
+        write_json(request, path)
 
 
 def _run(cmd, what):
