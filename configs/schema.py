@@ -117,6 +117,23 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
 
 
+# Numeric ranges checked at load time (every float must also be finite); a tuple's every element.
+# Intervals in the usual notation: [ ] closed, ( ) open; "inf" is unbounded.
+RANGES = {
+    "data.image_size": "[1, inf)", "data.batch_size": "[1, inf)", "data.eval_batch_size": "[1, inf)",
+    "data.num_workers": "[0, inf)", "data.reprob": "[0, 1]", "data.crop_pct": "(0, 1]", "data.hflip": "[0, 1]",
+    "data.mixup": "[0, inf)", "data.cutmix": "[0, inf)", "data.mixup_prob": "[0, 1]",
+    "data.mixup_switch_prob": "[0, 1]", "data.label_smoothing": "[0, 1]", "data.calib_fraction": "[0, 1)",
+    "data.builtin_train_size": "[1, inf)", "data.builtin_val_size": "[1, inf)", "data.crop_padding": "[0, inf)",
+    "data.color_jitter": "[0, inf)", "data.std": "(0, inf)", "data.repeated_aug_repeats": "[1, inf)",
+    "model.drop_path": "[0, 1)", "model.init_values": "(0, inf)", "model.img_size": "[1, inf)",
+    "optim.lr": "(0, inf)", "optim.lr_base_batch": "[1, inf)", "optim.weight_decay": "[0, inf)",
+    "optim.betas": "[0, 1)", "optim.momentum": "[0, 1)", "optim.clip_grad": "(0, inf)", "optim.epochs": "[1, inf)",
+    "optim.warmup_epochs": "[0, inf)", "optim.min_lr": "[0, inf)", "optim.warmup_lr": "[0, inf)",
+    "train.grad_accum": "[1, inf)", "train.eval_every": "[1, inf)", "train.log_every": "[1, inf)",
+    "train.save_every": "[1, inf)", "train.keep_last": "[1, inf)", "train.ema_decay": "[0, 1)",
+}
+
 # Closed vocabularies checked at load time (the model/head/dataset names are checked by their
 # owners' builders, which list the valid names).
 CHOICES = {
