@@ -1,6 +1,4 @@
 """build_dataset / num_classes: dispatch on DataConfig.dataset, calibration hold-out, validation."""
-import logging
-
 import numpy as np
 import torch
 from PIL import Image
@@ -12,7 +10,6 @@ from . import builtin, cifar, imagefolder
 from .names import DATASET_NAMES, SPLITS
 from .transforms import INTERPOLATIONS, build_eval_transform, build_train_transform, train_crop_mode
 
-log = logging.getLogger("data")
 _BUILTIN_CLASSES = {"builtin10": 10, "builtin100": 100}
 
 
@@ -109,7 +106,6 @@ def build_dataset(cfg, split):
         ds = ds.subset(keep)
     native = getattr(ds, "native_size", None)
     ds.transform = build_train_transform(cfg, native) if split == "train" else build_eval_transform(cfg, native)
-    ds.split = split
     if len(ds) == 0:
         raise UserError(f"the {split} split of {cfg.dataset} is empty")
     return ds

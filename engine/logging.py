@@ -33,10 +33,6 @@ class MetricsLog:
             f.write(json_text(row) + "\n")
             f.flush()
 
-    def reset(self):
-        if self.enabled and os.path.exists(self.path):
-            os.remove(self.path)
-
     def truncate_after(self, step):
         if not self.enabled or not os.path.exists(self.path):
             return
