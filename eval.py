@@ -11,13 +11,15 @@ model_ema.safetensors with --ema); a weights file (.safetensors/.pth, this proje
 original FB/DeiT ResMLP format) needs --config or --model/--dataset to say what to build.
 Extra `key.sub=value` arguments (or `--data.root X`) override the config, as for train.py.
 
-Metrics (engine/metrics.py): top-1/5, the head's Fenchel-Young loss, NLL where finite and the
+Metrics (evaluation/metrics.py, through evaluation/evaluate.py, the loop train.py's periodic eval
+uses too; float32, autocast off): top-1/5, the head's Fenchel-Young loss, NLL where finite and the
 fraction of samples with p_y = 0, ECE (15 bins) with reliability-diagram data, support size
 (mean/median/histogram), support coverage of the true class, per-class accuracy, inference img/s.
-Prediction sets (engine/conformal.py, Campos et al., AISTATS 2025): calibrated on the run's
+Prediction sets (evaluation/conformal.py, Campos et al., AISTATS 2025): calibrated on the run's
 held-out calibration split (data.calib_fraction > 0) or, when the run held none out, on a fixed
 random half of the evaluated split (reported on the other half). Sample counts are exact across
-processes. Writes JSON (--output) and a CSV row beside it, and prints a table.
+processes. Writes JSON (--output), a CSV row and the per-example records
+(evaluation/examples.py) beside it, and prints a table.
 """
 import argparse
 import os
@@ -28,11 +30,11 @@ import torch
 
 from engine.cli import run_cli
 from common.errors import UserError
+from common.io import write_json
 
 RAW_WEIGHTS = "model.safetensors"
 EMA_WEIGHTS = "model_ema.safetensors"
 CALIB_SOURCES = ("auto", "calib", "val-half", "none")
-SMALL_MODELS = ("resmlp_tiny", "resmlp_cifar_s12", "resmlp_cifar_s24")  # 32 px; the rest are 224 px
 
 
 def parse_args(argv=None):
@@ -44,8 +46,8 @@ def parse_args(argv=None):
                                     "replaces a run directory's config.yaml)")
     p.add_argument("--model", help="model name for a weights file without --config (e.g. resmlp_s12)")
     p.add_argument("--head", help="output head for a weights file without --config (default softmax)")
-    p.add_argument("--img-size", type=int, help="model/data image size (default: 32 for the CIFAR-size "
-                                                "models, 224 otherwise)")
+    p.add_argument("--img-size", type=int, help="model/data image size (default: the model variant's own, "
+                                                "32 for the CIFAR-size models, 224 otherwise)")
     p.add_argument("--dataset", help="override data.dataset")
     p.add_argument("--data-root", help="override data.root")
     p.add_argument("--split", default="val", choices=("val", "calib", "train"))
@@ -55,8 +57,8 @@ def parse_args(argv=None):
                    help="prediction-set calibration data: auto = the calib split when the run held one "
                         "out (data.calib_fraction > 0), else half of the evaluated split; none = skip")
     p.add_argument("--eps", type=float, nargs="+", default=None, help="miscoverage levels (default 0.1 0.05)")
-    p.add_argument("--mixed-precision", default="no", choices=("no", "bf16", "fp16"))
-    p.add_argument("--output", help="metrics JSON path (a CSV row is written beside it, same stem)")
+    p.add_argument("--output", help="metrics JSON path (a CSV row and STEM.examples.safetensors are "
+                                    "written beside it)")
     p.add_argument("--quiet", action="store_true", help="no table on the terminal")
     args, rest = p.parse_known_args(argv)
     args.overrides = _collect_overrides(rest, p)
@@ -129,7 +131,9 @@ def resolve(args):
     if not args.model:
         raise UserError(f"{ckpt} is a weights file: say what to build with --config CFG.yaml "
                         f"or --model NAME (e.g. --model resmlp_s12 --dataset imagefolder --data-root DIR)")
-    default_img = None if args.img_size else (32 if args.model in SMALL_MODELS else 224)
+    from models.resmlp import VARIANTS
+
+    default_img = None if args.img_size else VARIANTS.get(args.model, {}).get("img_size", 224)
     cfg = configs.config_from_dict({}, default_name=os.path.splitext(os.path.basename(ckpt))[0])
     overrides = _flag_overrides(args, default_img)
     from configs.loader import apply_overrides, config_to_dict
@@ -152,7 +156,7 @@ def _split_half(n, seed=0):
     return perm[: n // 2], perm[n // 2:]
 
 
-def prediction_set_results(head, cfg, args, preds, predict_split):
+def prediction_set_results(head, cfg, args, preds, evaluate_split):
     """Calibrate on the calib split (or half of the evaluated one) and measure on the rest."""
     from evaluation import conformal
 
@@ -163,18 +167,19 @@ def prediction_set_results(head, cfg, args, preds, predict_split):
         source = "calib" if (cfg.data.calib_fraction > 0 and args.split != "calib") else "val-half"
     note = None
     if source == "calib":
-        cal_preds = predict_split("calib")
-        cal = {"logits": cal_preds.logits, "labels": cal_preds.labels}
-        ev = {"logits": preds.logits, "labels": preds.labels}
+        cal_preds = evaluate_split("calib")
+        cal = {"logits": cal_preds.logits, "labels": cal_preds.records["label"]}
+        ev = {"logits": preds.logits, "labels": preds.records["label"]}
     else:
         if args.calib == "auto":
             why = ("data.calib_fraction is 0" if cfg.data.calib_fraction <= 0
                    else "the calib split is the one evaluated")
             note = (f"{why}: prediction sets calibrated on a fixed random half of the {args.split} "
                     f"split, coverage measured on the other half")
-        cal_idx, ev_idx = _split_half(preds.n)
-        cal = {"logits": preds.logits[cal_idx], "labels": preds.labels[cal_idx]}
-        ev = {"logits": preds.logits[ev_idx], "labels": preds.labels[ev_idx]}
+        cal_idx, ev_idx = _split_half(preds.totals["n"])
+        labels = preds.records["label"]
+        cal = {"logits": preds.logits[cal_idx], "labels": labels[cal_idx]}
+        ev = {"logits": preds.logits[ev_idx], "labels": labels[ev_idx]}
     with torch.no_grad():
         for part in (cal, ev):
             part["probs"] = head(part["logits"]).float()
@@ -200,7 +205,8 @@ def main(argv=None):
 
     from evaluation import metrics as M
     from evaluation import report
-    from evaluation.predict import predict
+    from evaluation.evaluate import evaluate
+    from evaluation.examples import examples_path, save_examples
 
     # Data and weights first: every user error surfaces before any process group is set up.
     if args.calib == "calib" and cfg.data.calib_fraction <= 0:
@@ -213,20 +219,20 @@ def main(argv=None):
 
     # Without CUDA, `cpu=True` is what makes `accelerate launch --num_processes N` a gloo MULTI_CPU
     # group; otherwise every process silently runs alone on the whole split.
-    accelerator = Accelerator(mixed_precision=args.mixed_precision, cpu=not torch.cuda.is_available())
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
     rank, world = accelerator.process_index, accelerator.num_processes
     model.to(accelerator.device)
 
-    def predict_split(split, ds=None):
+    def evaluate_split(split, ds=None):
         ds = ds if ds is not None else data.build_dataset(cfg.data, split)
         loader = data.build_eval_loader(ds, cfg.data, rank=rank, world_size=world, device=accelerator.device)
-        return predict(model, loader, accelerator, num_classes=num_classes)
+        return evaluate(model, loader, accelerator, keep_examples=True)
 
     t0 = time.perf_counter()
-    preds = predict_split(args.split, dataset)
-    if preds.n != len(dataset):  # exactness guard: a sharding bug must not go unnoticed
-        raise RuntimeError(f"gathered {preds.n} predictions for {len(dataset)} samples")
-    ps = prediction_set_results(head, cfg, args, preds, predict_split)
+    preds = evaluate_split(args.split, dataset)
+    if preds.totals["n"] != len(dataset) or preds.logits.shape[0] != len(dataset):  # exactness guard
+        raise RuntimeError(f"gathered {preds.totals['n']} predictions for {len(dataset)} samples")
+    ps = prediction_set_results(head, cfg, args, preds, evaluate_split)
     if not accelerator.is_main_process:
         return 0
 
@@ -242,16 +248,18 @@ def main(argv=None):
         "split": args.split,
         "num_processes": world,
     }
-    result.update(M.classification_metrics(preds.logits, preds.labels, head))
+    result.update(M.metrics_from_records(preds.records, num_classes))
     result["img_per_s"] = preds.img_per_s
     result["eval_seconds"] = preds.seconds
     result["prediction_sets"] = ps
     result["wall_seconds"] = time.perf_counter() - t0
 
     if args.output:
-        report.write_json(result, args.output)
+        write_json(result, args.output)
         csv_path = os.path.splitext(args.output)[0] + ".csv"
         report.write_csv([report.flatten_metrics(result)], csv_path)
+        save_examples(preds.records, examples_path(args.output), head=head.name, split=args.split,
+                      dataset=cfg.data.dataset, weights=kind, checkpoint=os.path.abspath(args.checkpoint))
     if not args.quiet:
         print(f"{cfg.name}: {cfg.model.name} + {head.name} head, {kind} weights, "
               f"{cfg.data.dataset} {args.split} ({world} process{'es' if world > 1 else ''})")
@@ -259,7 +267,7 @@ def main(argv=None):
         if ps and ps["calibration"].get("note"):
             print(f"note: {ps['calibration']['note']}")
         if args.output:
-            print(f"wrote {args.output} and {os.path.splitext(args.output)[0]}.csv")
+            print(f"wrote {args.output}, {os.path.splitext(args.output)[0]}.csv and {examples_path(args.output)}")
     sys.stdout.flush()
     return 0
 

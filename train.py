@@ -372,11 +372,12 @@ def end_of_epoch(run, epoch, seconds):
 
 
 def evaluate_epoch(run, row):
-    """Evaluate the raw (and EMA) weights on the val split; log them, track the best; -> console text."""
+    """Evaluate the raw (and EMA) weights on the val split (float32, as eval.py: evaluation/evaluate.py);
+    log them, track the best; -> console text."""
     state, text = run.state, ""
-    evals = {"raw": evaluate(run.model, run.val_loader, run.accelerator)}
+    evals = {"raw": evaluate(run.raw_model, run.val_loader, run.accelerator).totals}
     if run.ema is not None:
-        evals["ema"] = evaluate(run.ema.module, run.val_loader, run.accelerator)
+        evals["ema"] = evaluate(run.ema.module, run.val_loader, run.accelerator).totals
     for weights, m in evals.items():
         run.metrics.write(kind="eval", step=state.step, epoch=state.epoch, weights=weights, **m)
         row.update({f"{weights}_{k}": v for k, v in m.items()})

@@ -6,7 +6,6 @@ closest valid one) and wrong types (naming the key and the expected type).
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
-from data.names import DATASET_NAMES
 from models.heads import HEAD_NAMES
 from models.resmlp import NORMS
 
@@ -69,7 +68,7 @@ class ModelConfig:
 @dataclass
 class HeadConfig:
     name: str = "softmax"  # any models.heads.HEAD_NAMES entry
-    alpha: float = 1.5  # entmax_bisect only: alpha in (1, 2]
+    alpha: float = 1.5  # entmax_bisect only: in [1, 2], strictly inside when learned (models/heads.py)
     learn_alpha: bool = False  # entmax_bisect only: alpha = 1 + sigmoid(alpha_logit) is trained
     gamma: float = 2.0  # normmax only: gamma > 1 (Santos et al. 2024 use 2)
     k: int = 5  # sparse_softmax only: classes kept, 1 <= k <= num_classes (5: the top-5 metric)
@@ -126,6 +125,23 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
 
+
+# Numeric ranges checked at load time (every float must also be finite); a tuple's every element.
+# Intervals in the usual notation: [ ] closed, ( ) open; "inf" is unbounded.
+RANGES = {
+    "data.image_size": "[1, inf)", "data.batch_size": "[1, inf)", "data.eval_batch_size": "[1, inf)",
+    "data.num_workers": "[0, inf)", "data.reprob": "[0, 1]", "data.crop_pct": "(0, 1]", "data.hflip": "[0, 1]",
+    "data.mixup": "[0, inf)", "data.cutmix": "[0, inf)", "data.mixup_prob": "[0, 1]",
+    "data.mixup_switch_prob": "[0, 1]", "data.label_smoothing": "[0, 1]", "data.calib_fraction": "[0, 1)",
+    "data.builtin_train_size": "[1, inf)", "data.builtin_val_size": "[1, inf)", "data.crop_padding": "[0, inf)",
+    "data.color_jitter": "[0, inf)", "data.std": "(0, inf)", "data.repeated_aug_repeats": "[1, inf)",
+    "model.drop_path": "[0, 1)", "model.init_values": "(0, inf)", "model.img_size": "[1, inf)",
+    "optim.lr": "(0, inf)", "optim.lr_base_batch": "[1, inf)", "optim.weight_decay": "[0, inf)",
+    "optim.betas": "[0, 1)", "optim.momentum": "[0, 1)", "optim.clip_grad": "(0, inf)", "optim.epochs": "[1, inf)",
+    "optim.warmup_epochs": "[0, inf)", "optim.min_lr": "[0, inf)", "optim.warmup_lr": "[0, inf)",
+    "train.grad_accum": "[1, inf)", "train.eval_every": "[1, inf)", "train.log_every": "[1, inf)",
+    "train.save_every": "[1, inf)", "train.keep_last": "[1, inf)", "train.ema_decay": "[0, 1)",
+}
 
 # Closed vocabularies checked at load time (the model/head/dataset names are checked by their
 # owners' builders, which list the valid names).

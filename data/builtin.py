@@ -19,7 +19,6 @@ matched low-level statistics. Their labels index OOD_SHAPES and mean nothing to 
 Generation is vectorised in torch (50k 32x32 images in a few seconds) and cached twice: in this
 process (dict) and on disk as .npy (no pickle) keyed by every generation parameter.
 """
-import hashlib
 import logging
 import math
 import os
@@ -28,6 +27,8 @@ import tempfile
 import numpy as np
 import torch
 
+from common.seeding import mix_seed
+
 log = logging.getLogger(__name__)
 
 SHAPES = ("disk", "ring", "square", "triangle", "plus", "star", "frame", "halfdisk", "dumbbell", "bar")
@@ -35,7 +36,7 @@ SHAPES = ("disk", "ring", "square", "triangle", "plus", "star", "frame", "halfdi
 # outline (tests/test_builtin_ood.py checks their masks' overlap against every in-distribution shape).
 OOD_SHAPES = ("crescent", "lshape", "trefoil", "arrow", "bowtie", "tee", "twobars", "chevron", "arc", "fourdots")
 FAMILIES = {"id": SHAPES, "ood": OOD_SHAPES}
-GENERATOR_VERSION = 3  # bump when the drawing code changes: invalidates disk caches
+GENERATOR_VERSION = 4  # bump when the drawing code or the seed hash changes: invalidates disk caches
 MAX_ROTATION = math.pi / 6  # radians either way
 PATTERN_CONTRAST = 0.6
 _SPLIT_STREAM = {"train": 1, "val": 2}
@@ -229,11 +230,6 @@ def _draw_chunk(labels, size, n_hues, g, shapes=SHAPES):
     return img.clamp_(0, 1).mul_(255).add_(0.5).to(torch.uint8)
 
 
-def _mix_seed(*parts):
-    h = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
-    return int.from_bytes(h, "little") & ((1 << 63) - 1)
-
-
 def generate(num_classes, n, size, seed, stream, chunk=4096, family="id"):
     """Generate `n` images of `num_classes` classes -> (uint8 (n, 3, size, size), int64 labels (n,)).
 
@@ -248,12 +244,12 @@ def generate(num_classes, n, size, seed, stream, chunk=4096, family="id"):
     # The in-distribution family keeps its historical seeds (and so its images and caches).
     tag = () if family == "id" else (family,)
     n_hues = num_classes // len(SHAPES)
-    g = torch.Generator().manual_seed(_mix_seed("labels", *tag, GENERATOR_VERSION, num_classes, n, size, seed, stream))
+    g = torch.Generator().manual_seed(mix_seed("labels", *tag, GENERATOR_VERSION, num_classes, n, size, seed, stream))
     labels = (torch.arange(n) % num_classes)[torch.randperm(n, generator=g)]
     images = torch.empty((n, 3, size, size), dtype=torch.uint8)
     for start in range(0, n, chunk):
         gc = torch.Generator().manual_seed(
-            _mix_seed("chunk", *tag, GENERATOR_VERSION, num_classes, size, seed, stream, start // chunk, chunk))
+            mix_seed("chunk", *tag, GENERATOR_VERSION, num_classes, size, seed, stream, start // chunk, chunk))
         images[start:start + chunk] = _draw_chunk(labels[start:start + chunk], size, n_hues, gc, FAMILIES[family])
     return images, labels
 

@@ -1,18 +1,15 @@
 """build_dataset / num_classes: dispatch on DataConfig.dataset, calibration hold-out, validation."""
-import logging
-
 import numpy as np
 import torch
 from PIL import Image
 
 from common.errors import UserError
+from common.seeding import mix_seed
 
 from . import builtin, cifar, imagefolder
 from .names import DATASET_NAMES, SPLITS
-from .samplers import mix64
 from .transforms import INTERPOLATIONS, build_eval_transform, build_train_transform, train_crop_mode
 
-log = logging.getLogger("data")
 # builtin*_ood: other outlines through the same renderer, the out-of-distribution set of builtin10/100.
 _BUILTIN_CLASSES = {"builtin10": 10, "builtin100": 100, "builtin10_ood": 10, "builtin100_ood": 100}
 
@@ -79,7 +76,7 @@ def calib_indices(n, fraction):
     """The held-out calibration indices of a train split of size n: a fixed function of (n, fraction),
     independent of the training seed, so train and eval agree on it."""
     k = int(round(n * fraction))
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(mix64(0xCA11B, n))).numpy()
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(mix_seed(0xCA11B, n))).numpy()
     return np.sort(perm[:k])
 
 
@@ -111,7 +108,6 @@ def build_dataset(cfg, split):
         ds = ds.subset(keep)
     native = getattr(ds, "native_size", None)
     ds.transform = build_train_transform(cfg, native) if split == "train" else build_eval_transform(cfg, native)
-    ds.split = split
     if len(ds) == 0:
         raise UserError(f"the {split} split of {cfg.dataset} is empty")
     return ds

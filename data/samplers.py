@@ -14,29 +14,7 @@ import numpy as np
 import torch
 from timm.data.distributed_sampler import RepeatAugSampler
 
-_MASK64 = (1 << 64) - 1
-
-
-def mix64(*values):
-    """splitmix64-style hash of python ints -> int in [0, 2**63)."""
-    h = 0x9E3779B97F4A7C15
-    for v in values:
-        h = (h ^ (int(v) & _MASK64)) * 0xBF58476D1CE4E5B9 & _MASK64
-        h = (h ^ (h >> 31)) * 0x94D049BB133111EB & _MASK64
-        h ^= h >> 29
-    return h & ((1 << 63) - 1)
-
-
-def mix64_array(base, positions):
-    """Vectorised mix64(base, p) for an int64 numpy array of positions -> uint64 array."""
-    with np.errstate(over="ignore"):
-        h = np.full(positions.shape, np.uint64(base), dtype=np.uint64) ^ positions.astype(np.uint64)
-        h = h * np.uint64(0xBF58476D1CE4E5B9)
-        h ^= h >> np.uint64(31)
-        h = h * np.uint64(0x94D049BB133111EB)
-        h ^= h >> np.uint64(29)
-    return h
-
+from common.seeding import mix_seed, mix_seed_array
 
 class _Sized:
     def __init__(self, n):
@@ -51,10 +29,10 @@ def rank_order(n, *, seed, epoch, rank, world_size, repeated_aug=False, num_repe
     if repeated_aug:
         sampler = RepeatAugSampler(_Sized(n), num_replicas=world_size, rank=rank, shuffle=True,
                                    num_repeats=num_repeats)
-        sampler.set_epoch(mix64(seed, epoch, 0x52415547))  # timm seeds its generator with the epoch
+        sampler.set_epoch(mix_seed(seed, epoch, 0x52415547))  # timm seeds its generator with the epoch
         indices = np.fromiter(iter(sampler), dtype=np.int64, count=len(sampler))
     else:
-        g = torch.Generator().manual_seed(mix64(seed, epoch))
+        g = torch.Generator().manual_seed(mix_seed(seed, epoch))
         perm = torch.randperm(n, generator=g).numpy()
         indices = perm[rank::world_size]
     positions = rank + world_size * np.arange(len(indices), dtype=np.int64)
@@ -77,7 +55,7 @@ def train_batches(n, *, seed, epoch, rank, world_size, batch_size, repeated_aug=
                                     num_repeats=num_repeats)
     indices, positions = rank_order(n, seed=seed, epoch=epoch, rank=rank, world_size=world_size,
                                     repeated_aug=repeated_aug, num_repeats=num_repeats)
-    seeds = mix64_array(mix64(seed, epoch, 0x415547), positions)
+    seeds = mix_seed_array(seed, epoch, 0x415547, last=positions)
     return [(indices[t * batch_size:(t + 1) * batch_size], seeds[t * batch_size:(t + 1) * batch_size])
             for t in range(num_batches)]
 

@@ -6,8 +6,6 @@ flip with probability `hflip`, then (x/255 - mean)/std, then optional timm Rando
 The DeiT recipe (RandomResizedCrop, RandAugment, colour jitter) exists only in the per-sample
 path; `uses_memory_path` sends those configs there automatically.
 """
-import logging
-
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -17,7 +15,6 @@ from torchvision import transforms as T
 
 from common.errors import UserError
 
-log = logging.getLogger("data")
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest", "random")
 TRAIN_CROPS = ("auto", "pad", "rrc")
 

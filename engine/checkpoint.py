@@ -28,7 +28,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from common.io import atomic_write_text
+from common import io as common_io
 from common.errors import UserError
 
 CHECKPOINT_SUBDIR = "checkpoints"
@@ -69,7 +69,7 @@ def save_weights(state_dict, path):
 
 
 def write_json(obj, path):
-    atomic_write_text(path, json.dumps(obj, indent=1))
+    common_io.write_json(obj, path)
 
 
 # ----------------------------------------------------------------------------- saving

@@ -6,20 +6,13 @@ resumed run re-logs those steps exactly once (no duplicated or missing step in m
 import csv
 import io
 import json
-import math
 import os
 import sys
 
-from common.io import atomic_write_text
+from common.io import atomic_write_text, json_text
 
 METRICS_FILE = "metrics.jsonl"
 EPOCHS_FILE = "epochs.csv"
-
-
-def _clean(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)  # JSON has no NaN/inf: keep them readable instead of invalid
-    return value
 
 
 def _rewrite(path, lines):
@@ -27,7 +20,7 @@ def _rewrite(path, lines):
 
 
 class MetricsLog:
-    """Append-only JSON-lines log (one object per logged step and per eval)."""
+    """Append-only JSON-lines log (one object per logged step and per eval; NaN written as null)."""
 
     def __init__(self, run_dir, enabled=True):
         self.path = os.path.join(run_dir, METRICS_FILE)
@@ -37,12 +30,8 @@ class MetricsLog:
         if not self.enabled:
             return
         with open(self.path, "a") as f:
-            f.write(json.dumps({k: _clean(v) for k, v in row.items()}) + "\n")
+            f.write(json_text(row) + "\n")
             f.flush()
-
-    def reset(self):
-        if self.enabled and os.path.exists(self.path):
-            os.remove(self.path)
 
     def truncate_after(self, step):
         if not self.enabled or not os.path.exists(self.path):
@@ -55,7 +44,7 @@ class MetricsLog:
                 except ValueError:  # a line cut by a kill mid-write
                     continue
                 if row.get("step", 0) <= step:
-                    keep.append(json.dumps(row) + "\n")
+                    keep.append(json_text(row) + "\n")
         _rewrite(self.path, keep)
 
 
@@ -72,7 +61,7 @@ class EpochCSV:
         rows = self.read()
         fields = list(rows[0].keys()) if rows else []
         fields += [k for k in row if k not in fields]
-        rows.append({k: _clean(v) for k, v in row.items()})
+        rows.append(row)  # csv writes NaN as nan
         buf = io.StringIO()
         writer = csv.DictWriter(buf, fieldnames=fields, restval="")
         writer.writeheader()

@@ -6,21 +6,17 @@ Python's `random`; all three are reseeded before each micro-batch. The states ar
 (JSON, no pickle) into each checkpoint per rank, as a record and for code that draws between steps.
 """
 import base64
-import hashlib
 import random
 
 import numpy as np
 import torch
 
-
-def derive_seed(*parts):
-    """A 63-bit seed from any tuple of ints/strings (stable across processes and Python runs)."""
-    digest = hashlib.sha256(repr(tuple(parts)).encode()).digest()
-    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+from common.seeding import mix_seed
 
 
 def reseed(*parts):
-    seed = derive_seed(*parts)
+    """Seed Python's, numpy's and torch's global RNGs from common.seeding.mix_seed(*parts)."""
+    seed = mix_seed(*parts)
     random.seed(seed)
     np.random.seed(seed & 0xFFFFFFFF)
     torch.manual_seed(seed)  # also seeds every CUDA device

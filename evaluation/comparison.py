@@ -8,7 +8,7 @@ import json
 import os
 import statistics
 
-from . import plots, report
+from . import metrics, plots, report
 
 TRAIN_COLUMNS = [
     ("train_time_s", "train time (s)", "f1"),
@@ -94,26 +94,18 @@ def _plot_inputs(variants):
             hist = list(h) if hist is None else [a + b for a, b in zip(hist, h)]
         hists[variant] = hist or []
 
-        # Pool the bins over seeds (count-weighted), then recompute the pooled ECE.
-        first = runs[0]["result"]["reliability"]
-        nb = len(first["count"])
-        count = [0] * nb
-        conf_sum = [0.0] * nb
-        acc_sum = [0.0] * nb
+        # Pool the bins over seeds (count-weighted), then the pooled ECE by the one formula.
+        nb = len(runs[0]["result"]["reliability"]["count"])
+        count, conf_sum, acc_sum = [0] * nb, [0.0] * nb, [0.0] * nb
         for run in runs:
             rel = run["result"]["reliability"]
-            for b in range(nb):
-                c = rel["count"][b]
+            for b, c in enumerate(rel["count"]):
                 if c:
                     count[b] += c
                     conf_sum[b] += c * rel["confidence"][b]
                     acc_sum[b] += c * rel["accuracy"][b]
-        total = sum(count) or 1
-        conf = [conf_sum[b] / count[b] if count[b] else None for b in range(nb)]
-        acc = [acc_sum[b] / count[b] if count[b] else None for b in range(nb)]
-        ece = sum(count[b] / total * abs(acc[b] - conf[b]) for b in range(nb) if count[b])
-        diagrams[variant] = {"bin_lower": first["bin_lower"], "bin_upper": first["bin_upper"],
-                             "count": count, "confidence": conf, "accuracy": acc, "ece": ece}
+        pooled = metrics.calibration_from_bins(count, conf_sum, acc_sum)
+        diagrams[variant] = {**pooled["reliability"], "ece": pooled["ece"]}
 
         methods = (runs[0]["result"].get("prediction_sets") or {}).get("methods") or {}
         for method in methods:

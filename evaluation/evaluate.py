@@ -1,48 +1,90 @@
-"""Validation pass: exact top-1/top-5, the head's Fenchel-Young loss and mean support size.
+"""The one evaluation loop: train.py's periodic eval and eval.py both run `evaluate`.
 
-Each rank evaluates its own shard (`data.build_eval_loader`: rank r gets r::world_size, no padding,
-no duplicates); the per-rank sums are added with `accelerator.reduce`, so counts are exact.
-The unwrapped module is used (no DDP collectives in eval, shards may differ in length) under the
-accelerator's autocast; the loss is computed in fp32 on the logits.
+Each batch's logits become per-example records (`metrics.example_records`); their float64 sums
+(top-1 and top-5 hits, loss, support size, count) accumulate on the device with no host read and
+are added over ranks with `accelerator.reduce`, so counts are exact (each rank evaluates its own
+shard: `data.build_eval_loader` gives rank r the indices r::world_size, no padding). eval.py also
+keeps the records and logits, gathered over ranks in dataset order, for the metrics that need the
+whole split (ECE, per-class accuracy, prediction sets) and for the per-example file.
+
+Precision: the forward runs in float32 with autocast off, whatever train.mixed_precision is, so
+training's eval and eval.py give the same numbers on the same weights. Accelerate wraps a prepared
+model's forward in autocast and keeps the plain one as `_original_forward` (what its own
+`unwrap_model(keep_fp32_wrapper=False)` restores, permanently: training must keep its autocast);
+an outer autocast(enabled=False) would not switch the inner one off, so the plain forward is called.
 """
+import time
+from dataclasses import dataclass
+from typing import Optional
+
 import torch
+
+from .gather import gather_in_order
+from .metrics import example_records, means_from_sums, record_sums
+
+
+@dataclass
+class Evaluation:
+    totals: dict  # {"top1", "top5", "loss", "support_size", "n"} over the whole split (all ranks)
+    seconds: float  # wall time of the forward loop (slowest rank: ranks meet at barriers)
+    img_per_s: float  # n / seconds over all processes
+    records: Optional[dict] = None  # keep_examples: metrics.RECORD_FIELDS -> (N,) CPU tensors, dataset order
+    logits: Optional[torch.Tensor] = None  # keep_examples: float32 (N, K), CPU, dataset order
+
+
+def plain_forward(module):
+    """The module's forward without the mixed-precision wrapper Accelerate may have installed."""
+    return module.__dict__.get("_original_forward", module.forward)
 
 
 @torch.no_grad()
-def evaluate(model, loader, accelerator):
-    """-> {"top1", "top5", "loss", "support_size", "n"} over the whole (sharded) split."""
-    module = accelerator.unwrap_model(model)
-    head = module.output_head
+def evaluate(module, loader, accelerator=None, keep_examples=False):
+    """Evaluate the unwrapped classifier `module` (with its `output_head`) over the loader's split."""
+    device = accelerator.device if accelerator is not None else torch.device("cpu")
+    head, forward = module.output_head, plain_forward(module)
     was_training = module.training
     module.eval()
-    device = accelerator.device
-    sums = torch.zeros(5, dtype=torch.float64, device=device)  # correct1, correct5, loss, support, n
+    sums = torch.zeros(5, dtype=torch.float64, device=device)
+    kept = []
+    if accelerator is not None:
+        accelerator.wait_for_everyone()
+    start = time.perf_counter()
     for images, labels in loader:
-        images = images.to(device, non_blocking=True)
-        labels = labels.to(device, non_blocking=True)
-        with accelerator.autocast():
-            logits = module(images)
-        logits = logits.float()
-        k = min(5, logits.shape[-1])
-        topk = logits.topk(k, dim=-1).indices
-        hits = topk.eq(labels[:, None])
-        probs = head(logits)
-        sums += torch.stack([
-            hits[:, 0].sum().double(),
-            hits.any(dim=1).sum().double(),
-            head.loss(logits, labels, reduction="sum").double(),
-            head.support_size(probs).sum().double(),
-            torch.tensor(float(labels.numel()), dtype=torch.float64, device=device),
-        ])
-    sums = accelerator.reduce(sums, reduction="sum") if accelerator.num_processes > 1 else sums
+        images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+        with torch.autocast(device_type=device.type, enabled=False):
+            logits = forward(images).float()
+        records = example_records(logits, labels, head)
+        sums += record_sums(records)
+        if keep_examples:
+            kept.append(({k: v.cpu() for k, v in records.items()}, logits.cpu()))
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    if accelerator is not None:
+        accelerator.wait_for_everyone()
+    seconds = time.perf_counter() - start
     if was_training:
         module.train()
-    n = int(sums[4].item())
-    denom = max(n, 1)
-    return {
-        "top1": sums[0].item() / denom,
-        "top5": sums[1].item() / denom,
-        "loss": sums[2].item() / denom,
-        "support_size": sums[3].item() / denom,
-        "n": n,
-    }
+    multi = accelerator is not None and accelerator.num_processes > 1
+    if multi:
+        sums = accelerator.reduce(sums, reduction="sum")
+        # The slowest rank decides when the whole split is done.
+        seconds = float(accelerator.gather(torch.tensor([seconds], dtype=torch.float64, device=device)).max())
+    totals = means_from_sums(sums)
+    result = Evaluation(totals, seconds, totals["n"] / seconds if seconds > 0 else float("nan"))
+    if keep_examples:
+        result.records, result.logits = _gather_examples(kept, head, module, accelerator)
+    return result
+
+
+def _gather_examples(kept, head, module, accelerator):
+    if kept:
+        records = {k: torch.cat([r[k] for r, _ in kept]) for k in kept[0][0]}
+        logits = torch.cat([lg for _, lg in kept])
+    else:  # an empty shard still takes part in the gather
+        probe = example_records(torch.zeros(1, module.num_classes), torch.zeros(1, dtype=torch.long), head)
+        records = {k: v[:0].cpu() for k, v in probe.items()}
+        logits = torch.empty(0, module.num_classes)
+    # bool does not travel through every backend's gather: send uint8, cast back
+    records = {k: gather_in_order(v.to(torch.uint8) if v.dtype == torch.bool else v, accelerator) for k, v in records.items()}
+    records["top5_hit"] = records["top5_hit"].bool()
+    return records, gather_in_order(logits, accelerator)

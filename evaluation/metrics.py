@@ -1,4 +1,5 @@
-"""Classification metrics on gathered logits/probabilities: accuracy, calibration, sparsity.
+"""Classification metrics: per-example records of a batch's logits, and accuracy, calibration and
+sparsity computed from them.
 
 Everything here is a pure function of tensors (no model, no data loader, no processes), so it is
 tested on hand-built probabilities. Reductions are done in float64 so that numbers do not depend
@@ -12,7 +13,6 @@ References:
     zero, so the NLL is infinite on some samples; we report it where finite plus how often the
     true class got zero probability.
 """
-import math
 
 import torch
 
@@ -36,12 +36,17 @@ def topk_accuracy(logits, labels, ks=(1, 5)):
 
 
 def nll_where_finite(probs, labels):
+    """nll_of_true_class of probabilities (N, K) and labels (N,)."""
+    return nll_of_true_class(probs.gather(1, labels.view(-1, 1)).squeeze(1))
+
+
+def nll_of_true_class(p_true):
     """Mean −log p_y over samples with p_y > 0, the count of those, and the zero-probability fraction.
 
     Under a sparse head the true class may get probability exactly 0 (infinite NLL); averaging
     only the finite part and reporting how often it is infinite keeps both pieces of information.
     """
-    p_true = probs.gather(1, labels.view(-1, 1)).squeeze(1).double()
+    p_true = p_true.double()
     finite = p_true > 0
     n = p_true.numel()
     n_finite = int(finite.sum())
@@ -51,49 +56,66 @@ def nll_where_finite(probs, labels):
 
 
 def calibration(probs, labels, n_bins=ECE_BINS):
-    """Expected calibration error (Guo et al. 2017) and the reliability-diagram data.
-
-    Confidence = the max probability, correct = (argmax == label); bins are equal-width on [0, 1],
-    bin b holding (b/n_bins, (b+1)/n_bins] (the first also holds 0).
-    ECE = Σ_b (n_b / n) · |accuracy_b − confidence_b|.
-    Returns {"ece", "reliability": {"bin_lower", "bin_upper", "confidence", "accuracy", "count"}};
-    empty bins have confidence/accuracy None (JSON null).
-    """
+    """Expected calibration error (Guo et al. 2017) and the reliability-diagram data of
+    probabilities (N, K): confidence = the max probability, correct = (argmax == label)."""
     conf, pred = probs.double().max(dim=1)
-    correct = (pred == labels).double()
+    return calibration_from_confidence(conf, pred == labels, n_bins)
+
+
+def calibration_from_confidence(conf, correct, n_bins=ECE_BINS):
+    """ECE and reliability data from per-example confidence (N,) and correctness (N,) tensors.
+
+    Bins are equal-width on [0, 1], bin b holding (b/n_bins, (b+1)/n_bins] (the first also holds 0).
+    """
+    conf = conf.double().cpu()
     # ceil(conf·B) − 1 puts conf in (b/B, (b+1)/B] into bin b; clamp keeps 0 in bin 0.
     bin_idx = (torch.ceil(conf * n_bins) - 1).clamp(0, n_bins - 1).long()
     count = torch.bincount(bin_idx, minlength=n_bins).double()
     conf_sum = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, bin_idx, conf)
-    acc_sum = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, bin_idx, correct)
-    n = conf.numel()
-    nonempty = count > 0
-    mean_conf = torch.where(nonempty, conf_sum / count.clamp(min=1), torch.zeros_like(conf_sum))
-    mean_acc = torch.where(nonempty, acc_sum / count.clamp(min=1), torch.zeros_like(acc_sum))
-    ece = ((count / max(n, 1)) * (mean_acc - mean_conf).abs()).sum().item() if n else float("nan")
+    acc_sum = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, bin_idx, correct.double().cpu())
+    return calibration_from_bins(count.tolist(), conf_sum.tolist(), acc_sum.tolist())
+
+
+def calibration_from_bins(count, conf_sum, acc_sum):
+    """The one ECE formula (Guo et al. 2017), from per-bin sample counts and sums of confidence and
+    correctness (lists of equal length; bins may pool several runs).
+
+    ECE = Σ_b (n_b / n) · |accuracy_b − confidence_b|.
+    Returns {"ece", "reliability": {"bin_lower", "bin_upper", "confidence", "accuracy", "count"}};
+    empty bins have confidence/accuracy None (JSON null); ECE is NaN when every bin is empty.
+    """
+    n_bins, n = len(count), sum(count)
+    conf = [conf_sum[b] / count[b] if count[b] else None for b in range(n_bins)]
+    acc = [acc_sum[b] / count[b] if count[b] else None for b in range(n_bins)]
+    ece = sum(count[b] / n * abs(acc[b] - conf[b]) for b in range(n_bins) if count[b]) if n else float("nan")
     rel = {
         "bin_lower": [b / n_bins for b in range(n_bins)],
         "bin_upper": [(b + 1) / n_bins for b in range(n_bins)],
-        "confidence": [mean_conf[b].item() if nonempty[b] else None for b in range(n_bins)],
-        "accuracy": [mean_acc[b].item() if nonempty[b] else None for b in range(n_bins)],
-        "count": [int(c) for c in count.tolist()],
+        "confidence": conf,
+        "accuracy": acc,
+        "count": [int(c) for c in count],
     }
     return {"ece": ece, "reliability": rel}
 
 
 def support_stats(probs, labels):
+    """support_stats_of_sizes of probabilities (N, K) and labels (N,)."""
+    support = probs > 0
+    return support_stats_of_sizes(support.sum(dim=1), support.gather(1, labels.view(-1, 1)).squeeze(1),
+                                  probs.shape[1])
+
+
+def support_stats_of_sizes(size, covered, num_classes):
     """Support (non-zero set) size per sample: mean, median, histogram; and true-class coverage.
 
+    size: int (N,) support sizes; covered: bool (N,) whether the support holds the true class.
     `support_hist[i]` counts samples whose support has i+1 classes (length = number of classes).
     `support_coverage` is the fraction of samples whose support contains the true class, i.e.
     the coverage of the head's own (uncalibrated) prediction set.
     """
-    n, num_classes = probs.shape
-    support = probs > 0
-    size = support.sum(dim=1)
+    size = size.long().cpu()
     hist = torch.bincount(size, minlength=num_classes + 1)[1:]  # size 0 impossible (sums to 1)
-    covered = support.gather(1, labels.view(-1, 1)).squeeze(1)
-    if n == 0:
+    if size.numel() == 0:
         return {"support_mean": float("nan"), "support_median": float("nan"),
                 "support_hist": hist.tolist(), "support_coverage": float("nan")}
     return {
@@ -106,9 +128,14 @@ def support_stats(probs, labels):
 
 
 def per_class_accuracy(logits, labels, num_classes):
+    """class_accuracy of the logits' top-1 predictions."""
+    return class_accuracy(logits.argmax(dim=1), labels, num_classes)
+
+
+def class_accuracy(pred, labels, num_classes):
     """Top-1 accuracy of each class (None for a class with no samples), their mean (balanced
     accuracy) and their minimum (the worst class)."""
-    pred = logits.argmax(dim=1)
+    pred, labels = pred.cpu(), labels.cpu()
     total = torch.bincount(labels, minlength=num_classes)
     right = torch.bincount(labels[pred == labels], minlength=num_classes)
     per_class = [(right[c] / total[c]).item() if total[c] > 0 else None for c in range(num_classes)]
@@ -118,41 +145,68 @@ def per_class_accuracy(logits, labels, num_classes):
     return {"per_class_accuracy": per_class, "balanced_accuracy": balanced, "worst_class_accuracy": worst}
 
 
-def fy_loss(head, logits, labels, chunk=8192):
-    """Mean Fenchel-Young loss of the head (label smoothing off: the loss of the hard label)."""
-    if logits.shape[0] == 0:
-        return float("nan")
-    total = 0.0
+# ----------------------------------------------------------------------------- per-example records
+# Every evaluation (train.py's periodic one, eval.py, the comparison through eval.py's files) turns
+# each batch of logits into these records; the metrics above and below are functions of them.
+RECORD_FIELDS = ("label", "pred", "p_y", "max_prob", "support_size", "loss", "top5_hit")
+
+
+def example_records(logits, labels, head):
+    """Per-example outcome of float logits (N, K) and int64 labels (N,) under `head`, on their device:
+    label, pred (top-1 class by logit), p_y and max_prob (the head's probabilities), support_size
+    (classes with p > 0), loss (the head's Fenchel-Young loss of the hard label), top5_hit."""
+    logits, labels = logits.float(), labels.long()
     with torch.no_grad():
-        for start in range(0, logits.shape[0], chunk):
-            part = head.loss(logits[start:start + chunk], labels[start:start + chunk], reduction="sum")
-            total += float(part.double())
-    return total / logits.shape[0]
+        probs = head(logits).float()
+        loss = head.loss(logits, labels, reduction="none").float()
+    top = logits.topk(min(5, logits.shape[1]), dim=1).indices
+    return {
+        "label": labels,
+        "pred": top[:, 0],
+        "p_y": probs.gather(1, labels.view(-1, 1)).squeeze(1),
+        "max_prob": probs.max(dim=1).values,
+        "support_size": (probs > 0).sum(dim=1),
+        "loss": loss,
+        "top5_hit": (top == labels.view(-1, 1)).any(dim=1),
+    }
 
 
-def classification_metrics(logits, labels, head, probs=None, n_bins=ECE_BINS):
-    """All per-sample-derived metrics of one evaluation, as a JSON-ready dict.
+def record_sums(records):
+    """float64 (5,) on the records' device, no host read: correct top-1, top-5 hits, loss, support size, n."""
+    label = records["label"]
+    return torch.stack([
+        (records["pred"] == label).sum().double(),
+        records["top5_hit"].sum().double(),
+        records["loss"].double().sum(),
+        records["support_size"].sum().double(),
+        torch.tensor(float(label.numel()), dtype=torch.float64, device=label.device),
+    ])
 
-    logits: float (N, K) gathered over processes; labels: int64 (N,); head: the model's
-    OutputHead (gives probabilities and the Fenchel-Young loss).
-    """
-    logits = logits.float()
-    labels = labels.long()
-    num_classes = logits.shape[1]
-    if probs is None:
-        with torch.no_grad():
-            probs = head(logits)
-    probs = probs.float()
-    acc = topk_accuracy(logits, labels, ks=(1, 5))
-    out = {"n": int(labels.numel()), "num_classes": num_classes, "top1": acc[1], "top5": acc[5],
-           "loss": fy_loss(head, logits, labels)}
-    out.update(nll_where_finite(probs, labels))
-    out.update(calibration(probs, labels, n_bins=n_bins))
-    out.update(support_stats(probs, labels))
-    out.update(per_class_accuracy(logits, labels, num_classes))
+
+def means_from_sums(sums):
+    """{"top1", "top5", "loss", "support_size", "n"} from record_sums (added over batches / ranks)."""
+    values = sums.tolist()
+    n = int(values[4])
+    denom = max(n, 1)
+    return {"top1": values[0] / denom, "top5": values[1] / denom, "loss": values[2] / denom,
+            "support_size": values[3] / denom, "n": n}
+
+
+def metrics_from_records(records, num_classes, n_bins=ECE_BINS):
+    """All metrics of one evaluation, as a JSON-ready dict, from the whole split's records."""
+    label, pred, p_y = records["label"].long(), records["pred"].long(), records["p_y"]
+    n = int(label.numel())
+    means = means_from_sums(record_sums(records))
+    nan = float("nan")
+    out = {"n": n, "num_classes": num_classes, "top1": means["top1"] if n else nan,
+           "top5": means["top5"] if n else nan, "loss": means["loss"] if n else nan}
+    out.update(nll_of_true_class(p_y))
+    out.update(calibration_from_confidence(records["max_prob"], pred == label, n_bins=n_bins))
+    out.update(support_stats_of_sizes(records["support_size"], p_y > 0, num_classes))
+    out.update(class_accuracy(pred, label, num_classes))
     return out
 
 
-def is_scalar_metric(value):
-    """True for numbers (the values that go into CSV rows and summary tables)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def classification_metrics(logits, labels, head, n_bins=ECE_BINS):
+    """metrics_from_records of gathered logits (N, K) and labels (N,) under the model's OutputHead."""
+    return metrics_from_records(example_records(logits, labels, head), logits.shape[1], n_bins=n_bins)

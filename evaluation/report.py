@@ -1,14 +1,11 @@
-"""Turning metric dicts into files and tables: JSON, CSV rows, terminal/markdown tables.
+"""Turning metric dicts into CSV rows and terminal/markdown tables (JSON: common.io.write_json).
 
 Shared by eval.py (one checkpoint) and scripts/compare_heads.py (mean ± std over seeds).
 """
 import csv
-import json
 import math
 import os
 import statistics
-
-from common.io import atomic_write_text
 
 # Scalar metrics in display order: (key in the flattened dict, label, format).
 METRIC_COLUMNS = [
@@ -58,23 +55,6 @@ def flatten_metrics(result):
             flat[f"{base}_size"] = r["mean_set_size"]
             flat[f"{base}_threshold"] = r["threshold"]
     return flat
-
-
-def json_safe(obj):
-    """Replace non-finite floats by None (strict JSON) recursively."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [json_safe(v) for v in obj]
-    return obj
-
-
-def write_json(obj, path):
-    """Atomic JSON write (a reader never sees half a file; compare_heads relies on this)."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    atomic_write_text(path, json.dumps(json_safe(obj), indent=2) + "\n")
 
 
 def write_csv(rows, path):

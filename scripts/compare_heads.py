@@ -5,12 +5,17 @@
         [--seeds 0 1 2] [--runs-dir runs/compare] [--report-dir reports/compare] [key.sub=value ...]
 
 For each variant (head × norm × α) and seed the run directory is RUNS_DIR/<variant>-s<seed>.
-Training goes through the one training entry point, one run after another:
+Training and evaluation go through the two entry points the same way, as subprocesses, one run
+after another:
 `python train.py --config CFG <overrides> head.name=.. train.seed=.. train.output_dir=.. --resume auto`
-(prefixed with --launcher, e.g. "accelerate launch --num_processes 8", when given).
+`python eval.py --checkpoint RUN_DIR --output RUN_DIR/eval.json --quiet`
+(both prefixed with --launcher, e.g. "accelerate launch --num_processes 8", when given). Both are
+subprocesses because Accelerate's state (process group, device, mixed precision) is per process and
+a multi-process launcher needs a fresh one anyway; it costs one Python start-up per evaluation.
 Resumable: a run with summary.json is complete and skipped; an interrupted one continues from its
-last checkpoint (--resume auto); a run evaluated already (eval.json) is not evaluated again. So a
-second invocation trains and evaluates nothing and only rewrites the report.
+last checkpoint (--resume auto); a run evaluated already (eval.json and its per-example records,
+eval.examples.safetensors) is not evaluated again. So a second invocation trains and evaluates
+nothing and only rewrites the report.
 Report (REPORT_DIR): report.md (mean ± std over seeds of every metric, training time, img/s),
 runs.csv, summary.csv and val_accuracy.png, support_hist.png, reliability.png,
 coverage_vs_set_size.png.
@@ -29,6 +34,7 @@ if ROOT not in sys.path:
 
 from engine.cli import run_cli  # noqa: E402
 from common.errors import UserError  # noqa: E402
+from common.io import json_text, write_json  # noqa: E402
 
 REQUEST_FILE = "compare_request.json"  # what this script asked train.py for, to detect clashes
 
@@ -61,6 +67,7 @@ def parse_args(argv=None):
 
 def plan_runs(args):
     """[(variant name, seed, run_dir, overrides)] in the order they will run."""
+    from configs.loader import check_alpha
     from models.heads import HEAD_NAMES
 
     for head in args.heads:
@@ -69,8 +76,7 @@ def plan_runs(args):
     if args.alphas and "entmax_bisect" not in args.heads:
         raise UserError("--alphas applies to entmax_bisect; add it to --heads")
     for a in args.alphas or ():
-        if not 1.0 < a <= 2.0:
-            raise UserError(f"--alphas values must be in (1, 2], got {a}")
+        check_alpha(a, args.learn_alpha, "--alphas")
     stem = os.path.splitext(os.path.basename(args.config))[0]
     runs_dir = args.runs_dir or os.path.join("runs", "compare", stem)
     plan = []
@@ -113,7 +119,7 @@ def _check_request(run_dir, request, create=True):
     """Refuse to mix a run trained with other settings (overrides or config contents) into this
     comparison; record the request when the run is first started."""
     path = os.path.join(run_dir, REQUEST_FILE)
-    request = json.loads(json.dumps(request))  # tuples -> lists, as stored
+    request = json.loads(json_text(request))  # tuples -> lists, as stored
     if os.path.isfile(path):
         with open(path) as f:
             previous = json.load(f)
@@ -123,9 +129,7 @@ def _check_request(run_dir, request, create=True):
             raise UserError(f"{run_dir} was trained with other settings ({diff}); "
                             f"use another --runs-dir or delete that run")
     elif create:
-        os.makedirs(run_dir, exist_ok=True)
-        with open(path, "w") as f:
-            json.dump(request, f, indent=1)
+        write_json(request, path)
 
 
 def _run(cmd, what):
@@ -140,6 +144,7 @@ def main(argv=None):
     args = parse_args(argv)
     import configs
     from evaluation import comparison
+    from evaluation.examples import examples_path
 
     config = os.path.abspath(args.config)
     configs.load_config(config, args.overrides)  # fail fast on a bad config / override
@@ -161,7 +166,8 @@ def main(argv=None):
                    "resolved": configs.config_to_dict(configs.load_config(config, ov))}
         _check_request(run_dir, request, create=False)  # also for finished runs: no stale reuse
         done_train = os.path.isfile(os.path.join(run_dir, "summary.json"))
-        done_eval = os.path.isfile(os.path.join(run_dir, eval_file))
+        done_eval = all(os.path.isfile(p) for p in (os.path.join(run_dir, eval_file),
+                                                     examples_path(os.path.join(run_dir, eval_file))))
         if done_train and done_eval:
             print(f"{tag}: done, skipped ({run_dir})", flush=True)
             continue
@@ -177,13 +183,9 @@ def main(argv=None):
             if not os.path.isfile(os.path.join(run_dir, "summary.json")):
                 raise UserError(f"train.py finished without writing {run_dir}/summary.json")
         print(f"{tag}: evaluating", flush=True)
-        eval_cmd = ["--checkpoint", run_dir, "--output", os.path.join(run_dir, eval_file), "--quiet"]
-        if args.ema:
-            eval_cmd.append("--ema")
-        if args.launcher:
-            _run(launcher + [os.path.join(ROOT, "eval.py")] + eval_cmd, f"evaluating {run_dir}")
-        else:
-            _eval_in_process(eval_cmd)  # saves a Python start-up (~10 s on 2 cores) per run
+        _run(launcher + [os.path.join(ROOT, "eval.py"), "--checkpoint", run_dir, "--output",
+                         os.path.join(run_dir, eval_file), "--quiet"] + (["--ema"] if args.ema else []),
+             f"evaluating {run_dir}")
         evaluated += 1
     if args.dry_run:
         return 0
@@ -206,15 +208,6 @@ def main(argv=None):
           f"{time.perf_counter() - start:.0f}s; {len(plan)} run(s) in {runs_dir}")
     print(f"report: {path}")
     return 0
-
-
-def _eval_in_process(eval_args):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("resmlp_eval_entry", os.path.join(ROOT, "eval.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.main(eval_args)
 
 
 if __name__ == "__main__":

@@ -108,7 +108,6 @@ def test_second_invocation_runs_nothing(monkeypatch, capsys):
 
     calls = []
     monkeypatch.setattr(compare_heads.subprocess, "call", lambda *a, **k: calls.append(a) or 0)
-    monkeypatch.setattr(compare_heads, "_eval_in_process", lambda *a, **k: calls.append(a))
     assert compare_heads.main(compare_args(root)) == 0
     out = capsys.readouterr().out
     assert calls == []

@@ -161,3 +161,76 @@ def test_train_cli_prints_one_line_and_exits_2(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip() == "error: unknown config key 'optim.lrr'; did you mean 'optim.lr'?"
+
+
+@pytest.mark.parametrize("override", ["optim.lr=nan", "optim.lr=.inf", "optim.lr=inf", "optim.warmup_lr=-.inf",
+                                      "data.mean=[.nan, 0.5, 0.5]", "model.init_values=nan"])
+def test_non_finite_numbers_are_refused(tmp_path, override):
+    with pytest.raises(UserError) as err:
+        load_config(_write(tmp_path / "c.yaml", ""), [override])
+    msg = str(err.value)
+    assert f"'{override.split('=')[0]}'" in msg and "finite" in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("override,expected", [
+    ("optim.lr=0", "> 0"), ("optim.lr=-1e-3", "> 0"), ("optim.weight_decay=-0.1", ">= 0"),
+    ("optim.warmup_epochs=-1", ">= 0"), ("optim.epochs=0", ">= 1"), ("data.batch_size=0", ">= 1"),
+    ("data.eval_batch_size=-4", ">= 1"), ("data.reprob=1.5", "in [0, 1]"), ("data.mixup_prob=-0.1", "in [0, 1]"),
+    ("data.label_smoothing=1.1", "in [0, 1]"), ("data.calib_fraction=1.0", "in [0, 1)"),
+    ("train.ema_decay=1.0", "in [0, 1)"), ("model.drop_path=1", "in [0, 1)"), ("optim.clip_grad=0", "> 0"),
+    ("optim.betas=[0.9, 1.0]", "in [0, 1) (each)"), ("data.std=[0.2, 0.0, 0.2]", "> 0 (each)"),
+    ("train.keep_last=0", ">= 1"), ("data.num_workers=-1", ">= 0"),
+])
+def test_out_of_range_numbers_are_refused(tmp_path, override, expected):
+    key, value = override.split("=")
+    with pytest.raises(UserError) as err:
+        load_config(_write(tmp_path / "c.yaml", ""), [override])
+    msg = str(err.value)
+    assert msg.startswith(f"config key '{key}' must be {expected}, got ") and "\n" not in msg
+    # the edges of each interval that are inside it load
+    edge = {"optim.lr": "1e-9", "optim.weight_decay": "0", "optim.warmup_epochs": "0", "data.calib_fraction": "0.99",
+            "train.ema_decay": "0", "data.reprob": "1", "data.label_smoothing": "1"}
+    if key in edge:
+        load_config(_write(tmp_path / "c.yaml", ""), [f"{key}={edge[key]}"])
+
+
+# 9 levels of 9 aliases each: ~400 bytes that a YAML loader expanding aliases would turn into 9**9
+# strings, here in a position (optim.lr) whose type check would print the whole value.
+ALIAS_BOMB = "".join(f"{k}: &{k} [{', '.join([f'*{p}'] * 9) if p else ', '.join(['lol'] * 9)}]\n"
+                     for p, k in zip([None] + list("abcdefgh"), "abcdefghi")) + "optim: {lr: *i}\n"
+
+
+def test_yaml_aliases_are_refused_before_expansion(tmp_path):
+    assert 350 < len(ALIAS_BOMB) < 600
+    with pytest.raises(UserError) as err:
+        load_config(_write(tmp_path / "bomb.yaml", ALIAS_BOMB))
+    msg = str(err.value)
+    assert "alias" in msg and "bomb.yaml:2" in msg and "\n" not in msg and len(msg) < 300
+    # an alias inside an override value: never expanded, the value is quoted cut short
+    override = "optim.lr=[&a [lol, lol, lol, lol], [*a, *a, *a, *a], [*a, *a, *a, *a, *a, *a, *a, *a, *a]]"
+    with pytest.raises(UserError) as err:
+        load_config(_write(tmp_path / "c.yaml", ""), [override])
+    assert "'optim.lr' expects float" in str(err.value) and len(str(err.value)) < 200
+
+
+def test_long_values_are_cut_short_in_errors(tmp_path):
+    huge = "[" + ", ".join(["1"] * 5000) + "]"
+    for override in (f"optim.lr={huge}", f"train.mixed_precision={'x' * 5000}"):
+        with pytest.raises(UserError) as err:
+            load_config(_write(tmp_path / "c.yaml", ""), [override])
+        msg = str(err.value)
+        assert "optim.lr" in msg or "train.mixed_precision" in msg
+        assert "..." in msg and len(msg) < 250 and "\n" not in msg
+
+
+def test_override_into_a_value_is_refused(tmp_path):
+    path = _write(tmp_path / "c.yaml", "optim: 3\n")
+    with pytest.raises(UserError) as err:
+        load_config(path, ["optim.epochs=1"])
+    assert "'optim' is 3 in the config, not a section" in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(UserError, match="'optim' must be a mapping"):
+        load_config(path)
+    with pytest.raises(UserError, match="'optim.lr' is 0.1"):
+        load_config(_write(tmp_path / "d.yaml", "optim: {lr: 0.1}\n"), ["optim.lr.x=1"])
+    # a missing or empty section is created by the override
+    assert load_config(_write(tmp_path / "e.yaml", "optim:\n"), ["optim.epochs=2"]).optim.epochs == 2

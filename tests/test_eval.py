@@ -147,8 +147,53 @@ def test_user_errors_are_one_line(tmp_path, capsys):
 
 
 def test_gather_in_order_interleaves_uneven_shards():
-    from evaluation.predict import _interleave
+    from evaluation.gather import _interleave
 
     full = torch.arange(11)
     shards = [full[r::3] for r in range(3)]  # 4, 4, 3 samples
     assert _interleave(shards).tolist() == full.tolist()
+
+
+def test_training_eval_and_eval_py_agree_on_the_same_weights(tmp_path):
+    """bf16 training: its periodic eval and eval.py both evaluate in float32 through the one loop,
+    so their metrics agree (counts exactly, means to float64 rounding), for raw and EMA weights;
+    the per-example records file holds the same numbers, row for row."""
+    from safetensors.torch import load_file
+
+    from data import build_dataset, build_eval_loader
+    from evaluation.examples import examples_path, load_examples
+    from models import create_classifier
+    from test_train_helpers import reset_accelerate_state, run_inprocess, tiny_cfg
+
+    import eval as eval_entry
+
+    run = str(tmp_path / "bf16")
+    cfg = tiny_cfg(run, "train.mixed_precision=bf16", "optim.epochs=1", "head.name=sparsemax",
+                   "data.builtin_val_size=101", "data.eval_batch_size=16")
+    assert run_inprocess(cfg) == 0
+    final = _load(os.path.join(run, "summary.json"))["final"]
+    for weights, flags in (("raw", []), ("ema", ["--ema"])):
+        out = str(tmp_path / f"{weights}.json")
+        reset_accelerate_state()
+        assert eval_entry.main(["--checkpoint", run, "--output", out, "--quiet", "--calib", "none", *flags]) == 0
+        result, train_eval = _load(out), final[weights]
+        assert result["n"] == train_eval["n"] == 101
+        assert result["top1"] == train_eval["top1"] and result["top5"] == train_eval["top5"]
+        assert result["loss"] == pytest.approx(train_eval["loss"], rel=1e-12)
+        assert result["support_mean"] == pytest.approx(train_eval["support_size"], rel=1e-12)
+        records, meta = load_examples(examples_path(out))
+        assert meta["head"] == "sparsemax" and meta["weights"] == weights and int(meta["n"]) == 101
+        assert (records["pred"] == records["label"]).double().mean().item() == result["top1"]
+        assert records["top5_hit"].double().mean().item() == result["top5"]
+        assert records["support_size"].double().mean().item() == pytest.approx(result["support_mean"], rel=1e-12)
+        # Independent reference: a plain fp32 forward over the val split in dataset order.
+        model = create_classifier(cfg.model, cfg.head, 10).eval()
+        model.load_state_dict(load_file(os.path.join(run, "model.safetensors" if weights == "raw" else "model_ema.safetensors")))
+        val = build_dataset(cfg.data, "val")
+        with torch.no_grad():
+            logits = torch.cat([model(x) for x, _ in build_eval_loader(val, cfg.data, rank=0, world_size=1)])
+            probs = model.output_head(logits)
+        labels = val.labels.long()
+        assert torch.equal(records["label"], labels) and torch.equal(records["pred"], logits.argmax(1))
+        assert torch.allclose(records["p_y"], probs.gather(1, labels[:, None]).squeeze(1), atol=1e-6)
+        assert torch.equal(records["support_size"], (probs > 0).sum(1))

@@ -116,6 +116,9 @@ def test_nonfinite_loss_skip_counts_skips(tmp_path):
     assert summary["skipped_steps"] == 1 and summary["steps"] == 8
     rows = [r for r in read_metrics(run) if r["kind"] == "train"]
     assert [r["skipped"] for r in rows] == [0, 0, 0, 1, 1, 1, 1, 1]
+    assert rows[3]["loss"] is None and all(r["loss"] is not None for i, r in enumerate(rows) if i != 3)  # NaN -> null
+    with open(os.path.join(run, "metrics.jsonl")) as f:  # strict JSON: no NaN/Infinity literals
+        [json.loads(line, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}")) for line in f]
     assert all(torch.isfinite(v).all() for v in weights(run).values())
 
 
@@ -150,3 +153,17 @@ def test_cuda_bf16_run_with_learned_alpha(tmp_path):
     assert "output_head.alpha_logit" in w and all(torch.isfinite(v).all() for v in w.values())
     summary = json.load(open(os.path.join(run, "summary.json")))
     assert summary["final"]["raw"]["n"] == 100 and summary["steps"] == 16
+
+
+def test_one_seed_hash_vectorised_equals_scalar():
+    import numpy as np
+
+    from common.seeding import mix_seed, mix_seed_array
+
+    positions = np.array([0, 1, 7, 2**40, -3], dtype=np.int64)
+    assert [int(v) for v in mix_seed_array(5, "aug", 3, last=positions)] == [mix_seed(5, "aug", 3, int(p)) for p in positions]
+    seeds = {mix_seed(0, "step", s, m, r) for s in range(50) for m in range(2) for r in range(2)}
+    assert len(seeds) == 200 and all(0 <= s < 2**63 for s in seeds)
+    assert mix_seed("init") != mix_seed("loader") and mix_seed(1, 2) != mix_seed(2, 1)
+    with pytest.raises(TypeError):
+        mix_seed(1.5)

@@ -33,12 +33,17 @@ def write_cfg(cfg, path):
     return str(path)
 
 
-def run_inprocess(cfg, **kwargs):
-    """train.train(cfg) in this process (Accelerate's singletons reset first)."""
+def reset_accelerate_state():
+    """Accelerate keeps process-wide singletons: reset them before another in-process entry point."""
     from accelerate.state import AcceleratorState, GradientState
 
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
+
+
+def run_inprocess(cfg, **kwargs):
+    """train.train(cfg) in this process (Accelerate's singletons reset first)."""
+    reset_accelerate_state()
     if ROOT not in sys.path:
         sys.path.insert(0, ROOT)
     import torch
