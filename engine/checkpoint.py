@@ -32,9 +32,9 @@ exit with `CheckpointWriteError.exit_code` (74, EX_IOERR from sysexits.h) for it
 
 Temporary files: `clean_stale_temp(run_dir)` removes what killed saves leave (`.tmp-*`
 checkpoint directories, `*.tmp<pid>` files such as `model.safetensors.tmp<pid>`), and finishes a
-save that was killed between its marker and its rename. It must only run while holding the run
-lock (engine/runlock.py), so another live run's temporary files are never deleted; `begin_save`
-relies on the same lock when it clears older `.tmp-*` directories.
+save that was killed between its marker and its rename. It refuses to run unless this process
+holds the run lock (engine/runlock.py), so another live run's temporary files are never deleted;
+`begin_save` relies on the same lock when it clears older `.tmp-*` directories.
 
 Test hook: the module attribute `_after_file_written` (None in production) is called with the path
 of every checkpoint file once it is written and fsynced; tests set it (in subprocesses through
@@ -362,10 +362,18 @@ def _recover_or_remove(root, name, say):
     return path
 
 
-def clean_stale_temp(run_dir, warn=print):
+def clean_stale_temp(run_dir, warn=print, require_lock=True):
     """Remove what interrupted saves left in `run_dir` and its checkpoints folder: `.tmp-*`
-    directories and `NAME.tmp<pid>` files (e.g. `model.safetensors.tmp<pid>`). Only call it while
-    holding the run lock. Returns the removed paths (one warning line summarises them)."""
+    directories and `NAME.tmp<pid>` files (e.g. `model.safetensors.tmp<pid>`). Returns the removed
+    paths (one warning line summarises them).
+
+    `require_lock`: refuse (RuntimeError, a programming error) unless this process holds the run
+    lock (engine/runlock.py), so another live run's temporary files are never deleted."""
+    if require_lock:
+        from engine.runlock import held_by_this_process
+
+        if not held_by_this_process(run_dir):
+            raise RuntimeError(f"clean_stale_temp({run_dir!r}) needs this process to hold the run lock")
     removed = []
     root = os.path.join(run_dir, CHECKPOINT_SUBDIR)
     for folder in (run_dir, root):

@@ -25,6 +25,7 @@ compared: the checkpoint cannot say what it used. Checkpoints written before thi
 import datetime
 import os
 from collections import namedtuple
+from collections.abc import Mapping, Sequence
 
 import yaml
 
@@ -66,11 +67,12 @@ Change = namedtuple("Change", "key old new")
 
 
 def flatten_config(nested, prefix=""):
-    """{'optim': {'lr': 1e-3}} -> {'optim.lr': 1e-3}; tuples become lists (as after a JSON round trip)."""
+    """{'optim': {'lr': 1e-3}} -> {'optim.lr': 1e-3}; sequences become lists (as after a JSON round
+    trip). Any mapping works (plain dicts, OmegaConf DictConfig)."""
     flat = {}
     for key, value in nested.items():
         full = f"{prefix}{key}"
-        if isinstance(value, dict):
+        if isinstance(value, Mapping):
             flat.update(flatten_config(value, full + "."))
         else:
             flat[full] = _plain(value)
@@ -78,7 +80,7 @@ def flatten_config(nested, prefix=""):
 
 
 def _plain(value):
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
         return [_plain(v) for v in value]
     return value
 

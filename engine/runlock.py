@@ -109,6 +109,13 @@ def read_lock(run_dir):
         return {}
 
 
+def held_by_this_process(run_dir):
+    """True when RUN_DIR/run.lock names this process (pid, host and process start time)."""
+    holder = read_lock(run_dir)
+    return bool(holder) and holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname() \
+        and holder.get("proc_start") == _proc_start(os.getpid())
+
+
 @contextlib.contextmanager
 def _directory_flock(path):
     """Exclusive flock on the directory itself (best effort: some network filesystems refuse it)."""

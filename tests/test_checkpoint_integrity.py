@@ -15,6 +15,7 @@ from safetensors import SafetensorError
 from common.errors import UserError
 from engine import checkpoint as ck
 from engine.cli import run_cli
+from engine.runlock import RunLock
 
 
 def _state(width=64, seed=0):
@@ -297,8 +298,11 @@ def test_clean_stale_temp_removes_leftovers_and_recovers_a_finished_save(tmp_pat
     for name in keep:
         open(os.path.join(run, name), "w").write("mine")
 
+    with pytest.raises(RuntimeError, match="run lock"):  # only the lock holder may delete temporary files
+        ck.clean_stale_temp(run)
     warnings = []
-    removed = ck.clean_stale_temp(run, warn=warnings.append)
+    with RunLock(run):
+        removed = ck.clean_stale_temp(run, warn=warnings.append)
     assert sorted(os.path.basename(p) for p in removed) == sorted(
         ["model.safetensors.tmp12345", "config.yaml.tmp77", ".tmp-" + ck.checkpoint_name(12),
          ".tmp-old-" + ck.checkpoint_name(5)])
@@ -307,7 +311,7 @@ def test_clean_stale_temp_removes_leftovers_and_recovers_a_finished_save(tmp_pat
     assert not [n for n in os.listdir(root) if n.startswith(".tmp")]
     assert all(os.path.exists(os.path.join(run, n)) for n in keep)
     assert any("recovered" in w for w in warnings) and any("removed 4" in w for w in warnings)
-    assert ck.clean_stale_temp(run, warn=warnings.append) == []  # idempotent
+    assert ck.clean_stale_temp(run, warn=warnings.append, require_lock=False) == []  # idempotent
 
 
 def test_run_artefacts_lists_what_a_fresh_start_would_delete(tmp_path):
