@@ -16,6 +16,7 @@ the "union over ranks == 1-process batch" property. ImageFolder skips (skip_corr
 in `dataset.skipped` and logged as warnings on the "data" logger.
 """
 from .names import DATASET_NAMES
+from .classes import class_names
 from .datasets import build_dataset, calib_indices, num_classes
 from .loaders import EvalLoader, TrainLoader
 
@@ -48,5 +49,5 @@ def build_mixup(cfg, num_classes):
                  num_classes=num_classes)
 
 
-__all__ = ["DATASET_NAMES", "build_dataset", "num_classes", "calib_indices",
+__all__ = ["DATASET_NAMES", "build_dataset", "num_classes", "class_names", "calib_indices",
            "build_train_loader", "build_eval_loader", "build_mixup", "TrainLoader", "EvalLoader"]

@@ -43,6 +43,13 @@ _SPLIT_STREAM = {"train": 1, "val": 2}
 _MEMORY_CACHE = {}
 
 
+def class_names(num_classes):
+    """Label index -> name: the shape, plus the hue bin for builtin100 (label = shape + 10 * hue bin)."""
+    if num_classes == len(SHAPES):
+        return list(SHAPES)
+    return [f"{SHAPES[label % len(SHAPES)]}_hue{label // len(SHAPES)}" for label in range(num_classes)]
+
+
 def _box(u, v, w, h):
     return torch.maximum(u.abs() - w, v.abs() - h)
 

@@ -35,8 +35,8 @@ class ArrayDataset:
         idx = torch.as_tensor(np.asarray(indices, dtype=np.int64))
         return ArrayDataset(self.images[idx], self.labels[idx], self.num_classes, self.transform, self.name)
 
-    def load(self, i):
-        """-> (PIL image, label, []) (same signature as ImageFolderDataset.load)."""
+    def load(self, i, replace_corrupt=True):
+        """-> (PIL image, label, []) (same signature as ImageFolderDataset.load; nothing is corrupt here)."""
         return Image.fromarray(self.images[i].permute(1, 2, 0).numpy()), int(self.labels[i]), []
 
     def __getitem__(self, i):

@@ -1,22 +1,46 @@
 """ImageNet-style folders: ROOT/train/<class>/*.{jpg,jpeg,png}, ROOT/val/<class>/*.
 
 Class indices come from the sorted train class names and are reused for val, so a val class that
-train lacks is an error (its index would be meaningless). An undecodable image raises a UserError
-naming the file, or with `skip_corrupt` is replaced by the next decodable sample in the dataset
-(batch shapes stay fixed, so every rank keeps the same number of steps) and counted:
-`dataset.skipped` is the number of distinct skipped files seen by this process and its loader
-workers (the loaders report worker skips back), and each newly skipped file is logged once as a
-warning on the `data` logger.
+train lacks is an error (its index would be meaningless); `dataset.class_names` is that list.
+
+An undecodable image raises a UserError naming the file. With `skip_corrupt` it is counted and, for
+TRAINING, replaced by the next decodable sample in the dataset (batch shapes stay fixed, so every
+rank keeps the same number of steps); the eval loader asks `load(i, replace_corrupt=False)` and
+drops it instead, so an evaluation counts each decodable image exactly once (`n` = decodable
+images). `dataset.skipped` is the number of distinct skipped files seen by this process and its
+loader workers (the loaders report worker skips back), and each newly skipped file is logged once
+as a warning on the `data` logger.
+
+16-bit images: PIL opens a 16-bit grayscale PNG as mode I;16 (or I), and its `convert("RGB")`
+clips every value above 255 to white. `to_rgb` scales such pixels to 8 bits instead
+(round(v / 257), so 0 -> 0 and 65535 -> 255); 16-bit RGB(A) PNGs already arrive as 8-bit RGB(A)
+(PIL keeps the high byte).
 """
 import logging
 import os
 
+import numpy as np
 from PIL import Image
 
 from common.errors import UserError
 
 log = logging.getLogger("data")
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png")
+
+
+_SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
+
+
+def to_rgb(im, path=""):
+    """PIL image -> 8-bit RGB, scaling 16-bit (and 32-bit integer 'I' holding 16-bit) gray correctly."""
+    if im.mode in _SIXTEEN_BIT_MODES or im.mode == "I":
+        values = np.asarray(im).astype(np.int64)
+        if values.size and (values.min() < 0 or values.max() > 65535):
+            raise UserError(f"image {path} has {im.mode} pixels outside 0..65535, which have no 8-bit meaning; "
+                            "convert it to an 8- or 16-bit PNG/JPEG")
+        eight_bit = ((values * 255 + 32767) // 65535).astype(np.uint8)  # round(v / 257)
+        return Image.fromarray(eight_bit, mode="L").convert("RGB")
+    return im.convert("RGB")
 
 
 def _class_dirs(split_dir):
@@ -72,6 +96,11 @@ class ImageFolderDataset:
         self.skipped_files = skipped_files if skipped_files is not None else set()  # shared with subsets
 
     @property
+    def class_names(self):
+        """Label index -> class (folder) name."""
+        return list(self.classes)
+
+    @property
     def skipped(self):
         return len(self.skipped_files)
 
@@ -93,19 +122,27 @@ class ImageFolderDataset:
                 self.skipped_files.add(p)
                 log.warning("skipped undecodable image %s (%d skipped so far)", p, len(self.skipped_files))
 
-    def load(self, i):
-        """-> (PIL image, label, [skipped paths]) with corrupt-file handling."""
+    def load(self, i, replace_corrupt=True):
+        """-> (PIL image, label, [skipped paths]) with corrupt-file handling.
+
+        With skip_corrupt, an undecodable sample is replaced by the next decodable one
+        (`replace_corrupt`, training: fixed batch shapes) or, with `replace_corrupt=False`
+        (evaluation), returned as (None, label, [path]) for the caller to drop."""
         skipped = []
         for k in range(len(self.samples)):
             path, label = self.samples[(i + k) % len(self.samples)]
             try:
                 with Image.open(path) as im:
-                    return im.convert("RGB"), label, skipped
+                    return to_rgb(im, path), label, skipped
+            except UserError:
+                raise
             except Exception as e:
                 if not self.skip_corrupt:
                     raise UserError(f"cannot decode image {path} ({type(e).__name__}); delete or replace it, "
                                     "or set data.skip_corrupt=true to skip undecodable files") from None
                 skipped.append(path)
+                if not replace_corrupt:
+                    return None, label, skipped
         raise UserError(f"no decodable image among the {len(self.samples)} files of this split")
 
     def __getitem__(self, i):

@@ -33,18 +33,23 @@ def _device_images(dataset, device, size):
 
 
 class _BatchFetcher(torch.utils.data.Dataset):
-    """DataLoader 'dataset' whose items are whole batches: task = (indices, aug_seeds or None)."""
+    """DataLoader 'dataset' whose items are whole batches: task = (indices, aug_seeds or None).
 
-    def __init__(self, dataset, transform):
+    `replace_corrupt` (training): a skipped undecodable image is replaced by the next decodable one,
+    keeping batch shapes; off (evaluation): it is dropped, so nothing is counted twice."""
+
+    def __init__(self, dataset, transform, replace_corrupt=True):
         self.dataset = dataset
         self.transform = transform  # the loader's, not dataset.transform: train vs eval is its choice
+        self.replace_corrupt = replace_corrupt
 
     def __len__(self):
         return len(self.dataset)
 
     def _load(self, i):
-        img, label, skipped = self.dataset.load(int(i))  # raw PIL; ImageFolder handles corrupt files
-        return self.transform(img), label, skipped
+        # raw PIL; ImageFolder handles corrupt files (img is None: dropped, eval only)
+        img, label, skipped = self.dataset.load(int(i), replace_corrupt=self.replace_corrupt)
+        return (self.transform(img) if img is not None else None), label, skipped
 
     def __getitem__(self, task):
         indices, seeds = task
@@ -58,15 +63,19 @@ class _BatchFetcher(torch.utils.data.Dataset):
                     np.random.seed(s & 0xFFFFFFFF)
                     torch.manual_seed(s & ((1 << 63) - 1))
                 img, label, sk = self._load(i)
+                skipped.extend(sk)
+                if img is None:
+                    continue
                 images.append(img)
                 labels.append(label)
-                skipped.extend(sk)
         except UserError as e:  # returned, not raised: a worker would wrap it in a multi-line traceback
             return {"error": str(e)}
         finally:
             random.setstate(py_state)
             np.random.set_state(np_state)
             torch.set_rng_state(torch_state)
+        if not images:  # every image of this eval batch was undecodable
+            return {"images": None, "labels": None, "skipped": skipped}
         return {"images": torch.stack(images), "labels": torch.tensor(labels, dtype=torch.int64), "skipped": skipped}
 
 
@@ -82,6 +91,12 @@ class _Loader:
         self.memory = memory
         self.augment = augment
         self.num_workers = num_workers
+        self.skipped_files = set()  # undecodable files met by this loader's iterations
+
+    @property
+    def skipped(self):
+        """Number of distinct undecodable files skipped by this loader so far (skip_corrupt)."""
+        return len(self.skipped_files)
 
     def _iter_memory(self, tasks):
         images, labels = _device_images(self.dataset, self.device, self.cfg.image_size)
@@ -97,15 +112,20 @@ class _Loader:
             return
         pin = self.device.type == "cuda"
         workers = min(self.num_workers, len(tasks))
-        loader = DataLoader(_BatchFetcher(self.dataset, self.transform), sampler=tasks, batch_size=None, num_workers=workers,
+        fetcher = _BatchFetcher(self.dataset, self.transform, replace_corrupt=self.augment)  # eval drops bad files
+        loader = DataLoader(fetcher, sampler=tasks, batch_size=None, num_workers=workers,
                             pin_memory=pin, persistent_workers=False,
                             prefetch_factor=4 if workers > 0 else None,
                             generator=torch.Generator().manual_seed(0))  # worker base seed: not from the caller's RNG
         for out in loader:
             if "error" in out:
                 raise UserError(out["error"])
-            if out["skipped"] and hasattr(self.dataset, "note_skipped"):
-                self.dataset.note_skipped(out["skipped"])
+            if out["skipped"]:
+                self.skipped_files.update(out["skipped"])
+                if hasattr(self.dataset, "note_skipped"):
+                    self.dataset.note_skipped(out["skipped"])
+            if out["images"] is None:
+                continue
             yield out["images"].to(self.device, non_blocking=pin), out["labels"].to(self.device, non_blocking=pin)
 
     def _iter_tasks(self, tasks):
@@ -144,7 +164,12 @@ class TrainLoader(_Loader):
 
 
 class EvalLoader(_Loader):
-    """Deterministic eval batches: rank r gets dataset indices r::world_size, no padding."""
+    """Deterministic eval batches: rank r gets dataset indices r::world_size, no padding.
+
+    With data.skip_corrupt an undecodable image is dropped, not replaced: batches may be shorter
+    (or absent), the number of evaluated samples is the number of decodable ones, and `skipped`
+    counts the dropped files. (Multi-process `evaluation.predict` re-interleaves shards by position
+    and so assumes nothing was dropped; `evaluation.evaluate`'s sums are exact either way.)"""
 
     def __init__(self, dataset, cfg, *, rank, world_size, device="cpu"):
         tasks = eval_batches(len(dataset), rank=rank, world_size=world_size, batch_size=cfg.eval_batch_size)

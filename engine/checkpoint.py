@@ -1,4 +1,4 @@
-"""Atomic training checkpoints: RUN_DIR/checkpoints/step_<N>/ with a completion marker.
+"""Atomic, checksummed training checkpoints: RUN_DIR/checkpoints/step_<N>/ with a completion marker.
 
 Layout of one checkpoint directory:
     model.safetensors       raw weights (unwrapped state dict, incl. output_head)
@@ -6,35 +6,72 @@ Layout of one checkpoint directory:
     optimizer.pt            optimizer state dict   (torch.save; loaded with weights_only=True)
     scheduler.pt            timm scheduler state dict
     scaler.pt               fp16 grad-scaler state (fp16 only)
-    trainer_state.json      step/epoch counters, loader position, best metric, config fingerprint
+    trainer_state.json      step/epoch counters, loader position, best metric, config fingerprint,
+                            `loss_finite` (False when the loss was non-finite since the last save)
     rng_<rank>.json         every rank's Python/numpy/torch RNG states
-    COMPLETE.json           written last: {file: size}; a directory without it is not a checkpoint
+    COMPLETE.json           written last: {"step", "files": {name: size}, "sha256": {name: hex}};
+                            a directory without it is not a checkpoint
 
 Atomicity: everything is written into `.tmp-step_<N>/`, fsynced, the marker is written last, then
 the directory is renamed to `step_<N>` (one rename on a POSIX filesystem). A kill at any moment
-leaves either the old set of checkpoints or the new one, never a half-written `step_<N>`; a stale
-`.tmp-*` directory is ignored by `find_latest` and removed by the next save.
+leaves either the old set of checkpoints or the new one, never a half-written `step_<N>`.
 
-Fault hook (tests): RESMLP_KILL_DURING_SAVE=<step> SIGKILLs the process in the middle of writing
-that step's checkpoint (after the weights, before the marker).
+Integrity: the marker records every file's size and sha256. `validation_error` checks both (a
+checkpoint written before checksums existed gets a structural check instead: safetensors header,
+torch.load, JSON). `find_latest` walks the checkpoints newest first, skips any invalid one with a
+warning naming it and why, and `resolve_resume("auto")` refuses with one line naming
+`--resume PATH` when checkpoints exist but none is valid.
+
+Write failures: torch.save writes through a Python file object, so a full disk surfaces as the
+OSError(ENOSPC) behind its RuntimeError (torch.save straight to a path reports only "[enforce fail
+at inline_container.cc] unexpected pos", which never mentions space); safetensors reports the OS
+error number in its message. Any OSError while saving removes the temporary files and raises
+`CheckpointWriteError` (a UserError: one line naming the file, the space the checkpoint needs and
+the space free); the previous checkpoints are never touched before the final rename. Entry points
+exit with `CheckpointWriteError.exit_code` (74, EX_IOERR from sysexits.h) for it.
+
+Temporary files: `clean_stale_temp(run_dir)` removes what killed saves leave (`.tmp-*`
+checkpoint directories, `*.tmp<pid>` files such as `model.safetensors.tmp<pid>`), and finishes a
+save that was killed between its marker and its rename. It refuses to run unless this process
+holds the run lock (engine/runlock.py), so another live run's temporary files are never deleted;
+`begin_save` relies on the same lock when it clears older `.tmp-*` directories.
+
+Test hook: the module attribute `_after_file_written` (None in production) is called with the path
+of every checkpoint file once it is written and fsynced; tests set it (in subprocesses through
+tests/fault_launcher.py) to kill the process in the middle of a save.
 """
+import errno
+import hashlib
 import json
 import os
 import re
 import shutil
-import signal
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from common import io as common_io
+from common.io import json_text
 from common.errors import UserError
 
 CHECKPOINT_SUBDIR = "checkpoints"
 MARKER = "COMPLETE.json"
 STATE_FILE = "trainer_state.json"
+LOSS_FINITE_KEY = "loss_finite"  # trainer_state key: False marks a checkpoint saved after a non-finite loss
+EXIT_WRITE_FAILED = 74  # EX_IOERR (sysexits.h): a save failed on an OSError such as a full disk
 _NAME = re.compile(r"^step_(\d+)$")
+_TMP_FILE = re.compile(r"^.+\.tmp\d+$")  # what atomic writes leave behind when killed: NAME.tmp<pid>
+_HASH_CHUNK = 1 << 20
+
+# Test-only hook: called with each checkpoint file's path right after it is written (see docstring).
+_after_file_written = None
+
+
+class CheckpointWriteError(UserError):
+    """A checkpoint or weight file could not be written (disk full, quota, permissions, I/O error).
+    The message is one line; entry points exit with `exit_code`."""
+
+    exit_code = EXIT_WRITE_FAILED
 
 
 def checkpoint_name(step):
@@ -54,33 +91,149 @@ def _fsync_dir(path):
         os.close(fd)
 
 
-def _fsync_file(path):
-    with open(path, "rb+") as f:
-        os.fsync(f.fileno())
+# ----------------------------------------------------------------------------- low-level writes
+def _human(nbytes):
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(nbytes) < 1024 or unit == "TB":
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1024.0
+    return f"{nbytes:.1f} TB"
+
+
+def _free_bytes(path):
+    folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    while folder and not os.path.isdir(folder):
+        folder = os.path.dirname(folder)
+    try:
+        return shutil.disk_usage(folder or ".").free
+    except OSError:
+        return None
+
+
+def _write_error(path, err, needed, previous, what="checkpoint"):
+    """One line for an OSError while writing `path`; `needed` = bytes the whole save needs."""
+    reason = err.strerror or str(err)
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        free = _free_bytes(path)
+        parts = ([f"the save needs about {_human(needed)}"] if needed else []) + \
+                ([f"{_human(free)} free"] if free is not None else [])
+        space = ", ".join(parts) or "no space left"
+        hint = "free some space or set train.output_dir on a larger disk, then resume with --resume auto"
+        msg = f"cannot write {path}: {reason} ({space})"
+    else:
+        hint = "check the folder's permissions and filesystem, then resume with --resume auto"
+        msg = f"cannot write {path}: {reason}"
+    kept = f"the previous {what} {previous} is intact" if previous else f"no earlier {what} was touched"
+    return CheckpointWriteError(f"{msg}; {kept}; {hint}")
+
+
+def _open_for_write(path):
+    """The file object torch.save and JSON writes go through (a seam: tests make it fail like a full disk)."""
+    return open(path, "wb")
+
+
+def _as_os_error(err):
+    """The OSError behind a failed write, or None. torch.save reports a failed write of its file
+    object as RuntimeError('... unexpected pos ...') with the OSError as its context; safetensors
+    as SafetensorError('... (os error 28)')."""
+    seen = err
+    while seen is not None:
+        if isinstance(seen, OSError):
+            return seen
+        seen = seen.__context__
+    match = re.search(r"os error (\d+)", str(err))
+    if match:
+        code = int(match.group(1))
+        return OSError(code, os.strerror(code))
+    return None
+
+
+def _write_safetensors(path, state_dict):
+    # a copy per tensor: safetensors refuses tensors that share storage (tied weights, views)
+    save_file({k: v.detach().to("cpu").contiguous().clone() for k, v in state_dict.items()}, path)
+
+
+def _write_torch(path, obj):
+    with _open_for_write(path) as f:  # a file object, so a failed write surfaces its OSError (see _as_os_error)
+        torch.save(obj, f)
+
+
+def _write_json_file(path, obj):
+    with _open_for_write(path) as f:
+        f.write((json_text(obj, indent=1) + "\n").encode())  # the project's one JSON encoding
+
+
+def _write_file(path, writer, obj):
+    """Create `path` with writer(path, obj), fsynced. On a failed write the partial file is removed
+    and the OSError raised; other errors (bugs) propagate unchanged."""
+    try:
+        writer(path, obj)
+        with open(path, "rb+") as f:
+            os.fsync(f.fileno())
+    except (OSError, RuntimeError, SafetensorError) as err:
+        _remove_quietly(path)
+        os_error = _as_os_error(err)
+        if os_error is None:
+            raise
+        raise os_error from None
+    if _after_file_written is not None:
+        _after_file_written(path)
+
+
+def _remove_quietly(path):
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+def _payload_nbytes(obj):
+    """Rough serialised size of a (nested) state: the bytes of its tensors plus a little overhead."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size() + 64
+    if isinstance(obj, dict):
+        return sum(_payload_nbytes(v) for v in obj.values()) + 16 * len(obj)
+    if isinstance(obj, (list, tuple)):
+        return sum(_payload_nbytes(v) for v in obj) + 8 * len(obj)
+    return 16
+
+
+def _atomic_write(path, writer, obj, previous=None):
+    """`path.tmp<pid>` + fsync + os.replace; on OSError the temp file is removed and a
+    CheckpointWriteError (one line) raised, leaving any previous `path` untouched."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        _write_file(tmp, writer, obj)
+        os.replace(tmp, path)
+    except OSError as err:
+        _remove_quietly(tmp)
+        raise _write_error(path, err, _payload_nbytes(obj), previous, what="file") from None
 
 
 def save_weights(state_dict, path):
-    """Write a state dict as safetensors atomically (tmp file + fsync + os.replace)."""
-    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state_dict.items()}
-    tmp = f"{path}.tmp{os.getpid()}"
-    save_file(tensors, tmp)
-    _fsync_file(tmp)
-    os.replace(tmp, path)
+    """Write a state dict as safetensors atomically (tmp file + fsync + os.replace). A failure
+    raises CheckpointWriteError and leaves the previous file at `path` (if any) intact."""
+    _atomic_write(path, _write_safetensors, state_dict, previous=path if os.path.exists(path) else None)
 
 
 def write_json(obj, path):
-    common_io.write_json(obj, path)
+    """Atomic JSON write (same failure handling as save_weights)."""
+    _atomic_write(path, _write_json_file, obj)
 
 
 # ----------------------------------------------------------------------------- saving
 def begin_save(root, step):
-    """Main process: a fresh temporary directory for the checkpoint of `step`; stale ones removed."""
-    os.makedirs(root, exist_ok=True)
-    for name in os.listdir(root):
-        if name.startswith(".tmp-"):
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-    tmp = os.path.join(root, ".tmp-" + checkpoint_name(step))
-    os.makedirs(tmp)
+    """Main process: a fresh temporary directory for the checkpoint of `step`; stale ones removed
+    (safe because the caller holds the run lock: no other live run writes here)."""
+    try:
+        os.makedirs(root, exist_ok=True)
+        for name in os.listdir(root):
+            if name.startswith(".tmp-"):
+                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+        tmp = tmp_dir_for(root, step)
+        os.makedirs(tmp)
+    except OSError as err:
+        raise _write_error(getattr(err, "filename", None) or root, err, None, latest_complete(root)) from None
     return tmp
 
 
@@ -88,53 +241,168 @@ def tmp_dir_for(root, step):
     return os.path.join(root, ".tmp-" + checkpoint_name(step))
 
 
+def abort_save(tmp):
+    """Remove a temporary checkpoint directory after a failed save (idempotent)."""
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def latest_complete(root):
+    """The newest step_<N> directory of `root` that has a marker (cheap; no verification), or None."""
+    for _, path in reversed(list_checkpoints(root)):
+        if os.path.isfile(os.path.join(path, MARKER)):
+            return path
+    return None
+
+
+def _write_checkpoint_files(tmp, payloads):
+    """Write [(name, writer, obj)] into `tmp`; any OSError aborts the whole save."""
+    root = os.path.dirname(tmp.rstrip(os.sep))
+    needed = sum(_payload_nbytes(obj) for _, _, obj in payloads)
+    for name, writer, obj in payloads:
+        path = os.path.join(tmp, name)
+        try:
+            _write_file(path, writer, obj)
+        except OSError as err:
+            abort_save(tmp)
+            raise _write_error(path, err, needed, latest_complete(root)) from None
+
+
 def write_rank_files(tmp, rank, rng_state):
     """Every rank: its RNG states."""
-    write_json(rng_state, os.path.join(tmp, f"rng_{rank}.json"))
+    _write_checkpoint_files(tmp, [(f"rng_{rank}.json", _write_json_file, rng_state)])
 
 
 def write_main_files(tmp, *, model_state, ema_state, optimizer_state, scheduler_state, scaler_state, trainer_state):
     """Main process: weights, optimizer/scheduler/scaler, counters."""
-    save_weights(model_state, os.path.join(tmp, "model.safetensors"))
-    if os.environ.get("RESMLP_KILL_DURING_SAVE") == str(trainer_state["step"]):
-        os.kill(os.getpid(), signal.SIGKILL)  # fault injection: die mid-save
+    payloads = [("model.safetensors", _write_safetensors, model_state)]
     if ema_state is not None:
-        save_weights(ema_state, os.path.join(tmp, "ema.safetensors"))
-    for name, obj in (("optimizer.pt", optimizer_state), ("scheduler.pt", scheduler_state), ("scaler.pt", scaler_state)):
+        payloads.append(("ema.safetensors", _write_safetensors, ema_state))
+    for name, obj in (("optimizer.pt", optimizer_state), ("scheduler.pt", scheduler_state),
+                      ("scaler.pt", scaler_state)):
         if obj is not None:
-            torch.save(obj, os.path.join(tmp, name))
-            _fsync_file(os.path.join(tmp, name))
-    write_json(trainer_state, os.path.join(tmp, STATE_FILE))
+            payloads.append((name, _write_torch, obj))
+    payloads.append((STATE_FILE, _write_json_file, trainer_state))
+    _write_checkpoint_files(tmp, payloads)
+
+
+def file_sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(_HASH_CHUNK), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def commit_save(root, step):
-    """Main process, after every rank wrote its files: marker, then the atomic rename."""
+    """Main process, after every rank wrote its files: marker (sizes + sha256), then the atomic rename."""
     tmp = tmp_dir_for(root, step)
-    sizes = {n: os.path.getsize(os.path.join(tmp, n)) for n in sorted(os.listdir(tmp))}
-    write_json({"step": step, "files": sizes}, os.path.join(tmp, MARKER))
-    _fsync_dir(tmp)
+    previous = latest_complete(root)
     final = os.path.join(root, checkpoint_name(step))
-    if os.path.exists(final):  # re-saving a step after a resume: move the old one out of the way
-        old = os.path.join(root, ".tmp-old-" + checkpoint_name(step))
-        os.rename(final, old)
-        os.rename(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(tmp, final)
-    _fsync_dir(root)
+    old = os.path.join(root, ".tmp-old-" + checkpoint_name(step))
+    try:
+        names = sorted(os.listdir(tmp))
+        sizes = {n: os.path.getsize(os.path.join(tmp, n)) for n in names}
+        hashes = {n: file_sha256(os.path.join(tmp, n)) for n in names}
+        _write_file(os.path.join(tmp, MARKER), _write_json_file, {"step": step, "files": sizes, "sha256": hashes})
+        _fsync_dir(tmp)
+        if os.path.exists(final):  # re-saving a step after a resume: move the old one out of the way
+            os.rename(final, old)
+            os.rename(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, final)
+        _fsync_dir(root)
+    except OSError as err:
+        abort_save(tmp)
+        if os.path.isdir(old) and not os.path.exists(final):  # put the re-saved step's old copy back
+            os.rename(old, final)
+        raise _write_error(getattr(err, "filename", None) or tmp, err, 4096, previous) from None
     return final
 
 
-def prune(root, keep_last, keep_steps=()):
-    """Delete complete checkpoints except the newest `keep_last` and those in `keep_steps` (best)."""
+def read_state_quietly(path):
+    try:
+        with open(os.path.join(path, STATE_FILE)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def prune(root, keep_last, keep_steps=(), protect_last_finite=True):
+    """Delete complete checkpoints except the newest `keep_last`, those in `keep_steps` (best) and,
+    with `protect_last_finite`, the newest one whose trainer state does not say `loss_finite: false`
+    (so a run that diverged keeps a checkpoint to go back to). Incomplete ones older than the newest
+    complete one are deleted too. Sizes only (no hashing): this runs after every save."""
     found = list_checkpoints(root)
-    valid = [s for s, p in found if validation_error(p) is None]
+    valid = [s for s, p in found if validation_error(p, verify=False) is None]
     keep = set(valid[-keep_last:]) | {s for s in keep_steps if s is not None}
+    if protect_last_finite:
+        paths = dict(found)
+        finite = [s for s in valid if read_state_quietly(paths[s]).get(LOSS_FINITE_KEY, True) is not False]
+        if finite:
+            keep.add(finite[-1])
     newest = valid[-1] if valid else -1
     for s, path in found:
-        # complete ones beyond the last K (not the best), and incomplete ones older than the newest
+        # complete ones beyond the last K (not kept), and incomplete ones older than the newest
         if (s in valid and s not in keep) or (s not in valid and s < newest):
             shutil.rmtree(path, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- stale temporary files
+def _recover_or_remove(root, name, say):
+    """A `.tmp-step_N` (killed between marker and rename) or `.tmp-old-step_N` (killed between the
+    two renames of a re-save) that is complete while step_N is missing becomes step_N again."""
+    path = os.path.join(root, name)
+    base = name[len(".tmp-old-"):] if name.startswith(".tmp-old-") else name[len(".tmp-"):]
+    final = os.path.join(root, base)
+    if _NAME.match(base) and not os.path.exists(final) and validation_error(path) is None:
+        os.rename(path, final)
+        say(f"recovered checkpoint {final} (its save was interrupted just before the final rename)")
+        return None
+    shutil.rmtree(path, ignore_errors=True)
+    return path
+
+
+def clean_stale_temp(run_dir, warn=print, require_lock=True):
+    """Remove what interrupted saves left in `run_dir` and its checkpoints folder: `.tmp-*`
+    directories and `NAME.tmp<pid>` files (e.g. `model.safetensors.tmp<pid>`). Returns the removed
+    paths (one warning line summarises them).
+
+    `require_lock`: refuse (RuntimeError, a programming error) unless this process holds the run
+    lock (engine/runlock.py), so another live run's temporary files are never deleted."""
+    if require_lock:
+        from engine.runlock import held_by_this_process
+
+        if not held_by_this_process(run_dir):
+            raise RuntimeError(f"clean_stale_temp({run_dir!r}) needs this process to hold the run lock")
+    removed = []
+    root = os.path.join(run_dir, CHECKPOINT_SUBDIR)
+    for folder in (run_dir, root):
+        if not os.path.isdir(folder):
+            continue
+        for name in sorted(os.listdir(folder)):
+            path = os.path.join(folder, name)
+            if folder == root and name.startswith(".tmp-") and os.path.isdir(path):
+                gone = _recover_or_remove(root, name, warn)
+                if gone:
+                    removed.append(gone)
+            elif _TMP_FILE.match(name) and os.path.isfile(path):
+                _remove_quietly(path)
+                removed.append(path)
+    if removed:
+        warn(f"removed {len(removed)} temporary file(s) left by an interrupted run: "
+             + ", ".join(os.path.relpath(p, run_dir) for p in removed[:5]) + (" ..." if len(removed) > 5 else ""))
+    return removed
+
+
+RUN_ARTEFACTS = ("model.safetensors", "model_ema.safetensors", "summary.json", "metrics.jsonl", "epochs.csv",
+                 CHECKPOINT_SUBDIR)
+
+
+def run_artefacts(run_dir):
+    """Names of the training artefacts present in `run_dir` (weights, logs, summary, checkpoints/),
+    for a 'this directory holds a run' refusal before a destructive fresh start."""
+    return [n for n in RUN_ARTEFACTS if os.path.exists(os.path.join(run_dir, n))]
 
 
 # ----------------------------------------------------------------------------- finding / validating
@@ -150,15 +418,46 @@ def list_checkpoints(root):
     return sorted(out)
 
 
-def validation_error(path):
-    """None when `path` is a complete checkpoint, else why not (one line)."""
+def _first_line(err):
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _structural_error(path, name):
+    """Legacy checkpoints (no checksums): does the file at least parse?"""
+    p = os.path.join(path, name)
+    try:
+        if name.endswith(".safetensors"):
+            with safe_open(p, framework="pt") as f:
+                for key in f.keys():
+                    f.get_slice(key)
+        elif name.endswith(".pt"):
+            torch.load(p, map_location="cpu", weights_only=True)
+        elif name.endswith(".json"):
+            with open(p) as f:
+                json.load(f)
+    except Exception as err:  # noqa: BLE001 - any parse failure means a damaged file
+        return f"checkpoint file {p} is unreadable ({_first_line(err)})"
+    return None
+
+
+def validation_error(path, verify=True):
+    """None when `path` is a complete, intact checkpoint, else why not (one line).
+
+    Always: the marker exists and parses, every listed file exists with its recorded size.
+    `verify`: every file's sha256 matches the marker (checkpoints from before checksums get a
+    structural parse instead). `verify=False` is the cheap check used when pruning."""
     marker = os.path.join(path, MARKER)
     if not os.path.isfile(marker):
         return f"checkpoint {path} is incomplete (no {MARKER}: the save was interrupted)"
     try:
         with open(marker) as f:
-            files = json.load(f)["files"]
-    except (OSError, ValueError, KeyError):
+            meta = json.load(f)
+        files = meta["files"]
+        hashes = meta.get("sha256")
+        if not isinstance(files, dict) or not (hashes is None or isinstance(hashes, dict)):
+            raise ValueError("malformed")
+    except (OSError, ValueError, KeyError, TypeError):
         return f"checkpoint {path} has a corrupt {MARKER}"
     for name, size in files.items():
         p = os.path.join(path, name)
@@ -166,26 +465,64 @@ def validation_error(path):
             return f"checkpoint {path} is missing {name}"
         if os.path.getsize(p) != size:
             return f"checkpoint file {p} is truncated or corrupt ({os.path.getsize(p)} bytes, expected {size})"
+    if not verify:
+        return None
+    if STATE_FILE not in files:
+        return f"checkpoint {path} is missing {STATE_FILE}"
+    for name in files:
+        if hashes is not None:
+            expected = hashes.get(name)
+            if expected is None:
+                return f"checkpoint {path} has no checksum for {name}"
+            if file_sha256(os.path.join(path, name)) != expected:
+                return (f"checkpoint file {os.path.join(path, name)} is corrupt (its sha256 differs from the one "
+                        "recorded when it was saved)")
+        else:
+            err = _structural_error(path, name)
+            if err:
+                return err
     return None
 
 
-def find_latest(run_dir, warn=print):
-    """The newest valid checkpoint of a run (partial or truncated ones are skipped), or None."""
+def find_latest(run_dir, warn=print, verify=True):
+    """The newest valid checkpoint of a run, or None. Invalid ones (interrupted, truncated,
+    corrupted after the save) are skipped with a warning naming each and why."""
     for step, path in reversed(list_checkpoints(os.path.join(run_dir, CHECKPOINT_SUBDIR))):
-        err = validation_error(path)
+        err = validation_error(path, verify=verify)
         if err is None:
             return path
-        warn(f"skipping {err}")
+        warn(f"warning: skipping {err}")
+    return None
+
+
+def newest_verified_checkpoint(run_dir, require_finite_loss=True):
+    """The newest checkpoint that passes full verification (and, with `require_finite_loss`, was not
+    saved after a non-finite loss), or None: what a non-finite-loss error should name as kept."""
+    for _, path in reversed(list_checkpoints(os.path.join(run_dir, CHECKPOINT_SUBDIR))):
+        if validation_error(path) is not None:
+            continue
+        if require_finite_loss and read_state_quietly(path).get(LOSS_FINITE_KEY, True) is False:
+            continue
+        return path
     return None
 
 
 def resolve_resume(resume, run_dir, warn=print):
-    """`--resume auto` -> latest valid checkpoint of run_dir or None; `--resume PATH` -> PATH
-    (a checkpoint directory, or a run directory / checkpoints folder meaning its latest)."""
+    """`--resume auto` -> newest valid checkpoint of run_dir, None when the run has no checkpoint
+    at all, UserError (one line naming --resume PATH) when it has some but none is valid;
+    `--resume PATH` -> PATH (a checkpoint directory, or a run directory / checkpoints folder
+    meaning its newest valid one)."""
     if resume is None:
         return None
     if resume == "auto":
-        return find_latest(run_dir, warn)
+        found = find_latest(run_dir, warn)
+        existing = list_checkpoints(os.path.join(run_dir, CHECKPOINT_SUBDIR))
+        if found is None and existing:
+            raise UserError(
+                f"--resume auto: none of the {len(existing)} checkpoint(s) in "
+                f"{os.path.join(run_dir, CHECKPOINT_SUBDIR)} is valid (see the warnings above); pass "
+                f"--resume PATH with a checkpoint you trust, or --overwrite to start over")
+        return found
     path = resume
     if not os.path.exists(path):
         raise UserError(f"--resume {path}: no such checkpoint")
@@ -216,7 +553,7 @@ def load_weights(path):
     try:
         return load_file(path)
     except (SafetensorError, OSError, ValueError, RuntimeError) as err:
-        raise UserError(f"weights file {path} is truncated or corrupt: {str(err).splitlines()[0]}") from None
+        raise UserError(f"weights file {path} is truncated or corrupt: {_first_line(err)}") from None
 
 
 def load_torch(path):
@@ -225,7 +562,7 @@ def load_torch(path):
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - any unpickling failure means a damaged file
-        raise UserError(f"checkpoint file {path} is truncated or corrupt: {str(err).splitlines()[0]}") from None
+        raise UserError(f"checkpoint file {path} is truncated or corrupt: {_first_line(err)}") from None
 
 
 def load_rng(path, rank):

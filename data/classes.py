@@ -1,0 +1,91 @@
+"""Class names of a dataset, stored with a run and checked when the run's model is evaluated.
+
+A model's output j means the class its training data called j. Evaluating it on a folder whose
+class folders differ (but count the same) maps labels silently, so a run stores its class names
+(RUN_DIR/classes.json, written by training) and evaluation compares them with the dataset's:
+a mismatch is one line naming the first differences and `--allow-class-mismatch`.
+
+Names: ImageFolder -> the sorted train/ folder names; CIFAR-10/100 -> the archives' label names;
+builtin10/100 -> the shape names (builtin100: shape_hue<k>).
+"""
+import json
+import os
+
+from common.errors import UserError
+
+from . import builtin, cifar, imagefolder
+from .names import DATASET_NAMES
+
+CLASSES_FILE = "classes.json"
+ALLOW_FLAG = "--allow-class-mismatch"
+_BUILTIN = {"builtin10": 10, "builtin100": 100}
+
+
+def class_names(data_cfg):
+    """Label index -> class name for `data_cfg.dataset` (scans ROOT/train for imagefolder)."""
+    if data_cfg.dataset in _BUILTIN:
+        return builtin.class_names(_BUILTIN[data_cfg.dataset])
+    if data_cfg.dataset in cifar.CLASS_NAMES:
+        return list(cifar.CLASS_NAMES[data_cfg.dataset])
+    if data_cfg.dataset == "imagefolder":
+        return imagefolder.find_classes(data_cfg.root)
+    raise UserError(f"unknown data.dataset '{data_cfg.dataset}'; valid: {', '.join(DATASET_NAMES)}")
+
+
+def save_class_names(run_dir, names):
+    """Write RUN_DIR/classes.json ({"classes": [...]}) atomically."""
+    from common.io import atomic_write_text
+
+    atomic_write_text(os.path.join(run_dir, CLASSES_FILE), json.dumps({"classes": list(names)}, indent=1))
+
+
+def load_class_names(run_dir):
+    """The class names a run stored, or None when it stored none (runs from before classes.json)."""
+    path = os.path.join(run_dir, CLASSES_FILE)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            names = json.load(f)["classes"]
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise ValueError("not a list of names")
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise UserError(f"{path} is unreadable ({err}); restore it or delete it to skip the class check") from None
+    return names
+
+
+def _short(name, limit=40):
+    return name if len(name) <= limit else name[:limit - 3] + "..."
+
+
+def class_mismatch(run_names, data_names):
+    """None when the lists are equal, else a short description of how they differ."""
+    run_names, data_names = list(run_names), list(data_names)
+    if run_names == data_names:
+        return None
+    parts = []
+    if len(run_names) != len(data_names):
+        parts.append(f"{len(run_names)} classes in the run, {len(data_names)} in the data")
+    diffs = [(i, a, b) for i, (a, b) in enumerate(zip(run_names, data_names)) if a != b]
+    if diffs:
+        shown = "; ".join(f"label {i}: {_short(a)!r} (run) vs {_short(b)!r} (data)" for i, a, b in diffs[:3])
+        more = f" and {len(diffs) - 3} more" if len(diffs) > 3 else ""
+        parts.append(f"{len(diffs)} label(s) named differently ({shown}{more})")
+    return ", ".join(parts)
+
+
+def check_class_names(run_names, data_names, *, allow_mismatch=False, run_dir="the run", warn=print):
+    """Raise a one-line UserError when the run's class names differ from the dataset's, unless
+    `allow_mismatch` (then warn). `run_names=None` (the run stored none): a warning, no check.
+    Returns True when the names were checked and equal."""
+    if run_names is None:
+        warn(f"warning: {run_dir} stores no class names ({CLASSES_FILE}); labels are matched by index only")
+        return False
+    diff = class_mismatch(run_names, data_names)
+    if diff is None:
+        return True
+    if allow_mismatch:
+        warn(f"warning: class names differ from {run_dir}'s ({diff}); evaluating anyway ({ALLOW_FLAG})")
+        return False
+    raise UserError(f"the dataset's classes do not match the ones {run_dir} was trained on: {diff}; evaluate on "
+                    f"the same classes, or pass {ALLOW_FLAG} if the labels really correspond")
