@@ -3,34 +3,31 @@
 Touvron et al. 2021, arXiv:2105.03404. For image patches X (N patches × d channels) each
 residual block computes (paper, Eq. 1-2)
 
-    Z = X + Aff( (A · Aff(X)ᵀ)ᵀ )                 # cross-patch:   A ∈ R^{N×N}, shared by channels
-    Y = Z + Aff( C · GELU(B · Aff(Z)) )           # cross-channel: B ∈ R^{4d×d}, C ∈ R^{d×4d}
+    Z = X + LS1 ⊙ (A · Aff1(X) + a)                  # cross-patch:   A ∈ R^{N×N}, shared by channels
+    Y = Z + LS2 ⊙ (C · GELU(B · Aff2(Z) + b) + c)    # cross-channel: B ∈ R^{4d×d}, C ∈ R^{d×4d}
 
-with Aff(x) = α ⊙ x + β per channel. The outer Aff of each branch is the LayerScale vector
-(ls1, ls2; CaiT, arXiv:2103.17239), initialised by depth: 0.1 up to 18 blocks, 1e-5 up to 24,
-1e-6 beyond. `norm="layernorm"` is the paper's LayerNorm baseline, `norm="batchnorm"` a
-BatchNorm over the channels of the (B, N, d) tokens.
+with Aff(x) = α ⊙ x + β per channel, and ResMLPBlock.forward writes exactly that, as DeiT's
+resmlp_models.py does. LS1, LS2 are the LayerScale vectors (CaiT, arXiv:2103.17239), initialised
+by depth: 0.1 up to 18 blocks, 1e-5 up to 24, 1e-6 beyond. `norm="layernorm"` is the paper's
+LayerNorm baseline, `norm="batchnorm"` a BatchNorm over the channels of the (B, N, d) tokens.
 
-Efficiency. `ResMLPBlock.forward_reference` is the equation above, literally. The default path
-(`ResMLPBlock.forward_folded`, for the Affine model) computes exactly the same function with fewer
-passes over the activations: the cross-patch linear map is one batched matmul over the patch axis
-(A @ X for X of shape (B, N, d): no transposed copies), and every Affine and LayerScale is folded
-into the adjacent matmul's weights and biases. The folded weights are recomputed from the
-parameters at every call (they are tiny next to the activations), so training is unchanged and
-autograd still delivers gradients to α, β and the LayerScales.
+The variants are timm models: importing this module registers them, so
+`timm.create_model("resmlp_s12", num_classes=10)` builds one, and
+`timm.create_model("resmlp_s12", pretrained=True, pretrained_cfg_overlay=dict(file=PATH))` loads
+local weights in this project's, timm's or the original FB/DeiT format (models/convert.py).
 """
 from __future__ import annotations
-
-import contextlib
-
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from timm.layers import DropPath, trunc_normal_
-from timm.models import register_model
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.layers import DropPath, Mlp, trunc_normal_
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
 from common.errors import UserError
+
+from .convert import load_pretrained
 
 NORMS = ("affine", "layernorm", "batchnorm")
 
@@ -73,106 +70,6 @@ def make_norm(norm: str, dim: int) -> nn.Module:
     raise UserError(f"unknown norm '{norm}'; valid norms: {', '.join(NORMS)}")
 
 
-class Mlp(nn.Module):
-    """Cross-channel MLP: Linear(d, 4d) → GELU → Linear(4d, d)."""
-
-    def __init__(self, dim: int, hidden: int):
-        super().__init__()
-        self.fc1 = nn.Linear(dim, hidden)
-        self.act = nn.GELU()
-        self.fc2 = nn.Linear(hidden, dim)
-
-    def forward(self, x):
-        return self.fc2(self.act(self.fc1(x)))
-
-
-def _autocast_off(device_type: str):
-    """Disable autocast where it is on (folding tiny weights in fp32 adds no rounding)."""
-    if device_type in ("cpu", "cuda", "xpu", "mps") and torch.is_autocast_enabled(device_type):
-        return torch.autocast(device_type=device_type, enabled=False)
-    return contextlib.nullcontext()
-
-
-def _sample_mask(x, rate: float):
-    """Per-sample stochastic-depth multiplier (B, 1, 1): 0 or 1/keep."""
-    keep = 1.0 - rate
-    return x.new_empty(x.shape[0], 1, 1, dtype=torch.float32).bernoulli_(keep).div_(keep)
-
-
-def _compute_dtype(x):
-    """The dtype autocast would run a matmul on x in (x's own dtype when autocast is off)."""
-    dev = x.device.type
-    if dev in ("cpu", "cuda", "xpu", "mps") and torch.is_autocast_enabled(dev):
-        return torch.get_autocast_dtype(dev)
-    return x.dtype
-
-
-class FoldedCrossPatch(torch.autograd.Function):
-    """Z = X + s ⊙ (A @ X) + C for X (B, N, d), A (N, N), s (d,), C (N, d): the folded cross-patch
-    residual branch, with a hand-written backward that needs fewer passes over the activations.
-
-    With G = ∂L/∂Z and U = Aᵀ @ G (one batched matmul):
-        ∂L/∂X = G + s ⊙ U            (one fused addcmul; autograd would add a cast and an add)
-        ∂L/∂s = Σ_{b,n} X ⊙ U        (since Σ G ⊙ (A@X) = Σ (AᵀG) ⊙ X: reuses U)
-        ∂L/∂A = Σ_b G_b (X_b ⊙ s)ᵀ,   ∂L/∂C = Σ_b G_b
-    Matmuls run in autocast's dtype when autocast is on (as an autocast bmm would); the residual
-    stream X, Z stays in its own dtype (fp32), exactly as in the reference computation.
-    """
-
-    @staticmethod
-    def forward(ctx, x, A, s, C, cdt):
-        B, N, _ = x.shape
-        xc = x.to(cdt)
-        Ax = torch.bmm(A.to(cdt).expand(B, N, N), xc)
-        ctx.save_for_backward(xc, A, s)
-        return torch.addcmul(x + C, Ax, s)
-
-    @staticmethod
-    def backward(ctx, g):
-        xc, A, s = ctx.saved_tensors
-        B, N, _ = xc.shape
-        gc = g.to(xc.dtype)
-        U = torch.bmm(A.to(xc.dtype).t().expand(B, N, N), gc)                       # Aᵀ G
-        gx = torch.addcmul(g, U, s.to(g.dtype)) if ctx.needs_input_grad[0] else None
-        gs = (xc * U).sum((0, 1), dtype=torch.float32).to(s.dtype) if ctx.needs_input_grad[2] else None
-        gA = None
-        if ctx.needs_input_grad[1]:
-            xs = xc * s.to(xc.dtype)
-            gA = torch.bmm(gc, xs.transpose(1, 2)).sum(0, dtype=torch.float32).to(A.dtype)
-        gC = g.sum(0) if ctx.needs_input_grad[3] else None
-        return gx, gA, gs, gC, None
-
-
-class FoldedChannelMLP(torch.autograd.Function):
-    """Y = Z + GELU(Z @ W1ᵀ + b1) @ W2ᵀ: the folded cross-channel residual branch.
-
-    Same math as autograd would run, but in mixed precision the gradient reaching Z through the
-    MLP is added to the residual gradient in one mixed-dtype pass (autograd: cast, then add).
-    """
-
-    @staticmethod
-    def forward(ctx, z, W1, b1, W2, cdt):
-        zc = z.to(cdt)
-        W1c, W2c = W1.to(cdt), W2.to(cdt)
-        h0 = torch.addmm(b1.to(cdt), zc.flatten(0, 1), W1c.t())
-        h = F.gelu(h0)
-        ctx.save_for_backward(zc, h0, h, W1c, W2c)
-        ctx.dtypes = (W1.dtype, b1.dtype, W2.dtype)
-        return z + torch.mm(h, W2c.t()).view(z.shape)
-
-    @staticmethod
-    def backward(ctx, g):
-        zc, h0, h, W1c, W2c = ctx.saved_tensors
-        dt_W1, dt_b1, dt_W2 = ctx.dtypes
-        gc = g.to(zc.dtype).flatten(0, 1)
-        gW2 = torch.mm(gc.t(), h).to(dt_W2)
-        dh0 = torch.ops.aten.gelu_backward(torch.mm(gc, W2c), h0)
-        gb1 = dh0.sum(0, dtype=torch.float32).to(dt_b1)
-        gW1 = torch.mm(dh0.t(), zc.flatten(0, 1)).to(dt_W1)
-        gz = torch.add(g, torch.mm(dh0, W1c).view(g.shape))  # one mixed-dtype pass
-        return gz, gW1, gb1, gW2, None
-
-
 class ResMLPBlock(nn.Module):
     """One ResMLP block (paper Eq. 1-2); see the module docstring."""
 
@@ -182,77 +79,22 @@ class ResMLPBlock(nn.Module):
         self.cross_patch = nn.Linear(num_patches, num_patches)  # A (N×N) and its bias, over patches
         self.ls1 = nn.Parameter(torch.full((dim,), float(init_values)))
         self.norm2 = make_norm(norm, dim)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio))
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU)  # C · GELU(B · z + b) + c
         self.ls2 = nn.Parameter(torch.full((dim,), float(init_values)))
-        self.drop_path_rate = float(drop_path)
+        # Stochastic depth (timm's DropPath): a fresh per-sample mask for each branch.
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-        self.fold_affine = True  # False → forward_reference (the same function, unfolded)
-
-    def forward(self, x):
-        if self.fold_affine and isinstance(self.norm1, Affine):
-            return self.forward_folded(x)
-        return self.forward_reference(x)
 
     def mix_patches(self, y):
-        """A · y over the patch axis for y (B, N, d): one batched matmul, bias per patch row."""
+        """A · y + a over the patch axis for y (B, N, d): one batched matmul on the (B, N, d)
+        layout, where nn.Linear would need y transposed to (B, d, N) and back."""
         B, N, _ = y.shape
         w, b = self.cross_patch.weight, self.cross_patch.bias
         return torch.baddbmm(b.to(y.dtype)[:, None], w.to(y.dtype).expand(B, N, N), y)
 
-    def forward_reference(self, x):
-        """The paper's equations, one operation per symbol."""
-        x = x + self.drop_path(self.ls1 * self.mix_patches(self.norm1(x)))  # Z = X + Aff((A Aff(X)ᵀ)ᵀ)
-        x = x + self.drop_path(self.ls2 * self.mlp(self.norm2(x)))          # Y = Z + Aff(C GELU(B Aff(Z)))
+    def forward(self, x):
+        x = x + self.drop_path(self.ls1 * self.mix_patches(self.norm1(x)))  # Z = X + LS1·(A·Aff1(X) + a)
+        x = x + self.drop_path(self.ls2 * self.mlp(self.norm2(x)))          # Y = Z + LS2·MLP(Aff2(Z))
         return x
-
-    def forward_folded(self, x):
-        """Exactly forward_reference for Affine norms, with every Aff/LayerScale folded away.
-
-        Cross-patch branch, with Aff1(x) = α1⊙x + β1 and ls1:
-            ls1 ⊙ (A @ (α1⊙x + β1) + a) = s1 ⊙ (A @ x) + C1,
-            s1 = ls1⊙α1 (d,),   C1 = ls1 ⊙ (rowsum(A) ⊗ β1 + a ⊗ 1) (N×d, batch-independent)
-        so Z = addcmul(x + C1, A @ x, s1): one matmul and one fused elementwise pass
-        (FoldedCrossPatch, whose backward also reuses Aᵀ@G for the gradients of x and s1).
-
-        Cross-channel branch, with Aff2(z) = α2⊙z + β2:
-            fc1(α2⊙z + β2) = z @ (W1·diag(α2))ᵀ + (W1 β2 + b1)
-            ls2 ⊙ fc2(h)   = h @ (diag(ls2)·W2)ᵀ + ls2⊙b2
-        Without drop path, fc2's folded bias ls2⊙b2 is added early, inside Z's pass (which is
-        free: C1 is broadcast anyway), and subtracted again inside fc1's bias, so the second
-        residual add needs no separate bias pass: Y = Z' + h @ W2sᵀ with Z' = Z + ls2⊙b2.
-        """
-        B, N, D = x.shape
-        a1, be1 = self.norm1.alpha, self.norm1.beta
-        a2, be2 = self.norm2.alpha, self.norm2.beta
-        A, a = self.cross_patch.weight, self.cross_patch.bias
-        W1, b1 = self.mlp.fc1.weight, self.mlp.fc1.bias
-        W2, b2 = self.mlp.fc2.weight, self.mlp.fc2.bias
-
-        # Folded weights: O(N² + d²) work, negligible next to the O(B·N·d) activations; kept in
-        # fp32 (autocast off) so the folding itself adds no rounding, autocast casts them at use.
-        with _autocast_off(x.device.type):
-            s1 = self.ls1 * a1                                                  # (d,)
-            C1 = self.ls1 * torch.addcmul(a[:, None], A.sum(1)[:, None], be1)   # (N, d)
-            W1f = W1 * a2                                                       # W1·diag(α2)
-            W2f = W2 * self.ls2[:, None]                                        # diag(ls2)·W2
-            b2f = self.ls2 * b2                                                 # ls2⊙b2
-            if self.training and self.drop_path_rate > 0:
-                b1f = torch.addmv(b1, W1, be2)                                  # W1β2 + b1
-            else:
-                b1f = torch.addmv(b1, W1, be2 - a2 * b2f)                       # … − W1(α2⊙ls2⊙b2)
-                C1 = C1 + b2f                                                   # Z' = Z + ls2⊙b2
-
-        if self.training and self.drop_path_rate > 0:
-            Ax = torch.bmm(A.to(x.dtype).expand(B, N, N), x)  # A @ X over patches, no transposes
-            # Stochastic depth: each branch is scaled per sample by m ∈ {0, 1/keep}; the scale
-            # rides on the small operands (C1, s1, and fc2's output) so no extra pass is needed.
-            m1, m2 = _sample_mask(x, self.drop_path_rate), _sample_mask(x, self.drop_path_rate)
-            z = torch.addcmul(torch.addcmul(x, m1, C1), Ax, s1 * m1)          # Z = X + m1⊙(…)
-            h = F.gelu(F.linear(z, W1f, b1f))
-            return torch.addcmul(z, F.linear(h, W2f, b2f), m2)                # Y = Z + m2⊙(…)
-        z = FoldedCrossPatch.apply(x, A, s1, C1, _compute_dtype(x))  # Z' = X + s1⊙(A@X) + C1 (+ ls2⊙b2)
-        # Y = Z + ls2⊙(C·GELU(B·Aff(Z)) + c), Aff folded into B, ls2 into C (c rides in Z')
-        return FoldedChannelMLP.apply(z, W1f, b1f, W2f, _compute_dtype(z))
 
 
 class ResMLP(nn.Module):
@@ -265,7 +107,7 @@ class ResMLP(nn.Module):
 
     def __init__(self, img_size=224, patch_size=16, in_chans=3, num_classes=1000, embed_dim=384,
                  depth=12, mlp_ratio=4.0, norm="affine", init_values=None, drop_rate=0.0,
-                 drop_path_rate=0.0, global_pool="avg", fold_affine=True):
+                 drop_path_rate=0.0, global_pool="avg"):
         super().__init__()
         if norm not in NORMS:
             raise UserError(f"unknown norm '{norm}'; valid norms: {', '.join(NORMS)}")
@@ -293,7 +135,6 @@ class ResMLP(nn.Module):
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self.apply(self._init_weights)
-        self.set_fold_affine(fold_affine)
 
     @staticmethod
     def _init_weights(m):
@@ -302,12 +143,6 @@ class ResMLP(nn.Module):
             trunc_normal_(m.weight, std=0.02)
             if m.bias is not None:
                 nn.init.zeros_(m.bias)
-
-    def set_fold_affine(self, enabled: bool = True):
-        """Switch every block between the folded (fast) and the literal reference computation."""
-        for blk in self.blocks:
-            blk.fold_affine = bool(enabled)
-        return self
 
     # --- timm interface -------------------------------------------------------------------
     def get_classifier(self):
@@ -340,12 +175,9 @@ class ResMLP(nn.Module):
         w, b = self.stem.proj.weight, self.stem.proj.bias
         return F.linear(patches, w.reshape(w.shape[0], -1), b)
 
-    def forward_blocks(self, x):
-        return self.blocks(self.patch_embed(x))
-
     def forward_features(self, x):
         """Images (B, C, H, W) → normalised patch features (B, N, d)."""
-        return self.norm(self.forward_blocks(x))
+        return self.norm(self.blocks(self.patch_embed(x)))
 
     def forward_head(self, x, pre_logits: bool = False):
         if self.global_pool == "avg":
@@ -354,14 +186,12 @@ class ResMLP(nn.Module):
         return x if pre_logits else self.head(x)
 
     def forward(self, x):
-        x = self.forward_blocks(x)
-        if self.global_pool == "avg" and isinstance(self.norm, Affine):
-            # mean_N(α⊙x + β) = α⊙mean_N(x) + β: apply the final Aff after pooling (exact).
-            return self.forward_head(self.norm(x.mean(dim=1, keepdim=True)))
-        return self.forward_head(self.norm(x))
+        return self.forward_head(self.forward_features(x))
 
 
-# --- named variants ---------------------------------------------------------------------------
+# --- named variants, registered with timm ------------------------------------------------------
+# The one table of variants: MODEL_NAMES, the pretrained configs and the constructors below all
+# follow it (tests/test_model.py checks that every name here is registered, and nothing else).
 VARIANTS = {
     "resmlp_tiny": dict(img_size=32, patch_size=4, embed_dim=128, depth=4),
     "resmlp_cifar_s12": dict(img_size=32, patch_size=4, embed_dim=384, depth=12),
@@ -375,27 +205,77 @@ VARIANTS = {
 MODEL_NAMES = tuple(VARIANTS)
 
 
-def create_resmlp(name: str, **kwargs) -> ResMLP:
-    """Build a named variant; keyword arguments override its defaults (e.g. num_classes, norm)."""
+def _pretrained_cfg(img_size: int) -> dict:
+    """timm's pretrained config: no bundled weights (no url), a local `file` may be overlaid."""
+    return dict(url="", num_classes=1000, input_size=(3, img_size, img_size), fixed_input_size=True,
+                crop_pct=0.875 if img_size >= 224 else 1.0, interpolation="bicubic",
+                mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD, first_conv="stem.proj",
+                classifier="head", paper_ids="arXiv:2105.03404")
+
+
+# timm's register_model reads the module-level `default_cfgs` when each constructor is registered.
+default_cfgs = generate_default_cfgs({name: _pretrained_cfg(arch["img_size"]) for name, arch in VARIANTS.items()})
+
+
+def create_resmlp(name: str, pretrained: bool = False, **kwargs) -> ResMLP:
+    """Build a named variant, as timm.create_model(name, ...) does; keyword arguments override its
+    defaults (e.g. num_classes, norm; None keeps the default). With pretrained=True the weights
+    come from the file named by `pretrained_cfg_overlay=dict(file=PATH)` (or a `pretrained_cfg`
+    with a `file`), in any format models/convert.py reads; no weights are bundled."""
     if name not in VARIANTS:
         raise UserError(f"unknown model '{name}'; valid names: {', '.join(MODEL_NAMES)}")
-    kwargs = {k: v for k, v in kwargs.items() if v is not None}  # None: the variant's default
-    if kwargs.pop("pretrained", False):
-        raise UserError(f"no pretrained weights are bundled for '{name}'; load them with "
-                        "models.convert.load_pretrained(model, path)")
-    for k in ("pretrained_cfg", "pretrained_cfg_overlay", "cache_dir"):  # timm plumbing, unused
-        kwargs.pop(k, None)
-    return ResMLP(**{**VARIANTS[name], **kwargs})
+    kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    # timm resolves pretrained_cfg / pretrained_cfg_overlay and attaches model.pretrained_cfg.
+    # Its own loader is not used: with a file whose class count differs from the config's it
+    # would silently drop the head, where models.convert names the mismatch.
+    model = build_model_with_cfg(ResMLP, name, pretrained=False, **{**VARIANTS[name], **kwargs})
+    if pretrained:
+        path = model.pretrained_cfg.get("file")
+        if not path:
+            raise UserError(f"no pretrained weights are bundled for '{name}'; pass a local file: "
+                            f"timm.create_model('{name}', pretrained=True, pretrained_cfg_overlay=dict(file=PATH)) "
+                            "(this project's, timm's or FB/DeiT weights, .safetensors or .pth)")
+        load_pretrained(model, str(path))  # a pathlib.Path works too
+    return model
 
 
-def _register(name):
-    def constructor(pretrained=False, **kwargs):
-        return create_resmlp(name, pretrained=pretrained, **kwargs)
-    constructor.__name__ = constructor.__qualname__ = name
-    constructor.__doc__ = f"ResMLP variant {name}: {VARIANTS[name]} (arXiv:2105.03404)."
-    constructor.__module__ = __name__
-    globals()[name] = register_model(constructor)
+@register_model
+def resmlp_tiny(pretrained=False, **kwargs) -> ResMLP:
+    """4 blocks × 128 channels on 32 px images in 4 px patches: a model for smoke tests."""
+    return create_resmlp("resmlp_tiny", pretrained, **kwargs)
 
 
-for _name in MODEL_NAMES:
-    _register(_name)
+@register_model
+def resmlp_cifar_s12(pretrained=False, **kwargs) -> ResMLP:
+    """ResMLP-S12 (12 blocks × 384 channels) on 32 px images in 4 px patches."""
+    return create_resmlp("resmlp_cifar_s12", pretrained, **kwargs)
+
+
+@register_model
+def resmlp_cifar_s24(pretrained=False, **kwargs) -> ResMLP:
+    """ResMLP-S24 (24 blocks × 384 channels) on 32 px images in 4 px patches."""
+    return create_resmlp("resmlp_cifar_s24", pretrained, **kwargs)
+
+
+@register_model
+def resmlp_s12(pretrained=False, **kwargs) -> ResMLP:
+    """ResMLP-S12 (12 blocks × 384 channels) on 224 px images in 16 px patches; timm's resmlp_12_224."""
+    return create_resmlp("resmlp_s12", pretrained, **kwargs)
+
+
+@register_model
+def resmlp_s24(pretrained=False, **kwargs) -> ResMLP:
+    """ResMLP-S24 (24 blocks × 384 channels) on 224 px images in 16 px patches; timm's resmlp_24_224."""
+    return create_resmlp("resmlp_s24", pretrained, **kwargs)
+
+
+@register_model
+def resmlp_s36(pretrained=False, **kwargs) -> ResMLP:
+    """ResMLP-S36 (36 blocks × 384 channels) on 224 px images in 16 px patches; timm's resmlp_36_224."""
+    return create_resmlp("resmlp_s36", pretrained, **kwargs)
+
+
+@register_model
+def resmlp_b24(pretrained=False, **kwargs) -> ResMLP:
+    """ResMLP-B24 (24 blocks × 768 channels) on 224 px images in 8 px patches; timm's resmlp_big_24_224."""
+    return create_resmlp("resmlp_b24", pretrained, **kwargs)

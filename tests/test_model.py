@@ -172,39 +172,24 @@ def test_drop_path_inactive_in_eval_active_in_train():
     a = model(x)
     assert not torch.allclose(a, model(x))  # fresh masks each call
     assert not torch.allclose(a, plain.train()(x))
-    model.set_fold_affine(False)  # the folded path samples the same masks as the reference
-    torch.manual_seed(0)
-    torch.testing.assert_close(model(x), a, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("train", [False, True])
-def test_folded_equals_reference_with_gradients(train):
-    torch.manual_seed(1)
-    model = randomize(create_resmlp("resmlp_tiny", num_classes=6), seed=3).train(train)
-    x, y = images(model, 4), torch.tensor([0, 1, 2, 5])
-    results = []
-    for fold in (True, False):
-        model.set_fold_affine(fold).zero_grad()
-        logits = model(x)
-        nn.functional.cross_entropy(logits, y).backward()
-        results.append((logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
-    (l1, g1), (l2, g2) = results
-    torch.testing.assert_close(l1, l2, atol=1e-5, rtol=1e-5)
-    for name in g1:
-        torch.testing.assert_close(g1[name], g2[name], atol=1e-5, rtol=1e-4, msg=name)
-    assert {"blocks.0.norm1.alpha", "blocks.0.norm2.beta", "blocks.0.ls1", "blocks.3.ls2"} <= set(g1)
-
-
-def test_folded_cross_patch_backward_gradcheck():
-    from models.resmlp import FoldedChannelMLP, FoldedCrossPatch
-
-    g = torch.Generator().manual_seed(0)
-    args = [torch.randn(shape, generator=g, dtype=torch.double, requires_grad=True)
-            for shape in ((3, 5, 4), (5, 5), (4,), (5, 4))]  # X, A, s, C
-    assert torch.autograd.gradcheck(lambda x, A, s, C: FoldedCrossPatch.apply(x, A, s, C, torch.double), args)
-    args = [torch.randn(shape, generator=g, dtype=torch.double, requires_grad=True)
-            for shape in ((3, 5, 4), (6, 4), (6,), (4, 6))]  # Z, W1, b1, W2
-    assert torch.autograd.gradcheck(lambda z, W1, b1, W2: FoldedChannelMLP.apply(z, W1, b1, W2, torch.double), args)
+def test_drop_path_in_training_matches_timm():
+    # Same weights, same seed: timm's ResBlock draws its DropPath masks in the same order (cross-patch
+    # branch, then cross-channel branch, block by block), so the training-mode outputs agree.
+    ref = random_model(lambda: MlpMixer(num_classes=10, img_size=32, patch_size=4, num_blocks=4, embed_dim=128,
+                                        mlp_ratio=4, block_layer=ResBlock, norm_layer=TimmAffine,
+                                        drop_path_rate=0.5), seed=8)
+    ours = create_resmlp("resmlp_tiny", num_classes=10, drop_path_rate=0.5)
+    ours.load_state_dict(convert_state_dict(ref.state_dict(), ours))
+    x = images(ours, 8)
+    outs = []
+    for model in (ours.train(), ref.train()):
+        torch.manual_seed(3)
+        outs.append(model(x))
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        assert not torch.allclose(outs[0], ours.eval()(x), atol=1e-3)  # masks were really drawn
 
 
 # --- equivalence with timm and the FB checkpoints ---------------------------------------------
@@ -232,6 +217,25 @@ def test_timm_cifar_equivalence(name):
         ours = create_resmlp(name, num_classes=10)
     ours.load_state_dict(convert_state_dict(ref.state_dict(), ours), assign=True)
     assert_same_logits(ours, ref)
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_timm_equivalence_with_gradients(train):
+    # The block's backward is autograd's: every parameter's gradient must match timm's model's.
+    ref = random_model(lambda: timm_resmlp("resmlp_tiny", num_classes=6), seed=3)
+    ours = create_resmlp("resmlp_tiny", num_classes=6)
+    ours.load_state_dict(convert_state_dict(ref.state_dict(), ours))
+    x, y = images(ours, 4), torch.tensor([0, 1, 2, 5])
+    logits = []
+    for model in (ours.train(train), ref.train(train)):
+        out = model(x)
+        nn.functional.cross_entropy(out, y).backward()
+        logits.append(out.detach())
+    torch.testing.assert_close(logits[0], logits[1], atol=1e-5, rtol=1e-5)
+    ref_grads = convert_state_dict({n: p.grad for n, p in ref.named_parameters()}, ours)  # timm → our names
+    for name, p in ours.named_parameters():
+        torch.testing.assert_close(p.grad, ref_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+    assert {"blocks.0.norm1.alpha", "blocks.0.norm2.beta", "blocks.0.ls1", "blocks.3.ls2"} <= set(ref_grads)
 
 
 def test_timm_layernorm_equivalence():
@@ -294,6 +298,67 @@ def test_mismatched_state_dict_names_first_key(tmp_path):
         convert_state_dict(sd, create_resmlp("resmlp_tiny"))
     with pytest.raises(UserError, match="not found"):
         load_pretrained(create_resmlp("resmlp_tiny"), str(tmp_path / "nope.safetensors"))
+
+
+# --- timm registry and timm-native pretrained loading ---------------------------------------------
+
+def test_variants_registered_explicitly_next_to_timms_own_resmlp():
+    from timm.models import get_pretrained_cfg, model_entrypoint
+
+    assert set(timm.list_models(module="resmlp")) == set(MODEL_NAMES)  # the table and the registry agree
+    for name in MODEL_NAMES:
+        assert model_entrypoint(name).__module__ == "models.resmlp", name
+        cfg = get_pretrained_cfg(name)
+        size = VARIANTS[name]["img_size"]
+        assert cfg.architecture == name and cfg.input_size == (3, size, size) and not cfg.has_weights
+    for name in TIMM_TWIN.values():  # timm's own ResMLP names still build timm's model
+        assert model_entrypoint(name).__module__ == "timm.models.mlp_mixer" and name not in MODEL_NAMES
+    model = timm.create_model("resmlp_tiny")
+    assert timm.data.resolve_data_config({}, model=model)["input_size"] == (3, 32, 32)
+
+
+def _saved_weights(tmp_path, fmt):
+    """(file, reference model) for weights of resmlp_tiny (10 classes) saved in format `fmt`."""
+    from safetensors.torch import save_file
+
+    if fmt == "project":
+        ref = randomize(create_resmlp("resmlp_tiny", num_classes=10), seed=9)
+        save_file(ref.state_dict(), str(tmp_path / "w.safetensors"))
+        return tmp_path / "w.safetensors", ref
+    ref = randomize(timm_resmlp("resmlp_tiny"), seed=9)
+    sd = ref.state_dict() if fmt == "timm" else {"model": fb_state_dict_from_timm(ref.state_dict())}
+    torch.save(sd, tmp_path / "w.pth")
+    return tmp_path / "w.pth", ref
+
+
+@pytest.mark.parametrize("fmt", ["project", "timm", "fb"])
+def test_timm_create_model_pretrained_from_local_file(tmp_path, fmt):
+    path, ref = _saved_weights(tmp_path, fmt)
+    file = path if fmt == "fb" else str(path)  # a pathlib.Path or a string
+    model = timm.create_model("resmlp_tiny", pretrained=True, num_classes=10, pretrained_cfg_overlay=dict(file=file))
+    assert isinstance(model, ResMLP) and str(model.pretrained_cfg["file"]) == str(path)
+    direct = load_pretrained(create_resmlp("resmlp_tiny", num_classes=10), str(path))
+    x = images(model, 2)
+    with torch.no_grad():
+        assert torch.equal(model.eval()(x), direct.eval()(x))  # same weights as the direct loader
+        if fmt == "project":
+            assert torch.equal(model(x), ref.eval()(x))
+        else:
+            torch.testing.assert_close(model(x), ref.eval()(x), atol=1e-5, rtol=1e-5)
+    assert torch.equal(model.blocks[1].cross_patch.weight, direct.blocks[1].cross_patch.weight)
+
+
+def test_pretrained_without_a_file_is_one_clear_error(tmp_path):
+    for build in (lambda: timm.create_model("resmlp_s12", pretrained=True),
+                  lambda: create_resmlp("resmlp_tiny", pretrained=True)):
+        with pytest.raises(UserError, match="no pretrained weights are bundled") as e:
+            build()
+        assert "pretrained_cfg_overlay=dict(file=" in str(e.value) and "\n" not in str(e.value)
+    path, _ = _saved_weights(tmp_path, "project")  # a file for another number of classes
+    with pytest.raises(UserError, match=r"'head\.(weight|bias)'.*num_classes"):
+        timm.create_model("resmlp_tiny", pretrained=True, num_classes=5, pretrained_cfg_overlay=dict(file=str(path)))
+    with pytest.raises(UserError, match="not found"):
+        timm.create_model("resmlp_tiny", pretrained=True, pretrained_cfg_overlay=dict(file=str(tmp_path / "no.pth")))
 
 
 # --- mixed precision and compile -------------------------------------------------------------------
