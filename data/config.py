@@ -13,8 +13,12 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 @dataclass
 class DataConfig:
-    dataset: str = "builtin10"  # builtin10 | builtin100 | cifar10 | cifar100 | imagefolder
-    root: str = "datasets"  # where CIFAR/ImageNet live (cifar-10-batches-py/, train/ val/)
+    dataset: str = "builtin10"  # builtin10 | builtin100 | cifar10 | cifar100 | imagefolder | shards
+    root: str = "datasets"  # where CIFAR/ImageNet live (cifar-10-batches-py/, train/ val/), or the shard folder
+    # pil: timm/PIL per-sample transforms (and the in-memory path); dali: NVIDIA DALI decode + DeiT
+    # augmentation (imagefolder/shards; GPU when training on one, else CPU threads = num_workers);
+    # auto: dali when DALI is installed, the dataset is imagefolder/shards and training runs on CUDA.
+    backend: str = "pil"
     image_size: int = 32
     batch_size: int = 128  # per process
     eval_batch_size: int = 256  # per process
@@ -49,5 +53,6 @@ class DataConfig:
     cache_dir: Optional[str] = None  # built-in dataset cache; None -> $XDG_CACHE_HOME or ~/.cache /resmlp-data
 
 
-DATASET_NAMES = ("builtin10", "builtin100", "cifar10", "cifar100", "imagefolder")
+DATASET_NAMES = ("builtin10", "builtin100", "cifar10", "cifar100", "imagefolder", "shards")
+BACKENDS = ("pil", "dali", "auto")
 SPLITS = ("train", "val", "calib")
