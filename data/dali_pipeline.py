@@ -113,10 +113,11 @@ def rand_augment_suite(spec, image_size):
         (a.contrast.op, factors.astype(f32)),
         (a.brightness.op, factors.astype(f32)),
         (lambda data, kernel: fn.filter(data, kernel), kernels),
-        (geometric(a.shear_x.op), np.stack([sign * frac * 0.3, zero], 1).astype(f32)),
-        (geometric(a.shear_y.op), np.stack([zero, sign * frac * 0.3], 1).astype(f32)),
-        (geometric(a.translate_x_no_shape.op), np.stack([translate_px, zero], 1).astype(f32)),
-        (geometric(a.translate_y_no_shape.op), np.stack([zero, translate_px], 1).astype(f32)),
+        # DALI's shear/translate map forward, PIL's affine inverse: negated, so (bin, sign) means timm's op
+        (geometric(a.shear_x.op), np.stack([-sign * frac * 0.3, zero], 1).astype(f32)),
+        (geometric(a.shear_y.op), np.stack([zero, -sign * frac * 0.3], 1).astype(f32)),
+        (geometric(a.translate_x_no_shape.op), np.stack([-translate_px, zero], 1).astype(f32)),
+        (geometric(a.translate_y_no_shape.op), np.stack([zero, -translate_px], 1).astype(f32)),
         (lambda data, _: data, None),
     ]
 
