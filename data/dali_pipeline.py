@@ -58,9 +58,10 @@ def _signed_levels(spec):
 
 def rand_augment_suite(spec, image_size):
     """timm's RandAugment ops (inc1: _RAND_INCREASING_TRANSFORMS, inc0: _RAND_TRANSFORMS) in timm's
-    order -> [(op(images, parameter), parameter table or None)]; the op at index len(suite) is the
-    identity ('op not applied'). The implementations are nvidia.dali.auto_aug's (`augmentations.X.op`)
-    where they match timm, own ones where timm differs (posterize to 0 bits, saturating solarize-add).
+    order -> [(op(images, parameter), parameter table or None, table on the images' device)]; the
+    op at index len(suite) - 1 is the identity ('op not applied'). The implementations are
+    nvidia.dali.auto_aug's (`augmentations.X.op`) where they match timm, own ones where timm
+    differs (posterize down to 0 bits, saturating solarize-add).
 
     Each table is timm's level_to_arg at every (magnitude bin b, sign s) index 2*b + s,
     precomputed here: the pipeline only looks parameters up with the host's bins and signs, and
@@ -101,24 +102,26 @@ def rand_augment_suite(spec, image_size):
     kernels = np.stack([a.sharpness_kernel(f - 1.0) for f in factors]).astype(f32)
     translate_px = sign * frac * 0.45 * image_size  # timm translate_pct 0.45 of the (square) image
     zero = np.zeros_like(frac)
+    # (op, parameter table or None, table lives on the images' device): as DALI's own suite places
+    # them (param_device "auto" for ops whose parameter is a tensor input, "cpu" for argument inputs)
     return [
-        (lambda data, _: a.auto_contrast.op(data, None), None),
-        (lambda data, _: fn.equalize(data), None),  # OpenCV's formula (PIL's differs slightly)
-        (lambda data, _: a.invert.op(data, None), None),
-        (geometric(a.rotate.op), (sign * frac * 30).astype(f32)),
-        (posterize, posterize_masks(bits)),
-        (a.solarize.op, thresholds.astype(f32)),
-        (solarize_add, np.minimum(128, np.floor(frac * 110)).astype(np.int16)),
-        (a.color.op, factors.astype(f32)),
-        (a.contrast.op, factors.astype(f32)),
-        (a.brightness.op, factors.astype(f32)),
-        (lambda data, kernel: fn.filter(data, kernel), kernels),
+        (lambda data, _: a.auto_contrast.op(data, None), None, False),
+        (lambda data, _: fn.equalize(data), None, False),  # OpenCV's formula (PIL's differs slightly)
+        (lambda data, _: a.invert.op(data, None), None, False),
+        (geometric(a.rotate.op), (sign * frac * 30).astype(f32), False),
+        (posterize, posterize_masks(bits), True),
+        (a.solarize.op, thresholds.astype(f32), True),
+        (solarize_add, np.minimum(128, np.floor(frac * 110)).astype(np.int16), True),
+        (a.color.op, factors.astype(f32), False),
+        (a.contrast.op, factors.astype(f32), False),
+        (a.brightness.op, factors.astype(f32), False),
+        (lambda data, kernel: fn.filter(data, kernel), kernels, True),
         # DALI's shear/translate map forward, PIL's affine inverse: negated, so (bin, sign) means timm's op
-        (geometric(a.shear_x.op), np.stack([-sign * frac * 0.3, zero], 1).astype(f32)),
-        (geometric(a.shear_y.op), np.stack([zero, -sign * frac * 0.3], 1).astype(f32)),
-        (geometric(a.translate_x_no_shape.op), np.stack([-translate_px, zero], 1).astype(f32)),
-        (geometric(a.translate_y_no_shape.op), np.stack([zero, -translate_px], 1).astype(f32)),
-        (lambda data, _: data, None),
+        (geometric(a.shear_x.op), np.stack([-sign * frac * 0.3, zero], 1).astype(f32), False),
+        (geometric(a.shear_y.op), np.stack([zero, -sign * frac * 0.3], 1).astype(f32), False),
+        (geometric(a.translate_x_no_shape.op), np.stack([-translate_px, zero], 1).astype(f32), False),
+        (geometric(a.translate_y_no_shape.op), np.stack([zero, -translate_px], 1).astype(f32), False),
+        (lambda data, _: data, None, False),
     ]
 
 
@@ -169,7 +172,8 @@ def build_train_pipeline(source, *, image_size, mean, std, interpolation, ra_spe
             if ra_spec is not None:
                 op_idx, bins, signs = inputs[4:]
                 suite = rand_augment_suite(ra_spec, image_size)
-                tables = [None if table is None else types.Constant(table) for _, table in suite]
+                tables = [None if table is None else types.Constant(table, device="gpu" if gpu and on_device else "cpu")
+                          for _, table, on_device in suite]
                 signed = bins * 2 + signs  # index into the (bin, sign) parameter tables
                 for layer in range(ra_spec.num_layers):
                     params = [None if table is None else table[signed[layer]] for table in tables]
@@ -184,20 +188,20 @@ def build_train_pipeline(source, *, image_size, mean, std, interpolation, ra_spe
 
 
 def build_eval_pipeline(source, *, image_size, mean, std, interpolation, batch_size, num_threads, device_id):
-    """source() -> per batch: (encoded images, resized (h, w), crop anchors (x, y)); StopIteration at the end."""
+    """source() -> per batch: (encoded images, resized (h, w), crop anchors (x, y), crop shapes (w, h));
+    StopIteration at the end. (Anchors and shapes come from the host: slice takes them as CPU inputs.)"""
     from nvidia.dali import fn, pipeline_def, types
 
     gpu = device_id is not None
 
     @pipeline_def
     def eval_pipeline():
-        encoded, size, anchor = fn.external_source(source=source, num_outputs=3, batch=True,
-                                                   dtype=[types.UINT8, types.FLOAT, types.FLOAT])
+        encoded, size, anchor, crop = fn.external_source(source=source, num_outputs=4, batch=True,
+                                                         dtype=[types.UINT8, types.FLOAT, types.FLOAT, types.FLOAT])
         images = fn.decoders.image(encoded, device="mixed" if gpu else "cpu", output_type=types.RGB,
                                    adjust_orientation=False)
         images = fn.resize(images, size=size, interp_type=_interp(interpolation), antialias=True)
-        images = fn.slice(images, anchor, types.Constant(np.array([image_size, image_size], np.float32)),
-                          axis_names="WH", normalized_anchor=False, normalized_shape=False)
+        images = fn.slice(images, anchor, crop, axis_names="WH", normalized_anchor=False, normalized_shape=False)
         return fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW",
                                         mean=[255.0 * m for m in mean], std=[255.0 * s for s in std])
 

@@ -320,7 +320,7 @@ def test_rand_augment_ops_match_timm_pil_ops():
         def pipe():
             x = fn.external_source(source=lambda: [img], batch=True, layout="HWC")
             i = fn.external_source(source=lambda: [np.array(index, np.int32)], batch=True)
-            op, table = suite[k]
+            op, table, _ = suite[k]
             return op(x, None if table is None else types.Constant(table)[i])
 
         p = pipe(batch_size=1, num_threads=1, device_id=None, prefetch_queue_depth=1)
