@@ -266,7 +266,9 @@ class _DaliLoader:
         self.dataset, self.cfg, self.tasks = dataset, cfg, tasks
         self.device = torch.device(device)
         gpu = self.device.type == "cuda"
-        self.device_id = (self.device.index if self.device.index is not None else torch.cuda.current_device()) if gpu else None
+        self.device_id = None
+        if gpu:
+            self.device_id = self.device.index if self.device.index is not None else torch.cuda.current_device()
         self.num_threads = max(1, int(cfg.num_workers))
         self.io_threads = min(2, self.num_threads)  # file reads + header parsing: ~25 us per image
         self.uses_memory_path = False
@@ -284,7 +286,7 @@ class _DaliLoader:
             for j in sorted(set(batch.indices) - _bad_set(self.dataset)):
                 try:
                     _strict_check(self.dataset, j)
-                except UserError as e:
+                except UserError:
                     if not self.dataset.skip_corrupt:
                         raise
                     found.append(j)
@@ -302,7 +304,7 @@ class _DaliLoader:
         from nvidia.dali.plugin.pytorch import feed_ndarray
 
         dense = tensor_list.as_tensor()
-        out = torch.empty(dense.shape(), dtype=torch.float32, device=self.device if self.device_id is not None else "cpu")
+        out = torch.empty(dense.shape(), dtype=torch.float32, device=self.device if self.device_id is not None else None)
         stream = torch.cuda.current_stream(self.device) if self.device_id is not None else None
         feed_ndarray(dense, out, cuda_stream=stream)
         return out.to(self.device, non_blocking=True)

@@ -111,7 +111,8 @@ def parse_rand_augment(text):
     for part in parts[1:]:
         key = next((k for k in ("mstd", "mmax", "inc", "m", "n", "p") if part.startswith(k)), None)
         if key is None:
-            raise ValueError(f"RandAugment option '{part}' in '{text}' is not supported (supported: m, n, mstd, mmax, inc, p)")
+            raise ValueError(f"RandAugment option '{part}' in '{text}' is not supported "
+                             "(supported: m, n, mstd, mmax, inc, p)")
         value = float(part[len(key):])
         if key == "mstd":
             kw["magnitude_std"] = float("inf") if value > 100 else value  # timm: mstd > 100 means uniform

@@ -47,7 +47,8 @@ def read_index(root):
         raise UserError(f"cannot read shard index {os.path.abspath(path)} ({type(e).__name__}); rewrite it with "
                         "scripts/make_shards.py") from None
     if not isinstance(index, dict) or index.get("format") != FORMAT:
-        raise UserError(f"{os.path.abspath(path)} is not a {FORMAT} shard index; rewrite it with scripts/make_shards.py")
+        raise UserError(f"{os.path.abspath(path)} is not a {FORMAT} shard index; "
+                        "rewrite it with scripts/make_shards.py")
     return index
 
 
@@ -65,7 +66,8 @@ def _scan_tar(path):
                 images.append((info.name, info.offset_data, info.size, key))
     missing = [m for m, _, _, key in images if key not in labels]
     if missing:
-        raise UserError(f"shard {os.path.abspath(path)}: no .cls label for {missing[0]}; rewrite it with scripts/make_shards.py")
+        raise UserError(f"shard {os.path.abspath(path)}: no .cls label for {missing[0]}; "
+                        "rewrite it with scripts/make_shards.py")
     return [(m, off, size, labels[key]) for m, off, size, key in images]
 
 

@@ -131,7 +131,8 @@ def test_erase_boxes_equal_timm_loop_with_the_same_draws():
         if not u[k, 0] > prob:  # timm: `if random.random() > self.probability: return`
             for attempt in range(10):
                 area = (P.ERASE_AREA[0] + (P.ERASE_AREA[1] - P.ERASE_AREA[0]) * u[k, 1 + attempt]) * size * size
-                aspect = math.exp(P.ERASE_LOG_ASPECT[0] + (P.ERASE_LOG_ASPECT[1] - P.ERASE_LOG_ASPECT[0]) * u[k, 11 + attempt])
+                lo, hi = P.ERASE_LOG_ASPECT
+                aspect = math.exp(lo + (hi - lo) * u[k, 11 + attempt])
                 hh, ww = int(round(math.sqrt(area * aspect))), int(round(math.sqrt(area / aspect)))
                 if ww < size and hh < size:
                     ref = (int(u[k, 21 + attempt] * (size - hh + 1)), int(u[k, 31 + attempt] * (size - ww + 1)), hh, ww)
@@ -171,7 +172,8 @@ def test_header_sizes_match_pil(tmp_path):
     rng = np.random.default_rng(3)
     rgb = Image.fromarray(rng.integers(0, 256, size=(37, 53, 3), dtype=np.uint8))
     for name, im, kw in (("rgb", rgb, {}), ("gray", rgb.convert("L"), {}), ("cmyk", rgb.convert("CMYK"), {}),
-                         ("progressive", rgb, {"progressive": True}), ("exif", rgb, {"exif": b"Exif\x00\x00" + bytes(40)})):
+                         ("progressive", rgb, {"progressive": True}),
+                         ("exif", rgb, {"exif": b"Exif\x00\x00" + bytes(40)})):
         buf = io.BytesIO()
         im.save(buf, "JPEG", **kw)
         assert P.image_size(buf.getvalue()) == (53, 37), name
@@ -193,7 +195,8 @@ def test_eval_geometry_matches_torchvision():
         rw, rh, cx, cy = (int(v[0]) for v in P.eval_geometry([W], [H], size, crop_pct))
         assert T.Resize(math.floor(size / crop_pct))(Image.new("RGB", (W, H))).size == (rw, rh)
         # pixel (x, y) of a ramp image holds (x, y): the centre crop's top-left pixel is its offset
-        ramp = np.stack(list(np.meshgrid(np.arange(rw), np.arange(rh))) + [np.zeros((rh, rw), int)], -1).astype(np.uint8)
+        xs, ys = np.meshgrid(np.arange(rw), np.arange(rh))
+        ramp = np.stack([xs, ys, np.zeros_like(xs)], -1).astype(np.uint8)
         corner = np.asarray(T.CenterCrop(size)(Image.fromarray(ramp)))[0, 0]
         assert (corner[0], corner[1]) == (cx, cy)
 
