@@ -16,8 +16,6 @@ Known differences from timm's PIL ops (distributional, not per-pixel): geometric
 interpolate bilinearly and fill with one grey level (DALI takes a scalar fill; timm fills with
 the per-channel ImageNet mean); equalize follows OpenCV's formula (DALI).
 """
-import warnings
-
 import numpy as np
 
 INSTALL_HINT = ("NVIDIA DALI is not installed: pip install -r requirements-dali.txt "
@@ -154,36 +152,34 @@ def build_train_pipeline(source, *, image_size, mean, std, interpolation, ra_spe
     from nvidia.dali import fn, pipeline_def, types
 
     gpu = device_id is not None
-    with warnings.catch_warnings():  # DALI warns about its own deprecated aliases in auto_aug graphs
-        warnings.simplefilter("ignore", DeprecationWarning)
 
-        @pipeline_def(enable_conditionals=ra_spec is not None)
-        def train_pipeline():
-            inputs = fn.external_source(source=source, num_outputs=num_outputs, batch=True,
-                                        dtype=[types.UINT8, types.FLOAT, types.FLOAT, types.INT32]
-                                        + [types.INT32] * (num_outputs - 4))
-            encoded, anchor, shape, flip = inputs[:4]
-            images = fn.decoders.image_slice(encoded, anchor, shape, device="mixed" if gpu else "cpu",
-                                             output_type=types.RGB, normalized_anchor=False, normalized_shape=False,
-                                             axis_names="WH", adjust_orientation=False)
-            images = fn.resize(images, size=(image_size, image_size), interp_type=_interp(interpolation),
-                               antialias=True)
-            images = fn.flip(images, horizontal=flip)
-            if ra_spec is not None:
-                op_idx, bins, signs = inputs[4:]
-                suite = rand_augment_suite(ra_spec, image_size)
-                tables = [None if table is None else types.Constant(table, device="gpu" if gpu and on_device else "cpu")
-                          for _, table, on_device in suite]
-                signed = bins * 2 + signs  # index into the (bin, sign) parameter tables
-                for layer in range(ra_spec.num_layers):
-                    params = [None if table is None else table[signed[layer]] for table in tables]
-                    images = _apply_one(suite, op_idx[layer], images, params, 0, len(suite) - 1)
-            return fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW",
-                                            mean=[255.0 * m for m in mean], std=[255.0 * s for s in std])
+    @pipeline_def(enable_conditionals=ra_spec is not None)
+    def train_pipeline():
+        inputs = fn.external_source(source=source, num_outputs=num_outputs, batch=True,
+                                    dtype=[types.UINT8, types.FLOAT, types.FLOAT, types.INT32]
+                                    + [types.INT32] * (num_outputs - 4))
+        encoded, anchor, shape, flip = inputs[:4]
+        images = fn.decoders.image_slice(encoded, anchor, shape, device="mixed" if gpu else "cpu",
+                                         output_type=types.RGB, normalized_anchor=False, normalized_shape=False,
+                                         axis_names="WH", adjust_orientation=False)
+        images = fn.resize(images, size=(image_size, image_size), interp_type=_interp(interpolation),
+                           antialias=True)
+        images = fn.flip(images, horizontal=flip)
+        if ra_spec is not None:
+            op_idx, bins, signs = inputs[4:]
+            suite = rand_augment_suite(ra_spec, image_size)
+            tables = [None if table is None else types.Constant(table, device="gpu" if gpu and on_device else "cpu")
+                      for _, table, on_device in suite]
+            signed = bins * 2 + signs  # index into the (bin, sign) parameter tables
+            for layer in range(ra_spec.num_layers):
+                params = [None if table is None else table[signed[layer]] for table in tables]
+                images = _apply_one(suite, op_idx[layer], images, params, 0, len(suite) - 1)
+        return fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW",
+                                        mean=[255.0 * m for m in mean], std=[255.0 * s for s in std])
 
-        pipe = train_pipeline(batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=0,
-                              prefetch_queue_depth=2)
-        pipe.build()
+    pipe = train_pipeline(batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=0,
+                          prefetch_queue_depth=2)
+    pipe.build()
     return pipe
 
 
