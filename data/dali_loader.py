@@ -19,17 +19,17 @@ bad, and the epoch restarts at that batch (deterministic, so nothing is replayed
 """
 import collections
 import concurrent.futures
-import logging
+import io
 
 import numpy as np
 import torch
+from PIL import Image
 
 from models.errors import UserError
 
 from . import dali_params as P
 from .samplers import eval_batches, train_batches
 
-log = logging.getLogger("data")
 DALI_DATASETS = ("imagefolder", "shards")
 _PREFETCH_BATCHES = 3  # host read-ahead, in batches
 
@@ -95,14 +95,30 @@ def _strict_check(dataset, j):
     probe.load(0)
 
 
+def _header_size(buf):
+    """(w, h) from the JPEG/PNG header, else from PIL's lazy open (other formats DALI also decodes)."""
+    size = P.image_size(buf)
+    if size is None:
+        try:
+            with Image.open(io.BytesIO(buf)) as im:
+                size = im.size
+        except Exception:  # noqa: BLE001 - anything PIL cannot open is undecodable, as on the PIL path
+            return None
+    return size
+
+
 def _resolve(dataset, i):
-    """Sample i, or with skip_corrupt the next sample whose header parses -> (j, bytes, (w, h), skipped names)."""
+    """Sample i, or with skip_corrupt the next sample that reads and whose header parses
+    -> (j, bytes, (w, h), skipped names)."""
     bad, n, skipped = _bad_set(dataset), len(dataset), []
     for k in range(n):
         j = (i + k) % n
         if j not in bad:
-            buf = _read_bytes(dataset, j)
-            size = P.image_size(buf)
+            try:
+                buf = _read_bytes(dataset, j)
+            except OSError:  # the PIL path counts an unreadable file as undecodable too
+                buf = b""
+            size = _header_size(buf)
             if size is not None:
                 return j, buf, size, skipped
             bad.add(j)

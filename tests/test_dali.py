@@ -408,9 +408,13 @@ def test_two_ranks_see_disjoint_halves(tmp_path):
 
 
 def corrupt_folder(root):
-    """Mixed folder plus one non-image (header fails on the host) and one truncated JPEG (fails in
-    DALI's decoder), so both detection routes are exercised."""
+    """Mixed folder plus one non-image (header fails on the host), one truncated JPEG (fails in
+    DALI's decoder) and a dangling link (unreadable), so every detection route is exercised; and a
+    BMP named .jpg, which both paths decode."""
     write_mixed_folder(root, n_train=12, n_val=3)
+    os.symlink(os.path.join(root, "nowhere.jpg"), os.path.join(root, "train", "class_0", "img100.jpg"))
+    Image.fromarray(smooth_image(np.random.default_rng(9), 40, 50)).save(
+        os.path.join(root, "train", "class_0", "img101.jpg"), format="BMP")
     with open(os.path.join(root, "train", "class_1", "img004.jpg"), "wb") as f:
         f.write(b"this is not a jpeg")
     path = os.path.join(root, "train", "class_2", "img005.jpg")
@@ -426,7 +430,7 @@ def test_corrupt_jpegs_same_error_and_skip_as_pil(tmp_path):
     root = corrupt_folder(str(tmp_path / "corrupt"))
     results = {}
     for backend in ("pil", "dali"):
-        cfg = cfg_for(root, backend=backend, num_workers=0 if backend == "pil" else 1, batch_size=3)
+        cfg = cfg_for(root, backend=backend, num_workers=0 if backend == "pil" else 1, batch_size=7)  # 14 files: all used
         ds = data.build_dataset(cfg, "train")
         with pytest.raises(UserError) as e:
             epoch(cfg, ds, seed=0, epoch=0)
@@ -437,7 +441,7 @@ def test_corrupt_jpegs_same_error_and_skip_as_pil(tmp_path):
     assert "\n" not in results["dali"][0] and "data.skip_corrupt=true" in results["dali"][0]
     assert results["dali"][0] == results["pil"][0]  # the same one-line message, naming the same file
     assert results["dali"][1] == results["pil"][1]  # the same substitutes take the skipped slots
-    assert results["dali"][2] == results["pil"][2] and len(results["pil"][2]) == 2
+    assert results["dali"][2] == results["pil"][2] and len(results["pil"][2]) == 3
 
 
 @needs_dali
