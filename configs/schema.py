@@ -21,7 +21,11 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 @dataclass
 class DataConfig:
     dataset: str = "builtin10"  # any data.names.DATASET_NAMES entry
-    root: str = "datasets"  # where CIFAR/ImageNet live (cifar-10-batches-py/, train/ val/)
+    root: str = "datasets"  # where CIFAR/ImageNet live (cifar-10-batches-py/, train/ val/), or the shard folder
+    # pil: timm/PIL per-sample transforms (and the in-memory path); dali: NVIDIA DALI decode + DeiT
+    # augmentation (imagefolder/shards; GPU when training on one, else CPU threads = num_workers);
+    # auto: dali when DALI is installed, the dataset is imagefolder/shards and training runs on CUDA.
+    backend: str = "pil"
     image_size: int = 32
     batch_size: int = 128  # per process
     eval_batch_size: int = 256  # per process

@@ -1,5 +1,6 @@
-"""Data: built-in procedural dataset, CIFAR-10/100, ImageNet-style folders; DeiT augmentation via
-timm; deterministic, resumable, rank-sharded loaders (configured by configs.schema.DataConfig).
+"""Data: built-in procedural dataset, CIFAR-10/100, ImageNet-style folders and tar shards; DeiT
+augmentation via timm (PIL) or NVIDIA DALI (data.backend); deterministic, resumable, rank-sharded
+loaders (configured by configs.schema.DataConfig).
 
     from data import build_dataset, build_train_loader, build_eval_loader, build_mixup, num_classes
     train_ds = build_dataset(cfg.data, "train")
@@ -18,18 +19,26 @@ in `dataset.skipped` and logged as warnings on the "data" logger.
 from .names import DATASET_NAMES
 from .classes import class_names
 from .datasets import build_dataset, calib_indices, num_classes
+from .dali_loader import resolve_backend
 from .loaders import EvalLoader, TrainLoader
 
 
 def build_train_loader(dataset, cfg, *, seed, epoch, rank, world_size, start_batch=0, device="cpu"):
-    """One epoch of training batches for one rank (see TrainLoader); exact under resume."""
-    return TrainLoader(dataset, cfg, seed=seed, epoch=epoch, rank=rank, world_size=world_size,
-                       start_batch=start_batch, device=device)
+    """One epoch of training batches for one rank (TrainLoader, or DaliTrainLoader for data.backend
+    dali/auto); the same sample order either way, exact under resume."""
+    kind = TrainLoader
+    if resolve_backend(cfg, device) == "dali":
+        from .dali_loader import DaliTrainLoader as kind
+    return kind(dataset, cfg, seed=seed, epoch=epoch, rank=rank, world_size=world_size,
+                start_batch=start_batch, device=device)
 
 
 def build_eval_loader(dataset, cfg, *, rank, world_size, device="cpu"):
-    """Deterministic eval batches; rank r gets r::world_size, no padding (see EvalLoader)."""
-    return EvalLoader(dataset, cfg, rank=rank, world_size=world_size, device=device)
+    """Deterministic eval batches; rank r gets r::world_size, no padding (EvalLoader or DaliEvalLoader)."""
+    kind = EvalLoader
+    if resolve_backend(cfg, device) == "dali":
+        from .dali_loader import DaliEvalLoader as kind
+    return kind(dataset, cfg, rank=rank, world_size=world_size, device=device)
 
 
 def build_mixup(cfg, num_classes):

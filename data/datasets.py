@@ -6,8 +6,8 @@ from PIL import Image
 from common.errors import UserError
 from common.seeding import mix_seed
 
-from . import builtin, cifar, imagefolder
-from .names import DATASET_NAMES, SPLITS
+from . import builtin, cifar, imagefolder, shards
+from .names import BACKENDS, DATASET_NAMES, SPLITS
 from .transforms import INTERPOLATIONS, build_eval_transform, build_train_transform, train_crop_mode
 
 # builtin*_ood: other outlines through the same renderer, the out-of-distribution set of builtin10/100.
@@ -59,6 +59,12 @@ def _check(cfg, split):
         if int(getattr(cfg, key)) <= 0:
             raise UserError(f"data.{key} must be positive, got {getattr(cfg, key)}")
     train_crop_mode(cfg)
+    if cfg.backend not in BACKENDS:
+        raise UserError(f"unknown data.backend '{cfg.backend}'; valid: {', '.join(BACKENDS)}")
+    if cfg.backend == "dali":
+        from .dali_loader import check_dali_config
+
+        check_dali_config(cfg)
 
 
 def num_classes(cfg):
@@ -69,6 +75,8 @@ def num_classes(cfg):
         return cifar.SPECS[cfg.dataset]["num_classes"]
     if cfg.dataset == "imagefolder":
         return len(imagefolder.find_classes(cfg.root))
+    if cfg.dataset == "shards":
+        return shards.num_classes(cfg.root)
     raise UserError(f"unknown data.dataset '{cfg.dataset}'; valid: {', '.join(DATASET_NAMES)}")
 
 
@@ -90,6 +98,8 @@ def _raw_split(cfg, split):
     if cfg.dataset in cifar.SPECS:
         images, labels, k = cifar.load_cifar(cfg.dataset, cfg.root, split, cfg.download)
         return ArrayDataset(images, labels, k, name=cfg.dataset)
+    if cfg.dataset == "shards":
+        return shards.ShardDataset.from_root(cfg.root, split, skip_corrupt=cfg.skip_corrupt)
     samples, classes = imagefolder.scan_split(cfg.root, split)
     return imagefolder.ImageFolderDataset(samples, classes, skip_corrupt=cfg.skip_corrupt)
 

@@ -130,9 +130,10 @@ class ImageFolderDataset:
         (evaluation), returned as (None, label, [path]) for the caller to drop."""
         skipped = []
         for k in range(len(self.samples)):
-            path, label = self.samples[(i + k) % len(self.samples)]
+            j = (i + k) % len(self.samples)
+            path, label = self.samples[j]
             try:
-                with Image.open(path) as im:
+                with self.open_image(j) as im:
                     return to_rgb(im, path), label, skipped
             except UserError:
                 raise
@@ -144,6 +145,10 @@ class ImageFolderDataset:
                 if not replace_corrupt:
                     return None, label, skipped
         raise UserError(f"no decodable image among the {len(self.samples)} files of this split")
+
+    def open_image(self, i):
+        """The undecoded PIL image of sample i (a file here; a tar member for shards)."""
+        return Image.open(self.samples[i][0])
 
     def __getitem__(self, i):
         img, label, skipped = self.load(i)

@@ -24,7 +24,7 @@ def train_crop_mode(cfg):
         raise UserError(f"unknown data.train_crop '{cfg.train_crop}'; valid: {', '.join(TRAIN_CROPS)}")
     if cfg.train_crop != "auto":
         return cfg.train_crop
-    return "rrc" if cfg.dataset == "imagefolder" else "pad"
+    return "rrc" if cfg.dataset in ("imagefolder", "shards") else "pad"
 
 
 def uses_memory_path(cfg, dataset):

@@ -35,6 +35,8 @@ def missing(requirements):
     out = []
     for text in requirements:
         req = Requirement(text)
+        if req.marker is not None and not req.marker.evaluate():
+            continue  # not for this platform (e.g. DALI's Linux-only wheels)
         try:
             version = metadata.version(req.name)
         except metadata.PackageNotFoundError:
