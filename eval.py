@@ -204,9 +204,7 @@ def main(argv=None):
     from accelerate import Accelerator
 
     from evaluation import metrics as M
-    from evaluation import report
     from evaluation.evaluate import evaluate
-    from evaluation.examples import examples_path, save_examples
 
     # Data and weights first: every user error surfaces before any process group is set up.
     if args.calib == "calib" and cfg.data.calib_fraction <= 0:
@@ -237,39 +235,46 @@ def main(argv=None):
         return 0
 
     result = {
-        "checkpoint": os.path.abspath(args.checkpoint),
-        "weights": kind,
-        "config_name": cfg.name,
-        "model": cfg.model.name,
-        "head": head.name,
+        "checkpoint": os.path.abspath(args.checkpoint), "weights": kind, "config_name": cfg.name,
+        "model": cfg.model.name, "head": head.name,
         "alpha": float(head.alpha.detach()) if head.name != "softmax" else 1.0,
-        "norm": cfg.model.norm,
-        "dataset": cfg.data.dataset,
-        "split": args.split,
-        "num_processes": world,
+        "norm": cfg.model.norm, "dataset": cfg.data.dataset, "split": args.split, "num_processes": world,
+        **M.metrics_from_records(preds.records, num_classes),
+        "img_per_s": preds.img_per_s, "eval_seconds": preds.seconds, "prediction_sets": ps,
+        "wall_seconds": time.perf_counter() - t0,
     }
-    result.update(M.metrics_from_records(preds.records, num_classes))
-    result["img_per_s"] = preds.img_per_s
-    result["eval_seconds"] = preds.seconds
-    result["prediction_sets"] = ps
-    result["wall_seconds"] = time.perf_counter() - t0
-
     if args.output:
-        write_json(result, args.output)
-        csv_path = os.path.splitext(args.output)[0] + ".csv"
-        report.write_csv([report.flatten_metrics(result)], csv_path)
-        save_examples(preds.records, examples_path(args.output), head=head.name, split=args.split,
-                      dataset=cfg.data.dataset, weights=kind, checkpoint=os.path.abspath(args.checkpoint))
+        write_outputs(result, preds.records, args.output)
     if not args.quiet:
-        print(f"{cfg.name}: {cfg.model.name} + {head.name} head, {kind} weights, "
-              f"{cfg.data.dataset} {args.split} ({world} process{'es' if world > 1 else ''})")
-        print(report.eval_table(result))
-        if ps and ps["calibration"].get("note"):
-            print(f"note: {ps['calibration']['note']}")
-        if args.output:
-            print(f"wrote {args.output}, {os.path.splitext(args.output)[0]}.csv and {examples_path(args.output)}")
+        print_result(result, cfg, kind, args.output)
     sys.stdout.flush()
     return 0
+
+
+def write_outputs(result, records, output):
+    """OUTPUT (JSON), STEM.csv (one flattened row) and STEM.examples.safetensors (per-example records)."""
+    from evaluation import report
+    from evaluation.examples import examples_path, save_examples
+
+    write_json(result, output)
+    report.write_csv([report.flatten_metrics(result)], os.path.splitext(output)[0] + ".csv")
+    save_examples(records, examples_path(output), head=result["head"], split=result["split"],
+                  dataset=result["dataset"], weights=result["weights"], checkpoint=result["checkpoint"])
+
+
+def print_result(result, cfg, kind, output):
+    from evaluation import report
+    from evaluation.examples import examples_path
+
+    world = result["num_processes"]
+    print(f"{cfg.name}: {cfg.model.name} + {result['head']} head, {kind} weights, "
+          f"{cfg.data.dataset} {result['split']} ({world} process{'es' if world > 1 else ''})")
+    print(report.eval_table(result))
+    ps = result["prediction_sets"]
+    if ps and ps["calibration"].get("note"):
+        print(f"note: {ps['calibration']['note']}")
+    if output:
+        print(f"wrote {output}, {os.path.splitext(output)[0]}.csv and {examples_path(output)}")
 
 
 if __name__ == "__main__":

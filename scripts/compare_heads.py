@@ -143,23 +143,36 @@ def _run(cmd, what):
 def main(argv=None):
     args = parse_args(argv)
     import configs
-    from evaluation import comparison
-    from evaluation.examples import examples_path
 
     config = os.path.abspath(args.config)
     configs.load_config(config, args.overrides)  # fail fast on a bad config / override
     plan, runs_dir = plan_runs(args)
-    stem = os.path.splitext(os.path.basename(args.config))[0]
-    report_dir = args.report_dir or os.path.join("reports", stem)
-    eval_file = "eval_ema.json" if args.ema else "eval.json"
     launcher = shlex.split(args.launcher) if args.launcher else [sys.executable]
     if args.launcher and not any(os.path.basename(c).startswith("python") for c in launcher) \
             and "launch" not in launcher:
         raise UserError(f"--launcher '{args.launcher}' should end in a Python launcher "
                         f"(e.g. 'accelerate launch --num_processes 2' or 'python')")
+    eval_file = "eval_ema.json" if args.ema else "eval.json"
+    start = time.perf_counter()
+    trained, evaluated = run_plan(plan, args, config, launcher, eval_file)
+    if args.dry_run:
+        return 0
+    table, path = write_comparison_report(plan, args, argv, eval_file)
+    print()
+    print(table)
+    print()
+    print(f"{trained} training run(s) and {evaluated} evaluation(s) done now in "
+          f"{time.perf_counter() - start:.0f}s; {len(plan)} run(s) in {runs_dir}")
+    print(f"report: {path}")
+    return 0
+
+
+def run_plan(plan, args, config, launcher, eval_file):
+    """Train what is not trained and evaluate what is not evaluated; -> (trained, evaluated) counts."""
+    import configs
+    from evaluation.examples import examples_path
 
     trained = evaluated = 0
-    start = time.perf_counter()
     for i, (name, seed, run_dir, ov) in enumerate(plan, 1):
         tag = f"[{i}/{len(plan)}] {name} seed {seed}"
         request = {"config": config, "overrides": ov,
@@ -187,27 +200,23 @@ def main(argv=None):
                          os.path.join(run_dir, eval_file), "--quiet"] + (["--ema"] if args.ema else []),
              f"evaluating {run_dir}")
         evaluated += 1
-    if args.dry_run:
-        return 0
+    return trained, evaluated
 
+
+def write_comparison_report(plan, args, argv, eval_file):
+    """Load every run's results and write the report; -> (table text, report.md path)."""
+    from evaluation import comparison
+
+    weights = "ema" if args.ema else "raw"
     variants = {}
     for name, seed, run_dir, _ in plan:
-        variants.setdefault(name, []).append(
-            comparison.load_run(run_dir, eval_file, weights="ema" if args.ema else "raw"))
+        variants.setdefault(name, []).append(comparison.load_run(run_dir, eval_file, weights=weights))
+    stem = os.path.splitext(os.path.basename(args.config))[0]
     command = "python scripts/compare_heads.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-    notes = []
     calib = (variants[plan[0][0]][0]["result"].get("prediction_sets") or {}).get("calibration") or {}
-    if calib.get("note"):
-        notes.append(calib["note"])
-    table, path = comparison.write_report(variants, report_dir, f"Head comparison: {stem}", command,
-                                          weights="ema" if args.ema else "raw", notes=notes)
-    print()
-    print(table)
-    print()
-    print(f"{trained} training run(s) and {evaluated} evaluation(s) done now in "
-          f"{time.perf_counter() - start:.0f}s; {len(plan)} run(s) in {runs_dir}")
-    print(f"report: {path}")
-    return 0
+    notes = [calib["note"]] if calib.get("note") else []
+    return comparison.write_report(variants, args.report_dir or os.path.join("reports", stem),
+                                   f"Head comparison: {stem}", command, weights=weights, notes=notes)
 
 
 if __name__ == "__main__":
