@@ -200,7 +200,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="fewer steps (a smoke run; figures are rough)")
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--peak-tflops", type=float, default=None, help="bf16 dense peak of this GPU")
-    ap.add_argument("--train-seconds", type=float, default=120)
+    ap.add_argument("--train-seconds", type=float, default=60)
     ap.add_argument("--skip", nargs="*", default=[], choices=["model", "heads", "step", "train"])
     args = ap.parse_args(argv)
     device = torch.device(args.device)
@@ -214,33 +214,41 @@ def main(argv=None):
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
 
-    if "model" not in args.skip:
-        steps, reps = (3, 2) if args.quick else (20, 5)
-        batch = 8 if device.type == "cpu" else args.batch_size
-        res["model"] = bench_model(device, batch, steps, reps, peak)
+    json_path = os.path.join(args.out, "bench_gpu.json")
+
+    def save():  # after every part: a time limit that stops the script keeps what was measured
+        with open(json_path, "w") as f:
+            json.dump(res, f, indent=2)
+
     dev = device.type
+    if "model" not in args.skip:
+        steps, reps = (3, 2) if args.quick else (10, 3)
+        batch = 8 if dev == "cpu" else args.batch_size
+        res["model"] = bench_model(device, batch, steps, reps, peak)
+        save()
     if "heads" not in args.skip:
         log = os.path.join(args.out, "heads.txt")
-        rc, wall = run_script(["scripts/bench_heads.py", "--device", dev] + (["--quick"] if args.quick else []),
-                              240, log)
+        rc, wall = run_script(["scripts/bench_heads.py", "--device", dev, "--quick"], 120, log)
         res["heads"] = {"exit_code": rc, "wall_s": wall, "log": log}
+        save()
     if "step" not in args.skip:
         log = os.path.join(args.out, "step_overhead.txt")
         rc, wall = run_script(["scripts/bench_train_heads.py", "--device", dev, "--bf16", "--quick",
                                "--classes", "1000", "--batch-size", str(args.batch_size if dev == "cuda" else 16),
-                               "model.name=resmlp_s12", "model.img_size=224"], 180, log)
+                               "model.name=resmlp_s12", "model.img_size=224", "data.image_size=224"], 120, log)
         res["step_overhead"] = {"exit_code": rc, "wall_s": wall, "log": log}
+        save()
     if "train" not in args.skip and dev == "cuda":
         ips_guess = 40000.0  # resmlp_cifar_s12 bf16 on an H100-class GPU; only sizes the run
-        res["train"] = bench_training(args.out, args.train_seconds, ips_guess, timeout=int(args.train_seconds * 2 + 120))
-    with open(os.path.join(args.out, "bench_gpu.json"), "w") as f:
-        json.dump(res, f, indent=2)
+        res["train"] = bench_training(args.out, args.train_seconds, ips_guess, timeout=int(args.train_seconds + 90))
+        save()
+    save()
     print_table(res)
     for name in ("heads", "step_overhead", "train"):
         if name in res and res[name]["exit_code"] != 0:
             print(f"--- {name} failed; last lines of its log:")
             print("".join(open(res[name].get("log") or os.path.join(args.out, "train_sync_debug.log")).readlines()[-15:]))
-    print(f"\nwritten: {os.path.join(args.out, 'bench_gpu.json')}")
+    print(f"\nwritten: {json_path}")
     return 0
 
 

@@ -11,16 +11,17 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SUMMARY=${1:-/dev/null}
+PY=${PYTHON:-python3}
 WORK=$(mktemp -d -t resmlp-dali-check-XXXX)
 trap 'rm -rf "$WORK"' EXIT
-if ! python -c "import nvidia.dali" 2>/dev/null; then
+if ! "$PY" -c "import nvidia.dali" 2>/dev/null; then
   echo "dali: SKIPPED (NVIDIA DALI not installed; pip install -r requirements-dali.txt where the index is reachable)" \
     | tee -a "$SUMMARY"
   exit 0
 fi
 echo "== DALI tests (CPU pipelines + the CUDA one)"
-timeout 300 python -m pytest tests/test_dali.py -q -p no:cacheprovider 2>&1 | tail -3 | tee "$WORK/pytest.txt"
+timeout 300 "$PY" -m pytest tests/test_dali.py -q -p no:cacheprovider 2>&1 | tail -3 | tee "$WORK/pytest.txt"
 echo "dali tests: $(tail -1 "$WORK/pytest.txt")" >> "$SUMMARY"
 echo "== DALI-GPU loader vs ResMLP-S12 training"
-timeout 300 python scripts/bench_data.py --dali-gpu --quick 2>&1 | tee "$WORK/bench.txt"
+timeout 300 "$PY" scripts/bench_data.py --dali-gpu --quick 2>&1 | tee "$WORK/bench.txt"
 grep "^dali-gpu" "$WORK/bench.txt" >> "$SUMMARY" || echo "dali-gpu: FAILED (see output above)" >> "$SUMMARY"

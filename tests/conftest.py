@@ -10,3 +10,14 @@ import torch  # noqa: E402
 
 # Two cores: keep intra-op threads bounded so parallel test processes don't oversubscribe.
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _keep_denormals_after_in_process_training():
+    """train.setup flushes denormals to zero for the whole process (a CPU speed guard); a test that
+    trains in-process must not leave that on for later tests (hypothesis refuses to draw subnormal
+    floats under flush-to-zero, and the float64 references need them)."""
+    yield
+    torch.set_flush_denormal(False)

@@ -1,0 +1,49 @@
+"""On a real GPU (skipped without one; run by scripts/gpu_check.sh): every head's probabilities,
+loss and gradients on CUDA, taken by the device path under CUDA's own sync checker
+(torch.cuda.set_sync_debug_mode("error")), equal the CPU path's in float64.
+
+The CPU suite proves the device path free of host reads with a dispatch-mode guard
+(tests/test_no_sync.py); this is the same claim checked by CUDA itself.
+"""
+import pytest
+import torch
+
+from models.heads import HEAD_NAMES, build_output_head
+from models.mappings import threshold_path
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+SETTINGS = {"entmax_bisect": dict(alpha=1.3, learn_alpha=True), "sparse_softmax": dict(k=5)}
+
+
+def _run(head, logits, target, soft):
+    z = logits.clone().requires_grad_()
+    probs = head(z)
+    loss = head.loss(z, target, label_smoothing=0.0 if soft else 0.1)
+    loss.backward()
+    return probs.detach(), loss.detach(), z.grad
+
+
+@pytest.mark.parametrize("soft", [False, True], ids=["hard", "soft"])
+@pytest.mark.parametrize("name", HEAD_NAMES)
+def test_device_path_matches_cpu_without_syncs(name, soft):
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, 100, generator=g, dtype=torch.float64) * 3
+    logits[0, 10:] = float("-inf")  # a masked row
+    target = (torch.softmax(torch.randn(64, 100, generator=g, dtype=torch.float64), -1) if soft
+              else torch.randint(0, 10, (64,), generator=g))
+    head_cpu = build_output_head(name, **SETTINGS.get(name, {})).double().train()
+    head_gpu = build_output_head(name, **SETTINGS.get(name, {})).double().train().cuda()
+    head_gpu.load_state_dict(head_cpu.state_dict())
+    expected = _run(head_cpu, logits, target, soft)
+    z, t = logits.cuda(), target.cuda()
+    _run(head_gpu, z, t, soft)  # first call: lazy CUDA init may sync, which is not the step's doing
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with threshold_path("device"):
+            got = _run(head_gpu, z, t, soft)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for e, o, what in zip(expected, got, ("probabilities", "loss", "gradient")):
+        torch.testing.assert_close(o.cpu(), e, rtol=1e-6, atol=1e-8, msg=f"{name} {what}")
