@@ -28,7 +28,8 @@ from PIL import Image
 from common.errors import UserError
 
 from . import dali_params as P
-from .samplers import eval_batches, train_batches
+from .loaders import epoch_train_batches
+from .samplers import eval_batches
 
 DALI_DATASETS = ("imagefolder", "shards")
 _PREFETCH_BATCHES = 3  # host read-ahead, in batches
@@ -335,16 +336,8 @@ class DaliTrainLoader(_DaliLoader):
     transform in DALI; the same batches (indices, labels) as data.loaders.TrainLoader."""
 
     def __init__(self, dataset, cfg, *, seed, epoch, rank, world_size, start_batch=0, device="cpu"):
-        if not 0 <= rank < world_size:
-            raise UserError(f"rank {rank} out of range for world_size {world_size}")
-        tasks = train_batches(len(dataset), seed=seed, epoch=epoch, rank=rank, world_size=world_size,
-                              batch_size=cfg.batch_size, repeated_aug=cfg.repeated_aug,
-                              num_repeats=cfg.repeated_aug_repeats)
-        if not tasks:
-            raise UserError(f"the train split has {len(dataset)} samples: fewer than one batch of "
-                            f"data.batch_size={cfg.batch_size} x {world_size} process(es); lower data.batch_size")
-        if not 0 <= start_batch <= len(tasks):
-            raise UserError(f"start_batch {start_batch} out of range: the epoch has {len(tasks)} batches")
+        tasks = epoch_train_batches(dataset, cfg, seed=seed, epoch=epoch, rank=rank, world_size=world_size,
+                                    start_batch=start_batch)
         super().__init__(dataset, cfg, tasks, device)
         self.seed, self.epoch, self.rank, self.world_size, self.start_batch = seed, epoch, rank, world_size, start_batch
         self.batches_per_epoch = len(tasks)

@@ -79,6 +79,21 @@ class _BatchFetcher(torch.utils.data.Dataset):
         return {"images": torch.stack(images), "labels": torch.tensor(labels, dtype=torch.int64), "skipped": skipped}
 
 
+def epoch_train_batches(dataset, cfg, *, seed, epoch, rank, world_size, start_batch):
+    """The rank's batches of one epoch, checked; shared by the PIL and DALI train loaders."""
+    if not 0 <= rank < world_size:
+        raise UserError(f"rank {rank} out of range for world_size {world_size}")
+    tasks = train_batches(len(dataset), seed=seed, epoch=epoch, rank=rank, world_size=world_size,
+                          batch_size=cfg.batch_size, repeated_aug=cfg.repeated_aug,
+                          num_repeats=cfg.repeated_aug_repeats)
+    if not tasks:
+        raise UserError(f"the train split has {len(dataset)} samples: fewer than one batch of "
+                        f"data.batch_size={cfg.batch_size} x {world_size} process(es); lower data.batch_size")
+    if not 0 <= start_batch <= len(tasks):
+        raise UserError(f"start_batch {start_batch} out of range: the epoch has {len(tasks)} batches")
+    return tasks
+
+
 class _Loader:
     """Shared iteration over a list of batch tasks (memory or per-sample path)."""
 
@@ -140,16 +155,8 @@ class TrainLoader(_Loader):
     """
 
     def __init__(self, dataset, cfg, *, seed, epoch, rank, world_size, start_batch=0, device="cpu"):
-        if not 0 <= rank < world_size:
-            raise UserError(f"rank {rank} out of range for world_size {world_size}")
-        tasks = train_batches(len(dataset), seed=seed, epoch=epoch, rank=rank, world_size=world_size,
-                              batch_size=cfg.batch_size, repeated_aug=cfg.repeated_aug,
-                              num_repeats=cfg.repeated_aug_repeats)
-        if not tasks:
-            raise UserError(f"the train split has {len(dataset)} samples: fewer than one batch of "
-                            f"data.batch_size={cfg.batch_size} x {world_size} process(es); lower data.batch_size")
-        if not 0 <= start_batch <= len(tasks):
-            raise UserError(f"start_batch {start_batch} out of range: the epoch has {len(tasks)} batches")
+        tasks = epoch_train_batches(dataset, cfg, seed=seed, epoch=epoch, rank=rank, world_size=world_size,
+                                    start_batch=start_batch)
         memory = uses_memory_path(cfg, dataset)
         super().__init__(dataset, cfg, tasks, device, memory, True, cfg.num_workers)
         self.seed, self.epoch, self.rank, self.world_size, self.start_batch = seed, epoch, rank, world_size, start_batch
