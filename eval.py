@@ -60,6 +60,8 @@ def parse_args(argv=None):
     p.add_argument("--output", help="metrics JSON path (a CSV row and STEM.examples.safetensors are "
                                     "written beside it)")
     p.add_argument("--quiet", action="store_true", help="no table on the terminal")
+    p.add_argument("--allow-class-mismatch", action="store_true",
+                   help="evaluate although the dataset's class names differ from the run's classes.json")
     args, rest = p.parse_known_args(argv)
     args.overrides = _collect_overrides(rest, p)
     return args
@@ -215,6 +217,10 @@ def main(argv=None):
     num_classes = data.num_classes(cfg.data)
     dataset = data.build_dataset(cfg.data, args.split)
     model = build_model(cfg, weights, num_classes)
+    if os.path.isdir(args.checkpoint):  # a run stores its class names: labels must mean the same classes
+        from data.classes import check_class_names, load_class_names
+        check_class_names(load_class_names(args.checkpoint), data.class_names(cfg.data), run_dir=args.checkpoint,
+                          allow_mismatch=args.allow_class_mismatch, warn=lambda m: print(m, file=sys.stderr))
     head = model.output_head
 
     # Without CUDA, `cpu=True` is what makes `accelerate launch --num_processes N` a gloo MULTI_CPU
@@ -230,8 +236,11 @@ def main(argv=None):
 
     t0 = time.perf_counter()
     preds = evaluate_split(args.split, dataset)
-    if preds.totals["n"] != len(dataset) or preds.logits.shape[0] != len(dataset):  # exactness guard
-        raise RuntimeError(f"gathered {preds.totals['n']} predictions for {len(dataset)} samples")
+    # data.skip_corrupt: undecodable images are dropped (counted per process, each its own shard)
+    skipped = int(accelerator.reduce(torch.tensor([getattr(dataset, "skipped", 0)], device=accelerator.device),
+                                     reduction="sum").item()) if world > 1 else int(getattr(dataset, "skipped", 0))
+    if preds.totals["n"] + skipped != len(dataset) or preds.logits.shape[0] + skipped != len(dataset):  # exactness
+        raise RuntimeError(f"gathered {preds.totals['n']} predictions for {len(dataset)} samples ({skipped} skipped)")
     ps = prediction_set_results(head, cfg, args, preds, evaluate_split)
     if not accelerator.is_main_process:
         return 0
@@ -250,16 +259,22 @@ def main(argv=None):
     }
     result.update(M.metrics_from_records(preds.records, num_classes))
     result["img_per_s"] = preds.img_per_s
+    result["skipped_images"] = skipped
+    if skipped:
+        print(f"warning: {skipped} undecodable image(s) skipped (data.skip_corrupt); metrics cover the other "
+              f"{preds.totals['n']}", file=sys.stderr)
     result["eval_seconds"] = preds.seconds
     result["prediction_sets"] = ps
     result["wall_seconds"] = time.perf_counter() - t0
 
     if args.output:
-        write_json(result, args.output)
-        csv_path = os.path.splitext(args.output)[0] + ".csv"
-        report.write_csv([report.flatten_metrics(result)], csv_path)
-        save_examples(preds.records, examples_path(args.output), head=head.name, split=args.split,
-                      dataset=cfg.data.dataset, weights=kind, checkpoint=os.path.abspath(args.checkpoint))
+        from engine.runlock import RunLock
+        with RunLock(os.path.dirname(os.path.abspath(args.output)), purpose="eval"):  # one writer per folder
+            write_json(result, args.output)
+            csv_path = os.path.splitext(args.output)[0] + ".csv"
+            report.write_csv([report.flatten_metrics(result)], csv_path)
+            save_examples(preds.records, examples_path(args.output), head=head.name, split=args.split,
+                          dataset=cfg.data.dataset, weights=kind, checkpoint=os.path.abspath(args.checkpoint))
     if not args.quiet:
         print(f"{cfg.name}: {cfg.model.name} + {head.name} head, {kind} weights, "
               f"{cfg.data.dataset} {args.split} ({world} process{'es' if world > 1 else ''})")

@@ -35,6 +35,7 @@ if ROOT not in sys.path:
 from engine.cli import run_cli  # noqa: E402
 from common.errors import UserError  # noqa: E402
 from common.io import json_text, write_json  # noqa: E402
+from engine.runlock import RunLock  # noqa: E402
 
 REQUEST_FILE = "compare_request.json"  # what this script asked train.py for, to detect clashes
 
@@ -129,7 +130,8 @@ def _check_request(run_dir, request, create=True):
             raise UserError(f"{run_dir} was trained with other settings ({diff}); "
                             f"use another --runs-dir or delete that run")
     elif create:
-        write_json(request, path)
+        with RunLock(run_dir, purpose="compare_heads"):  # not while another process trains or evaluates there
+            write_json(request, path)
 
 
 def _run(cmd, what):
@@ -199,8 +201,9 @@ def main(argv=None):
     calib = (variants[plan[0][0]][0]["result"].get("prediction_sets") or {}).get("calibration") or {}
     if calib.get("note"):
         notes.append(calib["note"])
-    table, path = comparison.write_report(variants, report_dir, f"Head comparison: {stem}", command,
-                                          weights="ema" if args.ema else "raw", notes=notes)
+    with RunLock(report_dir, purpose="compare_heads report"):  # one writer of the report folder
+        table, path = comparison.write_report(variants, report_dir, f"Head comparison: {stem}", command,
+                                              weights="ema" if args.ema else "raw", notes=notes)
     print()
     print(table)
     print()
