@@ -60,6 +60,8 @@ def parse_args(argv=None):
     p.add_argument("--output", help="metrics JSON path (a CSV row and STEM.examples.safetensors are "
                                     "written beside it)")
     p.add_argument("--quiet", action="store_true", help="no table on the terminal")
+    p.add_argument("--allow-class-mismatch", action="store_true",
+                   help="evaluate although the dataset's class names differ from the run's classes.json")
     args, rest = p.parse_known_args(argv)
     args.overrides = _collect_overrides(rest, p)
     return args
@@ -213,6 +215,10 @@ def main(argv=None):
     num_classes = data.num_classes(cfg.data)
     dataset = data.build_dataset(cfg.data, args.split)
     model = build_model(cfg, weights, num_classes)
+    if os.path.isdir(args.checkpoint):  # a run stores its class names: labels must mean the same classes
+        from data.classes import check_class_names, load_class_names
+        check_class_names(load_class_names(args.checkpoint), data.class_names(cfg.data), run_dir=args.checkpoint,
+                          allow_mismatch=args.allow_class_mismatch, warn=lambda m: print(m, file=sys.stderr))
     head = model.output_head
 
     # Without CUDA, `cpu=True` is what makes `accelerate launch --num_processes N` a gloo MULTI_CPU
@@ -228,8 +234,11 @@ def main(argv=None):
 
     t0 = time.perf_counter()
     preds = evaluate_split(args.split, dataset)
-    if preds.totals["n"] != len(dataset) or preds.logits.shape[0] != len(dataset):  # exactness guard
-        raise RuntimeError(f"gathered {preds.totals['n']} predictions for {len(dataset)} samples")
+    # data.skip_corrupt: undecodable images are dropped (counted per process, each its own shard)
+    skipped = int(accelerator.reduce(torch.tensor([getattr(dataset, "skipped", 0)], device=accelerator.device),
+                                     reduction="sum").item()) if world > 1 else int(getattr(dataset, "skipped", 0))
+    if preds.totals["n"] + skipped != len(dataset) or preds.logits.shape[0] + skipped != len(dataset):  # exactness
+        raise RuntimeError(f"gathered {preds.totals['n']} predictions for {len(dataset)} samples ({skipped} skipped)")
     ps = prediction_set_results(head, cfg, args, preds, evaluate_split)
     if not accelerator.is_main_process:
         return 0
@@ -243,6 +252,10 @@ def main(argv=None):
         "img_per_s": preds.img_per_s, "eval_seconds": preds.seconds, "prediction_sets": ps,
         "wall_seconds": time.perf_counter() - t0,
     }
+    result["skipped_images"] = skipped
+    if skipped:
+        print(f"warning: {skipped} undecodable image(s) skipped (data.skip_corrupt); metrics cover the other "
+              f"{preds.totals['n']}", file=sys.stderr)
     if args.output:
         write_outputs(result, preds.records, args.output)
     if not args.quiet:
@@ -256,10 +269,13 @@ def write_outputs(result, records, output):
     from evaluation import report
     from evaluation.examples import examples_path, save_examples
 
-    write_json(result, output)
-    report.write_csv([report.flatten_metrics(result)], os.path.splitext(output)[0] + ".csv")
-    save_examples(records, examples_path(output), head=result["head"], split=result["split"],
-                  dataset=result["dataset"], weights=result["weights"], checkpoint=result["checkpoint"])
+    from engine.runlock import RunLock
+
+    with RunLock(os.path.dirname(os.path.abspath(output)), purpose="eval"):  # one writer per folder
+        write_json(result, output)
+        report.write_csv([report.flatten_metrics(result)], os.path.splitext(output)[0] + ".csv")
+        save_examples(records, examples_path(output), head=result["head"], split=result["split"],
+                      dataset=result["dataset"], weights=result["weights"], checkpoint=result["checkpoint"])
 
 
 def print_result(result, cfg, kind, output):

@@ -27,6 +27,32 @@ the first bad update and never saving its weights. train.nonfinite=skip must dec
 optimizer step, so it reads one flag per update (one device sync per update: a documented cost).
 train.compile compiles the forward together with the head's loss (auto: on for CUDA).
 
+Run safety (the run directory is never lost or mixed):
+- Run lock: the main process holds RUN_DIR/run.lock (engine/runlock.py) from before the first
+  look at the directory to the end; a second run gets one line naming the holder. Leftover temp
+  files of killed saves are removed under the lock at start.
+- Fresh start: a directory that holds a run (weights, logs, summary, checkpoints) is refused
+  unless --overwrite (which lists what it deletes); `--resume auto` without a complete checkpoint
+  refuses too, unless the directory holds no run.
+- Resume: the checkpoint stores the whole resolved config; any change outside
+  engine.resume_policy.RESUME_ALLOWLIST is refused in one line, or applied for real with
+  --resume-with-changes (a new lr/epochs rebuilds the schedule from the current update; the change
+  is recorded in metrics.jsonl and in config.yaml's `history`). Invalid checkpoints are skipped
+  with a warning (sha256 in COMPLETE.json). The epoch's partial loss sums travel in the
+  checkpoint, so epochs.csv is exact after a mid-epoch resume.
+- Preemption (engine/preemption.py): SIGTERM / SIGINT / SIGUSR1 stop the run at the next agreed
+  update boundary with a complete checkpoint, exit 143 / 130 / 138; a second signal exits at once
+  (137). One process: the flag is a Python bool read after each update. Several: the ranks agree
+  every train.log_every updates (and after each epoch end) through one all-reduce on a CPU gloo
+  group, never a device read.
+- A failed write (disk full, ...) is one line and exit 74 on every rank; the previous checkpoint
+  stays intact. train.nonfinite=skip gives up (exit 3) once more than train.max_skipped_fraction
+  of the last SKIP_WINDOW updates were skipped; pruning keeps the newest checkpoint saved with
+  finite losses.
+
+Exit codes: 0 done; 2 a refused input or start (one line); 3 non-finite loss; 74 a write failed;
+130 / 138 / 143 stopped by SIGINT / SIGUSR1 / SIGTERM after saving; 137 a second signal.
+
 Tests inject faults through `train(cfg, hooks=...)`: an object with `on_loss(step, loss) -> loss`
 and `after_update(step)` (tests/hooked_train.py); production passes None and only checks for None.
 """
@@ -34,8 +60,9 @@ import argparse
 import contextlib
 import math
 import os
-import shutil
+import signal
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Optional
@@ -54,18 +81,23 @@ import data as data_lib  # noqa: E402
 from common.errors import UserError  # noqa: E402
 from data.samplers import num_train_batches  # noqa: E402
 from engine import checkpoint as ck  # noqa: E402
+from engine import resume_policy as rp  # noqa: E402
 from engine.cli import run_cli  # noqa: E402
 from engine.logging import EpochCSV, MetricsLog, console, format_eval, tensorboard_available  # noqa: E402
 from engine.optim import build_optimizer, build_scheduler  # noqa: E402
+from engine.preemption import PreemptionGuard, gloo_reduce_max  # noqa: E402
 from engine.rng import capture_rng_state, reseed, restore_rng_state  # noqa: E402
+from engine.run_start import prepare_run_dir  # noqa: E402
+from engine.runlock import RunLock  # noqa: E402
 from evaluation.evaluate import evaluate  # noqa: E402
 from models import create_classifier  # noqa: E402
 
 EXIT_NONFINITE = 3
+# train.max_skipped_fraction is measured over the last SKIP_WINDOW updates (train.nonfinite=skip).
+SKIP_WINDOW = 100
 # Updates at the start of every session (compilation, autotuning, allocator warm-up) that are left
 # out of img/s and the progress bar's rate and ETA; their time is reported as warmup_s.
 WARMUP_UPDATES = 2
-RUN_FILES = ("metrics.jsonl", "epochs.csv", "summary.json", "model.safetensors", "model_ema.safetensors")
 
 
 def parse_args(argv=None):
@@ -75,12 +107,18 @@ def parse_args(argv=None):
     )
     parser.add_argument("--config", required=True, help="YAML config (may extend another with base:)")
     parser.add_argument("--resume", default=None, metavar="auto|PATH",
-                        help="'auto': latest valid checkpoint of the run directory (fresh start if none); or a checkpoint path")
-    parser.add_argument("--overwrite", action="store_true", help="start over in a run directory that has checkpoints")
+                        help="'auto': newest valid checkpoint of the run directory (a fresh start only when the "
+                             "directory holds no run); or a checkpoint path")
+    parser.add_argument(rp.RESUME_FLAG, dest="resume_with_changes", action="store_true",
+                        help="resume although the config differs from the checkpoint's (outside the keys that may "
+                             "change freely); the changes apply from the checkpoint's step and are recorded")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="start over in a run directory that holds a run, deleting it (lists what it deletes)")
     args, rest = parser.parse_known_args(argv)
     bad = [r for r in rest if "=" not in r]
     if bad:
-        raise UserError(f"unexpected argument '{bad[0]}': overrides look like key.sub=value, options are --config/--resume/--overwrite")
+        raise UserError(f"unexpected argument '{bad[0]}': overrides look like key.sub=value, options are "
+                        f"--config/--resume/{rp.RESUME_FLAG}/--overwrite")
     args.overrides = rest
     return args
 
@@ -88,20 +126,13 @@ def parse_args(argv=None):
 def main(argv=None, hooks=None):
     args = parse_args(argv)
     cfg = configs.load_config(args.config, args.overrides)
-    return train(cfg, resume=args.resume, overwrite=args.overwrite, hooks=hooks)
-
-
-def fingerprint(cfg, num_classes):
-    """What a checkpoint must share with the config to be resumable."""
-    return {
-        "model.name": cfg.model.name, "model.norm": cfg.model.norm, "model.img_size": cfg.model.img_size,
-        "head.name": cfg.head.name, "head.alpha": cfg.head.alpha, "head.learn_alpha": cfg.head.learn_alpha,
-        "num_classes": num_classes,
-    }
+    return train(cfg, resume=args.resume, overwrite=args.overwrite, hooks=hooks,
+                 accept_changes=args.resume_with_changes)
 
 
 class NonFiniteLoss(Exception):
-    """A non-finite loss under train.nonfinite=stop; the message names the step and the last checkpoint."""
+    """A non-finite loss under train.nonfinite=stop (or too many skipped updates under skip); the
+    message names the step and the newest verified checkpoint."""
 
 
 @dataclass
@@ -113,6 +144,7 @@ class RunState:
     best_top1: Optional[float] = None
     best_step: Optional[int] = None
     skipped: int = 0  # updates skipped for a non-finite loss
+    recent_skips: list = field(default_factory=list)  # steps skipped within the last SKIP_WINDOW updates
     train_time_s: float = 0.0
     images: int = 0
     warmup_s: float = 0.0  # session warm-up time (see WARMUP_UPDATES), excluded from img/s
@@ -127,7 +159,7 @@ class Run:
     cfg: Any
     accelerator: Any
     use_tb: bool
-    fingerprint: dict
+    fingerprint: dict  # engine.resume_policy.resume_fingerprint: the whole resolved config
     global_batch: int
     updates_per_epoch: int
     train_set: Any
@@ -143,6 +175,11 @@ class Run:
     metrics: MetricsLog
     epochs_csv: EpochCSV
     state: RunState = field(default_factory=RunState)
+    lock: Any = None  # engine.runlock.RunLock (held by the main process)
+    guard: Any = None  # engine.preemption.PreemptionGuard (None: no signal handling, e.g. in tests)
+    reduce_max: Any = None  # the guard's cross-rank agreement (None with one process)
+    saved_step: int = -1  # step of this session's newest checkpoint (every rank)
+    skipped_at_save: int = 0  # state.skipped when that checkpoint was saved (its loss_finite)
     bar: Any = None
     session_t0: float = field(default_factory=time.perf_counter)
     time_base: float = 0.0  # train_time_s of earlier sessions (resume)
@@ -185,29 +222,47 @@ class Run:
 
 
 # ============================================================================ the loop
-def train(cfg, resume=None, overwrite=False, hooks=None):
-    """Run (or resume) the training described by `cfg`; returns the process exit status."""
-    run = setup(cfg, resume, overwrite)
+def train(cfg, resume=None, overwrite=False, hooks=None, accept_changes=False):
+    """Run (or resume) the training described by `cfg`; returns the process exit status (see the
+    module docstring). `accept_changes`: --resume-with-changes."""
+    # Signals are handled from the start (a SIGTERM during setup stops at the first update boundary);
+    # Python installs handlers from the main thread only.
+    guard = PreemptionGuard(sync_every=cfg.train.log_every)
+    if threading.current_thread() is threading.main_thread():
+        guard.install()
+    try:
+        run = setup(cfg, resume, overwrite, accept_changes)
+        try:
+            run.guard, run.reduce_max = guard, preemption_reduce_max(run.accelerator)
+            return run_training(run, hooks)
+        finally:
+            run.bar.close()
+            run.accelerator.end_training()
+            run.lock.release()
+    finally:
+        guard.uninstall()
+
+
+def run_training(run, hooks=None):
+    """The epochs left; -> exit status."""
     run.model.train()
     try:
-        while run.state.epoch < cfg.optim.epochs:
-            run_epoch(run, hooks)
+        while run.state.epoch < run.cfg.optim.epochs:
+            if run_epoch(run, hooks):
+                return stopped_by_signal(run)
     except NonFiniteLoss as stop:
-        run.bar.close()
         if run.main_proc:
             print(f"error: {stop}", file=sys.stderr, flush=True)
-        run.accelerator.end_training()
         return EXIT_NONFINITE
-    run.bar.close()
     if run.main_proc:
         write_summary(run)
-    run.accelerator.end_training()
     return 0
 
 
 def run_epoch(run, hooks=None):
-    """The rest of the current epoch (all of it, or from a resumed batch), then its end."""
-    state, accum = run.state, run.cfg.train.grad_accum
+    """The rest of the current epoch (all of it, or from a resumed batch), then its end.
+    -> True when a signal stopped the run (a checkpoint of the stop step is saved)."""
+    state, accum, epochs = run.state, run.cfg.train.grad_accum, run.cfg.optim.epochs
     epoch = state.epoch
     batches = iter(run.train_loader(epoch, state.batch))
     t0 = time.perf_counter()
@@ -219,9 +274,45 @@ def run_epoch(run, hooks=None):
         end_warmup(run)
         log_step(run)
         state.train_time_s = run.elapsed()
-        if state.step % run.cfg.train.save_every == 0 and state.batch // accum < run.updates_per_epoch:
-            save_checkpoint(run, epoch, state.batch)  # mid-epoch; the epoch's end saves its own
+        if state.batch // accum == run.updates_per_epoch:
+            break  # the epoch's end saves its own checkpoint (and is where a signal is checked next)
+        if state.step % run.cfg.train.save_every == 0:
+            save_checkpoint(run, epoch, state.batch)
+        if signalled(run):
+            if run.saved_step != state.step:
+                save_checkpoint(run, epoch, state.batch)
+            run.guard.mark_saved()  # from here a further signal exits gracefully: the checkpoint is complete
+            return True
     end_of_epoch(run, epoch, time.perf_counter() - t0)
+    # after an epoch end every rank is here at the same step: agree now whatever the step (force_sync)
+    return state.epoch < epochs and signalled(run, force_sync=True)
+
+
+def signalled(run, force_sync=False):
+    """Whether every rank agrees to stop for a signal after this update (a Python bool with one
+    process; one CPU all-reduce every train.log_every updates with several, see engine/preemption.py)."""
+    return run.guard is not None and run.guard.should_stop(run.state.step, run.reduce_max, force_sync=force_sync)
+
+
+def stopped_by_signal(run):
+    """After the stop checkpoint: later signals exit gracefully; one line; -> the signal's exit code."""
+    run.guard.mark_saved()
+    name = signal.Signals(run.guard.signum).name if run.guard.signum else "signal"
+    where = run.state.last_ckpt or f"step {run.state.step}"
+    run.say(f"{name}: stopped after step {run.state.step} with a complete checkpoint ({where}); continue with "
+            f"--resume auto (exit {run.guard.exit_code})")
+    return run.guard.exit_code
+
+
+def preemption_reduce_max(accelerator):
+    """None with one process; else a max-reduction of the stop flag over a CPU gloo group (a new
+    one next to NCCL), so agreeing never waits for the device."""
+    if accelerator.num_processes == 1:
+        return None
+    import torch.distributed as dist
+
+    group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+    return gloo_reduce_max(group)
 
 
 def train_step(run, batches, hooks=None):
@@ -247,9 +338,7 @@ def train_step(run, batches, hooks=None):
                 finite = torch.isfinite(loss)
                 if cfg.train.nonfinite == "skip" and not finite_on_every_rank(run, finite):  # the one host read
                     run.optimizer.zero_grad(set_to_none=True)
-                    state.skipped += 1
-                    if run.main_proc:
-                        console(f"warning: non-finite loss at step {step}: update skipped ({state.skipped} so far)")
+                    count_skipped_update(run, step)
                 else:
                     if cfg.optim.clip_grad:
                         accelerator.clip_grad_norm_(run.model.parameters(), cfg.optim.clip_grad)
@@ -276,6 +365,34 @@ def finite_on_every_rank(run, finite):
     return bool(ok.item() == 1.0)
 
 
+def count_skipped_update(run, step):
+    """train.nonfinite=skip, after an update was skipped (host-only: the skip decision was read
+    already). Raises NonFiniteLoss once more than train.max_skipped_fraction of the last
+    SKIP_WINDOW updates were skipped (every rank took the same decision, so all raise together)."""
+    state, limit = run.state, run.cfg.train.max_skipped_fraction
+    state.skipped += 1
+    state.recent_skips = [s for s in state.recent_skips if s > step - SKIP_WINDOW] + [step]
+    if run.main_proc:
+        console(f"warning: non-finite loss at step {step}: update skipped ({state.skipped} so far, "
+                f"{len(state.recent_skips)} in the last {SKIP_WINDOW} updates)")
+    if len(state.recent_skips) > limit * SKIP_WINDOW:
+        raise NonFiniteLoss(
+            f"{len(state.recent_skips)} of the last {SKIP_WINDOW} updates had a non-finite loss and were skipped "
+            f"(train.max_skipped_fraction={limit:g}); training stopped at step {step} and saved nothing after its "
+            f"last checkpoint. {kept_checkpoint_advice(run)}")
+
+
+def kept_checkpoint_advice(run):
+    """The end of a non-finite-loss error: the newest checkpoint that verifies and was saved with
+    finite losses (hashing its files: error path only), and how to go on from it."""
+    kept = ck.newest_verified_checkpoint(run.run_dir) if run.main_proc else None
+    fixes = "lower optim.lr or set optim.clip_grad"
+    if kept is None:
+        return f"No verified checkpoint with a finite loss is kept: {fixes} and start over with --overwrite"
+    return (f"Newest verified checkpoint with a finite loss: {kept}; {fixes}, then continue from it with "
+            f"--resume {kept} {rp.RESUME_FLAG}")
+
+
 def stop_if_nonfinite(run):
     """Under train.nonfinite=stop, raise NonFiniteLoss if any update since the start of the session
     had a non-finite loss on any rank. Reads the device: call at log steps, saves and epoch ends only."""
@@ -286,11 +403,10 @@ def stop_if_nonfinite(run):
         bad = run.accelerator.gather(bad)
     bad = [b for b in bad.tolist() if b != NO_BAD_STEP]
     if bad:
-        kept = run.state.last_ckpt or "none yet"
         raise NonFiniteLoss(
             f"non-finite loss at step {min(bad)} (found at step {run.state.step}, the next check); training "
-            f"stopped and nothing after step {min(bad)} was saved. Last checkpoint: {kept}. Lower optim.lr, "
-            f"set optim.clip_grad, or set train.nonfinite=skip")
+            f"stopped and nothing after step {min(bad)} was saved. {kept_checkpoint_advice(run)}, "
+            f"or set train.nonfinite=skip")
 
 
 def end_warmup(run):
@@ -394,7 +510,7 @@ def write_summary(run):
     """Main process: summary.json and the closing console line."""
     state, run_dir = run.state, run.run_dir
     if not os.path.exists(os.path.join(run_dir, "model.safetensors")):
-        export_weights(run)
+        write_weights(run)
     summary = {
         "final": state.last_eval,
         "train_time_s": state.train_time_s,
@@ -413,49 +529,93 @@ def write_summary(run):
 
 
 # ============================================================================ checkpoints and weights
+def on_every_rank(run, action):
+    """Run `action` here; if it fails to write on ANY rank (CheckpointWriteError: disk full, ...),
+    every rank raises that one-line error (exit 74), so none waits in a collective for one that gave
+    up. One gather of a small object per call with several processes (saves only)."""
+    error = None
+    try:
+        action()
+    except ck.CheckpointWriteError as err:
+        error = str(err)
+    if run.world > 1:
+        from accelerate.utils import gather_object
+
+        error = next((e for e in gather_object([error]) if e), None)
+    if error:
+        raise ck.CheckpointWriteError(error)
+
+
 def save_checkpoint(run, epoch, batch):
-    """Every rank writes its RNG states, the main process the rest; then one atomic rename."""
+    """Every rank writes its RNG states, the main process the rest; then one atomic rename. A write
+    failure on any rank removes the temporary directory and raises CheckpointWriteError on every
+    rank; the previous checkpoints are untouched."""
     accelerator, state = run.accelerator, run.state
     stop_if_nonfinite(run)  # never save the weights of a non-finite update
     root, step = os.path.join(run.run_dir, ck.CHECKPOINT_SUBDIR), state.step
-    if run.main_proc:
-        ck.begin_save(root, step)
-    accelerator.wait_for_everyone()
-    ck.write_rank_files(ck.tmp_dir_for(root, step), run.rank, capture_rng_state())
-    if run.main_proc:
-        trainer_state = asdict(state)
-        del trainer_state["last_ckpt"]
-        trainer_state.update(epoch=epoch, batch=batch, fingerprint=run.fingerprint, global_batch=run.global_batch,
-                             world_size=run.world, config_name=run.cfg.name)
-        ck.write_main_files(
-            ck.tmp_dir_for(root, step),
-            model_state=run.raw_model.state_dict(),
-            ema_state=run.ema.module.state_dict() if run.ema is not None else None,
-            optimizer_state=run.optimizer.state_dict(),
-            scheduler_state=run.scheduler.state_dict(),
-            scaler_state=accelerator.scaler.state_dict() if accelerator.scaler is not None else None,
-            trainer_state=trainer_state,
-        )
-    accelerator.wait_for_everyone()
-    if run.main_proc:
-        state.last_ckpt = ck.commit_save(root, step)
-        ck.prune(root, run.cfg.train.keep_last, keep_steps=[state.best_step])
-    accelerator.wait_for_everyone()
+    tmp = ck.tmp_dir_for(root, step)
+    # the epoch's partial loss sums (summed over ranks): epochs.csv stays exact after a mid-epoch resume
+    epoch_loss = accelerator.reduce(run.epoch_loss, reduction="sum") if run.world > 1 else run.epoch_loss
+    epoch_loss = epoch_loss.tolist()
+
+    def write_files():
+        ck.write_rank_files(tmp, run.rank, capture_rng_state())
+        if run.main_proc:
+            trainer_state = asdict(state)
+            del trainer_state["last_ckpt"]
+            trainer_state.update(epoch=epoch, batch=batch, config=run.fingerprint, global_batch=run.global_batch,
+                                 world_size=run.world, config_name=run.cfg.name, epoch_loss=epoch_loss)
+            # False when an update was skipped for a non-finite loss since the previous checkpoint:
+            # pruning then keeps an older checkpoint saved with finite losses
+            trainer_state[ck.LOSS_FINITE_KEY] = state.skipped == run.skipped_at_save
+            ck.write_main_files(
+                tmp,
+                model_state=run.raw_model.state_dict(),
+                ema_state=run.ema.module.state_dict() if run.ema is not None else None,
+                optimizer_state=run.optimizer.state_dict(),
+                scheduler_state=run.scheduler.state_dict(),
+                scaler_state=accelerator.scaler.state_dict() if accelerator.scaler is not None else None,
+                trainer_state=trainer_state,
+            )
+
+    def commit():
+        if run.main_proc:
+            state.last_ckpt = ck.commit_save(root, step)
+            ck.prune(root, run.cfg.train.keep_last, keep_steps=[state.best_step], protect_last_finite=True)
+
+    try:
+        on_every_rank(run, lambda: run.main_proc and ck.begin_save(root, step))
+        on_every_rank(run, write_files)
+        on_every_rank(run, commit)
+    except ck.CheckpointWriteError:
+        if run.main_proc:
+            ck.abort_save(tmp)
+        raise
+    run.saved_step, run.skipped_at_save = step, state.skipped
 
 
 def export_weights(run):
-    if run.main_proc:
-        ck.save_weights(run.raw_model.state_dict(), os.path.join(run.run_dir, "model.safetensors"))
-        if run.ema is not None:
-            ck.save_weights(run.ema.module.state_dict(), os.path.join(run.run_dir, "model_ema.safetensors"))
+    """Every rank: the main process writes the weights; a write failure raises on every rank."""
+    on_every_rank(run, lambda: run.main_proc and write_weights(run))
 
 
-def restore(run, ckpt):
-    """Load weights, EMA, optimizer, schedule, scaler, RNG states and counters from a checkpoint."""
+def write_weights(run):
+    """Main process: model.safetensors (and model_ema.safetensors), atomically."""
+    ck.save_weights(run.raw_model.state_dict(), os.path.join(run.run_dir, "model.safetensors"))
+    if run.ema is not None:
+        ck.save_weights(run.ema.module.state_dict(), os.path.join(run.run_dir, "model_ema.safetensors"))
+
+
+def restore(run, ckpt, changes=(), fresh_hparams=None):
+    """Load weights, EMA, optimizer, schedule, scaler, RNG states, counters and the epoch's partial
+    loss sums from a checkpoint; then apply accepted config changes (--resume-with-changes)."""
     saved = ck.read_trainer_state(ckpt)
     ck.load_state_dict_strict(run.raw_model, ck.load_weights(os.path.join(ckpt, "model.safetensors")), ckpt)
-    if run.ema is not None and os.path.isfile(os.path.join(ckpt, "ema.safetensors")):
-        ck.load_state_dict_strict(run.ema.module, ck.load_weights(os.path.join(ckpt, "ema.safetensors")), ckpt)
+    if run.ema is not None:
+        if os.path.isfile(os.path.join(ckpt, "ema.safetensors")):
+            ck.load_state_dict_strict(run.ema.module, ck.load_weights(os.path.join(ckpt, "ema.safetensors")), ckpt)
+        else:  # EMA switched on by an accepted change: it starts from the resumed weights
+            run.ema.set(run.raw_model)
     run.optimizer.load_state_dict(ck.load_torch(os.path.join(ckpt, "optimizer.pt")))
     run.scheduler.load_state_dict(ck.load_torch(os.path.join(ckpt, "scheduler.pt")))
     scaler_state = ck.load_torch(os.path.join(ckpt, "scaler.pt"))
@@ -468,24 +628,47 @@ def restore(run, ckpt):
         if f.name in saved:
             setattr(run.state, f.name, saved[f.name])
     run.state.last_ckpt = ckpt
+    run.skipped_at_save = run.state.skipped
+    partial = saved.get("epoch_loss")
+    if partial is not None and run.rank == 0:  # the sums over all ranks; the other ranks add from zero
+        run.epoch_loss = torch.tensor(partial, dtype=torch.float64, device=run.accelerator.device)
     run.metrics.truncate_after(run.state.step)  # rows after the checkpoint are re-logged exactly once
     run.epochs_csv.truncate_after(run.state.step)
+    if rp.schedule_affected(changes):
+        run.scheduler = rp.rebuild_schedule(run.optimizer, fresh_hparams, run.cfg.optim, run.updates_per_epoch,
+                                            run.state.step)
     run.say(f"resumed from {ckpt} (step {run.state.step}, epoch {run.state.epoch + 1}, batch {run.state.batch})")
+    if changes:
+        run.metrics.write(**rp.change_record(changes, step=run.state.step, checkpoint=ckpt))
+        run.say(f"applying config changes from step {run.state.step} ({rp.RESUME_FLAG}): {rp.format_changes(changes)}")
 
 
 # ============================================================================ setup
-def setup(cfg, resume, overwrite):
-    """Accelerator, run directory, data, model/optimizer/schedule/EMA, and the resumed state."""
+def setup(cfg, resume, overwrite, accept_changes=False):
+    """Accelerator, run directory (locked), data, model/optimizer/schedule/EMA, and the resumed
+    state. The main process holds the run lock from here on (`run.lock`; released by `train`, or
+    here when setup fails)."""
     # A guard, not a measured fix: arithmetic on denormal floats is slow on CPUs, and flushing them
     # to zero costs nothing (a census of one training step per head found none; the sparse-head
     # slowdowns first blamed on them came from other jobs sharing the cores). Deterministic either way.
     torch.set_flush_denormal(True)
     accelerator, use_tb = build_accelerator(cfg)
+    main_proc = accelerator.is_main_process
+    lock = RunLock(cfg.train.output_dir, purpose="training", enabled=main_proc,
+                   warn=lambda msg: console(msg, main_proc))
+    try:
+        return build_run(cfg, resume, overwrite, accept_changes, accelerator, use_tb, lock)
+    except BaseException:
+        lock.release()
+        raise
+
+
+def build_run(cfg, resume, overwrite, accept_changes, accelerator, use_tb, lock):
     world, device, main_proc = accelerator.num_processes, accelerator.device, accelerator.is_main_process
     global_batch = cfg.data.batch_size * world * cfg.train.grad_accum
     num_classes = data_lib.num_classes(cfg.data)
-    fp = fingerprint(cfg, num_classes)
-    ckpt = prepare_run_dir(cfg, resume, overwrite, accelerator, fp, global_batch)
+    fp = rp.resume_fingerprint(configs.config_to_dict(cfg), num_classes=num_classes, global_batch=global_batch)
+    ckpt, changes = prepare_run_dir(cfg, resume, overwrite, accept_changes, accelerator, lock, fp)
 
     with accelerator.main_process_first():  # downloads / dataset caches are written once
         train_set = data_lib.build_dataset(cfg.data, "train")
@@ -498,6 +681,7 @@ def setup(cfg, resume, overwrite):
     reseed(cfg.train.seed, "init")
     raw_model = create_classifier(cfg.model, cfg.head, num_classes)
     optimizer = build_optimizer(raw_model, cfg.optim, global_batch)
+    fresh_hparams = rp.optimizer_hparams(optimizer)  # this config's settings, before a checkpoint's replace them
     scheduler = build_scheduler(optimizer, cfg.optim, updates_per_epoch)  # stepped by us per update
     model, optimizer = accelerator.prepare(raw_model, optimizer)
     label_smoothing = 0.0 if mixup is not None else cfg.data.label_smoothing
@@ -511,15 +695,16 @@ def setup(cfg, resume, overwrite):
         ema=ModelEmaV3(raw_model, decay=cfg.train.ema_decay) if cfg.train.ema else None,
         metrics=MetricsLog(cfg.train.output_dir, enabled=main_proc),
         epochs_csv=EpochCSV(cfg.train.output_dir, enabled=main_proc),
+        lock=lock,
     )
+    run.first_bad_step = torch.tensor(NO_BAD_STEP, device=device)
+    run.epoch_loss = torch.zeros(2, dtype=torch.float64, device=device)
     if ckpt is not None:
-        restore(run, ckpt)
+        restore(run, ckpt, changes, fresh_hparams)
     if use_tb:
         accelerator.init_trackers("tensorboard")
     run.time_base, run.log_images = run.state.train_time_s, run.state.images
     run.session_images = run.state.images
-    run.first_bad_step = torch.tensor(NO_BAD_STEP, device=device)
-    run.epoch_loss = torch.zeros(2, dtype=torch.float64, device=device)
     run.session_t0 = run.log_t = time.perf_counter()
     run.bar = tqdm(total=cfg.optim.epochs * updates_per_epoch, initial=run.state.step, unit="step",
                    disable=not (main_proc and cfg.train.progress), dynamic_ncols=True, file=sys.stdout)
@@ -567,35 +752,6 @@ def build_accelerator(cfg):
         project_dir=cfg.train.output_dir,
     )
     return accelerator, use_tb
-
-
-def prepare_run_dir(cfg, resume, overwrite, accelerator, fp, global_batch):
-    """Resolve the checkpoint to resume from and check it fits this config (before anything in the
-    run dir is touched); on a fresh start, clear (or refuse to clear) the run dir."""
-    run_dir = cfg.train.output_dir
-    ckpt = ck.resolve_resume(resume, run_dir, warn=lambda msg: console(msg, accelerator.is_main_process))
-    if ckpt is not None:
-        saved = ck.read_trainer_state(ckpt)
-        ck.check_fingerprint(saved.get("fingerprint", {}), fp, ckpt)
-        if saved.get("global_batch") != global_batch:
-            raise UserError(f"checkpoint {ckpt} was trained with a global batch of {saved.get('global_batch')}, this "
-                            f"launch has {global_batch} (batch_size x processes x grad_accum); keep it equal to resume")
-    else:
-        existing = ck.list_checkpoints(os.path.join(run_dir, ck.CHECKPOINT_SUBDIR))
-        if existing and resume is None and not overwrite:
-            raise UserError(f"{run_dir} already holds checkpoints: pass --resume auto to continue that run, "
-                            f"--overwrite to start over, or set train.output_dir")
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        os.makedirs(run_dir, exist_ok=True)
-        if ckpt is None:
-            shutil.rmtree(os.path.join(run_dir, ck.CHECKPOINT_SUBDIR), ignore_errors=True)
-            for name in RUN_FILES:
-                if os.path.exists(os.path.join(run_dir, name)):
-                    os.remove(os.path.join(run_dir, name))
-        configs.save_config(cfg, os.path.join(run_dir, "config.yaml"))
-    accelerator.wait_for_everyone()
-    return ckpt
 
 
 if __name__ == "__main__":

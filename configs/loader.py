@@ -370,6 +370,8 @@ def load_run_config(run_dir, overrides=()):
     path = os.path.join(run_dir, RUN_CONFIG_NAME) if os.path.isdir(run_dir) else run_dir
     if not os.path.isfile(path):
         raise UserError(f"no {RUN_CONFIG_NAME} in {run_dir}: is it a run directory written by train.py?")
-    data = apply_overrides(_read_yaml(path), overrides)
+    data = _read_yaml(path)
     data.pop("base", None)
+    data.pop("history", None)  # the changes accepted on resume (engine/resume_policy.py), not a setting
+    data = apply_overrides(data, overrides)
     return config_from_dict(data, default_name=os.path.basename(os.path.abspath(os.path.dirname(path))))

@@ -111,6 +111,9 @@ class TrainConfig:
     ema: bool = True
     ema_decay: float = 0.99996
     nonfinite: str = "stop"  # stop | skip
+    # nonfinite=skip only: stop (exit 3, as `stop` does) once more than this fraction of the last 100
+    # updates were skipped (0.1: an 11th skip within 100 updates); 1 never stops.
+    max_skipped_fraction: float = 0.1
     # torch.compile the forward together with the loss: auto = on for CUDA, off for CPU | true | false
     compile: str = "auto"
     # CUDA only: torch.cuda.set_sync_debug_mode("error") around every update that is not a log step
@@ -145,6 +148,7 @@ RANGES = {
     "optim.warmup_epochs": "[0, inf)", "optim.min_lr": "[0, inf)", "optim.warmup_lr": "[0, inf)",
     "train.grad_accum": "[1, inf)", "train.eval_every": "[1, inf)", "train.log_every": "[1, inf)",
     "train.save_every": "[1, inf)", "train.keep_last": "[1, inf)", "train.ema_decay": "[0, 1)",
+    "train.max_skipped_fraction": "[0, 1]",
 }
 
 # Closed vocabularies checked at load time (the model/head/dataset names are checked by their

@@ -6,7 +6,8 @@ class folders differ (but count the same) maps labels silently, so a run stores 
 a mismatch is one line naming the first differences and `--allow-class-mismatch`.
 
 Names: ImageFolder -> the sorted train/ folder names; CIFAR-10/100 -> the archives' label names;
-builtin10/100 -> the shape names (builtin100: shape_hue<k>).
+builtin10/100 -> the shape names (builtin100: shape_hue<k>); builtin*_ood -> those of its
+in-distribution set (same label space); shards -> the shard index's list.
 """
 import json
 import os
@@ -18,7 +19,7 @@ from .names import DATASET_NAMES
 
 CLASSES_FILE = "classes.json"
 ALLOW_FLAG = "--allow-class-mismatch"
-_BUILTIN = {"builtin10": 10, "builtin100": 100}
+_BUILTIN = {"builtin10": 10, "builtin100": 100, "builtin10_ood": 10, "builtin100_ood": 100}
 
 
 def class_names(data_cfg):
@@ -29,6 +30,10 @@ def class_names(data_cfg):
         return list(cifar.CLASS_NAMES[data_cfg.dataset])
     if data_cfg.dataset == "imagefolder":
         return imagefolder.find_classes(data_cfg.root)
+    if data_cfg.dataset == "shards":
+        from . import shards
+
+        return list(shards.read_index(data_cfg.root)["classes"])
     raise UserError(f"unknown data.dataset '{data_cfg.dataset}'; valid: {', '.join(DATASET_NAMES)}")
 
 

@@ -6,8 +6,10 @@ Layout of one checkpoint directory:
     optimizer.pt            optimizer state dict   (torch.save; loaded with weights_only=True)
     scheduler.pt            timm scheduler state dict
     scaler.pt               fp16 grad-scaler state (fp16 only)
-    trainer_state.json      step/epoch counters, loader position, best metric, config fingerprint,
-                            `loss_finite` (False when the loss was non-finite since the last save)
+    trainer_state.json      step/epoch counters, loader position, best metric, the whole resolved
+                            config (`config`, engine/resume_policy.py), the epoch's partial loss sums
+                            (`epoch_loss`), `loss_finite` (False when an update was skipped for a
+                            non-finite loss since the previous save)
     rng_<rank>.json         every rank's Python/numpy/torch RNG states
     COMPLETE.json           written last: {"step", "files": {name: size}, "sha256": {name: hex}};
                             a directory without it is not a checkpoint

@@ -35,6 +35,7 @@ if ROOT not in sys.path:
 from engine.cli import run_cli  # noqa: E402
 from common.errors import UserError  # noqa: E402
 from common.io import json_text, write_json  # noqa: E402
+from engine.runlock import RunLock  # noqa: E402
 
 REQUEST_FILE = "compare_request.json"  # what this script asked train.py for, to detect clashes
 
@@ -129,7 +130,8 @@ def _check_request(run_dir, request, create=True):
             raise UserError(f"{run_dir} was trained with other settings ({diff}); "
                             f"use another --runs-dir or delete that run")
     elif create:
-        write_json(request, path)
+        with RunLock(run_dir, purpose="compare_heads"):  # not while another process trains or evaluates there
+            write_json(request, path)
 
 
 def _run(cmd, what):
@@ -215,8 +217,10 @@ def write_comparison_report(plan, args, argv, eval_file):
     command = "python scripts/compare_heads.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     calib = (variants[plan[0][0]][0]["result"].get("prediction_sets") or {}).get("calibration") or {}
     notes = [calib["note"]] if calib.get("note") else []
-    return comparison.write_report(variants, args.report_dir or os.path.join("reports", stem),
-                                   f"Head comparison: {stem}", command, weights=weights, notes=notes)
+    report_dir = args.report_dir or os.path.join("reports", stem)
+    with RunLock(report_dir, purpose="compare_heads report"):  # one writer of the report folder
+        return comparison.write_report(variants, report_dir, f"Head comparison: {stem}", command, weights=weights,
+                                       notes=notes)
 
 
 if __name__ == "__main__":

@@ -130,7 +130,7 @@ def test_resume_refuses_other_config_and_truncated_files(tmp_path):
     assert load_run_config(run).head.name == "softmax"  # a refused resume leaves the run dir alone
     with pytest.raises(UserError, match="model.norm"):
         run_inprocess(tiny_cfg(run, "optim.epochs=2", "model.norm=layernorm"), resume="auto")
-    with pytest.raises(UserError, match="already holds checkpoints"):
+    with pytest.raises(UserError, match="already holds a run"):
         run_inprocess(tiny_cfg(run, "optim.epochs=2"))
     latest = ck.find_latest(run)
     path = os.path.join(latest, "model.safetensors")

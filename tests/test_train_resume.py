@@ -1,6 +1,9 @@
 """Exact resume: a run SIGKILLed mid-epoch and resumed ends bit-identical to the uninterrupted run
 (augmentation, Mixup/CutMix and drop path on); a kill during a checkpoint save leaves the previous
-checkpoint valid and `--resume auto` skips the partial one."""
+checkpoint valid and `--resume auto` skips the partial one. A SIGTERM mid-epoch saves a checkpoint
+at the next update boundary and exits 143; the resumed run is bit-identical too. epochs.csv is
+exact after a mid-epoch resume (the epoch's partial loss sums travel in the checkpoint)."""
+import csv
 import json
 import os
 import signal
@@ -12,8 +15,8 @@ import pytest
 import torch
 
 from engine import checkpoint as ck
-from test_train_helpers import (ROOT, hooked_train_cmd, read_metrics, run_train_subprocess, subprocess_env, tiny_cfg, weights,
-                                write_cfg)
+from test_train_helpers import (ROOT, gated_train_cmd, hooked_train_cmd, read_metrics, run_train_subprocess, subprocess_env,
+                                tiny_cfg, wait_for_file, weights, write_cfg)
 
 FAULT_LAUNCHER = os.path.join(ROOT, "tests", "fault_launcher.py")  # train.py with a test-only kill-mid-save hook
 
@@ -46,6 +49,14 @@ def _assert_same_run(run, ref):
     assert evals == ref_evals
     ref_losses = [r["loss"] for r in read_metrics(ref) if r["kind"] == "train"]
     assert [r["loss"] for r in rows if r["kind"] == "train"] == ref_losses
+    # epochs.csv: the epoch interrupted mid-way averages ALL its updates (one process: exactly)
+    exact = ("epoch", "step", "train_loss", "lr", "skipped", "raw_top1", "raw_loss", "ema_top1", "ema_loss")
+    assert [{k: r[k] for k in exact} for r in _epochs(run)] == [{k: r[k] for k in exact} for r in _epochs(ref)]
+
+
+def _epochs(run):
+    with open(os.path.join(run, "epochs.csv")) as f:
+        return list(csv.DictReader(f))
 
 
 def test_sigkill_mid_epoch_and_mid_save_then_resume_is_bit_identical(tmp_path, reference):
@@ -96,3 +107,30 @@ def test_sigkill_mid_epoch_and_mid_save_then_resume_is_bit_identical(tmp_path, r
     _assert_same_run(run, reference)
     assert not os.path.exists(partial)  # the stale temp dir was cleaned by a later save
     assert not os.path.exists(bogus)  # and the incomplete step directory by the pruning
+
+
+def test_sigterm_mid_epoch_saves_exits_143_and_resume_is_bit_identical(tmp_path, reference):
+    run, gate = str(tmp_path / "run"), str(tmp_path / "gate")
+    cfg_path = write_cfg(tiny_cfg(run, *RECIPE), tmp_path / "c.yaml")
+    # paused after update 3 of epoch 1 (no checkpoint due there: save_every=5), then SIGTERM
+    proc = subprocess.Popen(gated_train_cmd(cfg_path, 3, gate), cwd=ROOT, env=subprocess_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_for_file(gate + ".waiting", proc), proc.stderr.read()[-2000:]
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.2)  # handled while paused
+    finally:
+        open(gate, "w").close()
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-2000:]
+    assert "SIGTERM received" in err and "SIGTERM: stopped after step 3" in out and "--resume auto" in out
+    root = os.path.join(run, "checkpoints")
+    assert [s for s, _ in ck.list_checkpoints(root)] == [3]
+    stop = os.path.join(root, ck.checkpoint_name(3))
+    assert ck.validation_error(stop) is None and ck.read_trainer_state(stop)["batch"] == 3
+    assert not os.path.exists(os.path.join(run, "summary.json")) and not os.path.exists(os.path.join(run, "run.lock"))
+
+    resumed = run_train_subprocess(cfg_path, "--resume", "auto")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"resumed from {stop}" in resumed.stdout
+    _assert_same_run(run, reference)

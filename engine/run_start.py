@@ -1,0 +1,110 @@
+"""How a training run starts in its run directory (train.py's `setup` calls `prepare_run_dir`).
+
+The main process decides, under the run lock (engine/runlock.py), before anything in the
+directory changes:
+1. lock RUN_DIR (a second run gets one line naming the holder) and remove the temporary files of
+   killed saves (engine.checkpoint.clean_stale_temp: safe only under the lock);
+2. `--resume auto|PATH` -> the checkpoint, invalid ones skipped with a warning naming each (sha256
+   in COMPLETE.json); none valid: one line naming --resume PATH;
+3. resuming: the checkpoint's whole config against this one (engine/resume_policy.py): a change
+   outside RESUME_ALLOWLIST is refused in one line unless --resume-with-changes, which records it
+   in config.yaml's `history`; the run's classes.json must match the dataset's class names;
+4. starting fresh: a directory holding a run (engine.checkpoint.run_artefacts: weights, logs,
+   summary, checkpoints) is refused in one line naming what is there and the two ways on
+   (`--resume auto`, `--overwrite`); `--resume auto` without a complete checkpoint refuses the
+   same way unless the directory holds no run; `--overwrite` lists what it deletes, then deletes it;
+5. write config.yaml (with its history when resuming) and classes.json.
+The other ranks receive the decision (one broadcast) or, after a refusal, exit with the same code
+without printing it again.
+"""
+import os
+import shutil
+import sys
+
+from common.errors import UserError
+from configs.loader import RUN_CONFIG_NAME, config_to_dict
+from data.classes import CLASSES_FILE, class_mismatch, class_names, load_class_names, save_class_names
+
+from . import checkpoint as ck
+from . import resume_policy as rp
+from .logging import console
+
+# What --overwrite deletes besides the run artefacts: the TensorBoard logs of the old run.
+OVERWRITE_EXTRA = ("tensorboard",)
+
+
+def prepare_run_dir(cfg, resume, overwrite, accept_changes, accelerator, lock, fp):
+    """The main process locks the run directory, decides how the run starts (`decide_start`) and
+    writes config.yaml and classes.json; the other ranks receive its decision (or its refusal, and
+    exit with the same code, silently). -> (checkpoint to resume from or None, accepted changes)."""
+    decision = {"ckpt": None, "changes": [], "error": None}
+    if accelerator.is_main_process:
+        try:
+            decision["ckpt"], decision["changes"] = decide_start(cfg, resume, overwrite, accept_changes, lock, fp)
+        except UserError as err:
+            if accelerator.num_processes == 1:
+                raise
+            decision["error"] = getattr(err, "exit_code", 2)
+            print(f"error: {err}", file=sys.stderr, flush=True)
+    if accelerator.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        decision = broadcast_object_list([decision])[0]
+        if decision["error"] is not None:
+            raise SystemExit(decision["error"])
+    return decision["ckpt"], decision["changes"]
+
+
+def decide_start(cfg, resume, overwrite, accept_changes, lock, fp):
+    """Main process, under the run lock: clean what killed saves left, resolve the checkpoint (invalid
+    ones skipped with a warning), refuse config changes or a destructive fresh start, and on a fresh
+    start with --overwrite delete the old run (listing it). Nothing in the directory is changed
+    before every check has passed."""
+    run_dir = cfg.train.output_dir
+    say = console
+    if resume is not None and overwrite:
+        raise UserError(f"--resume {resume} and --overwrite contradict each other: --resume continues the run in "
+                        f"{run_dir}, --overwrite deletes it; pass one of them")
+    lock.acquire()
+    ck.clean_stale_temp(run_dir, warn=say)
+    ckpt = ck.resolve_resume(resume, run_dir, warn=say)
+    changes, history = [], None
+    names = class_names(cfg.data)
+    if ckpt is not None:
+        saved = ck.read_trainer_state(ckpt)
+        if saved.get("global_batch") not in (None, fp["run.global_batch"]):
+            raise UserError(f"checkpoint {ckpt} was trained with a global batch of {saved.get('global_batch')}, this "
+                            f"launch has {fp['run.global_batch']} (batch_size x processes x grad_accum); keep it equal "
+                            f"to resume")
+        changes = rp.check_resume_changes(rp.saved_fingerprint(saved), fp, checkpoint=ckpt,
+                                          accept_changes=accept_changes)
+        if changes:
+            history = rp.history_entry(changes, step=saved.get("step", 0), checkpoint=ckpt)
+        if os.path.isfile(os.path.join(run_dir, CLASSES_FILE)):  # data.root may move, the classes may not
+            diff = class_mismatch(load_class_names(run_dir), names)
+            if diff:
+                raise UserError(f"the dataset's classes differ from the ones {run_dir} was trained on ({diff}); resume "
+                                f"on the same classes, or start a new run in another train.output_dir")
+    else:
+        present = ck.run_artefacts(run_dir)
+        if present and not overwrite:
+            listing = ", ".join(present)
+            if resume == "auto":
+                raise UserError(f"--resume auto: {run_dir} has no complete checkpoint but holds a run ({listing}); "
+                                f"pass --overwrite instead to delete it and start over, or set another "
+                                f"train.output_dir")
+            raise UserError(f"{run_dir} already holds a run ({listing}): pass --resume auto to continue it, or "
+                            f"--overwrite to delete it and start over (or set another train.output_dir)")
+        doomed = present + [n for n in OVERWRITE_EXTRA if overwrite and os.path.exists(os.path.join(run_dir, n))]
+        if doomed:
+            say(f"--overwrite: deleting {', '.join(doomed)} in {run_dir}")
+        for name in doomed:
+            path = os.path.join(run_dir, name)
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
+    rp.save_config_with_history(os.path.join(run_dir, RUN_CONFIG_NAME), config_to_dict(cfg), history,
+                                keep_history=ckpt is not None)
+    save_class_names(run_dir, names)
+    return ckpt, changes
