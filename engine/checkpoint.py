@@ -40,7 +40,7 @@ holds the run lock (engine/runlock.py), so another live run's temporary files ar
 
 Test hook: the module attribute `_after_file_written` (None in production) is called with the path
 of every checkpoint file once it is written and fsynced; tests set it (in subprocesses through
-tests/fault_launcher.py) to kill the process in the middle of a save.
+tests/hooked_train.py --kill-during-save) to kill the process in the middle of a save.
 """
 import errno
 import hashlib

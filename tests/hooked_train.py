@@ -1,12 +1,19 @@
 """Test-only launcher: train.py with fault-injection hooks, which production never installs.
 
-    python tests/hooked_train.py [--nan-at-step N] [--step-delay-s X] --config C.yaml [train.py args ...]
+    python tests/hooked_train.py [--nan-at-step N] [--step-delay-s X] [--pause-after-step N --gate PATH]
+                                 [--kill-during-save STEP] --config C.yaml [train.py args ...]
 
---nan-at-step N   the loss of optimizer update N (0-based) is made NaN
---step-delay-s X  sleep X seconds after each update (numerics untouched; lets a test kill mid-epoch)
+--nan-at-step N        the loss of optimizer update N (0-based) is made NaN
+--step-delay-s X       sleep X seconds after each update (numerics untouched; lets a test kill mid-epoch)
+--pause-after-step N   after update N, create GATE.waiting and wait until GATE exists (a test then
+                       signals the process at a known step, with no timing guess)
+--kill-during-save S   SIGKILL right after the weights of the step-S checkpoint are written into its
+                       temporary directory (before the optimizer state and the completion marker),
+                       through engine.checkpoint's `_after_file_written` hook
 """
 import argparse
 import os
+import signal
 import sys
 import time
 
@@ -18,9 +25,10 @@ if ROOT not in sys.path:
 class FaultHooks:
     """The `hooks` object train.train() accepts: on_loss(step, loss) -> loss, after_update(step)."""
 
-    def __init__(self, nan_at_step=-1, step_delay_s=0.0):
+    def __init__(self, nan_at_step=-1, step_delay_s=0.0, pause_after_step=-1, gate=None):
         self.nan_at_step = nan_at_step
         self.step_delay_s = step_delay_s
+        self.pause_after_step, self.gate = pause_after_step, gate
 
     def on_loss(self, step, loss):
         return loss * float("nan") if step == self.nan_at_step else loss
@@ -28,17 +36,39 @@ class FaultHooks:
     def after_update(self, step):
         if self.step_delay_s:
             time.sleep(self.step_delay_s)
+        if step == self.pause_after_step:
+            open(self.gate + ".waiting", "w").close()
+            while not os.path.exists(self.gate):
+                time.sleep(0.02)
+
+
+def kill_during_save(step):
+    """Install the checkpoint writer's test hook: SIGKILL mid-save of the step-`step` checkpoint."""
+    from engine import checkpoint as ck
+
+    target = ".tmp-" + ck.checkpoint_name(step)
+
+    def kill_mid_save(path):
+        if os.path.basename(os.path.dirname(path)) == target and os.path.basename(path) == "model.safetensors":
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    ck._after_file_written = kill_mid_save
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--nan-at-step", type=int, default=-1)
     parser.add_argument("--step-delay-s", type=float, default=0.0)
+    parser.add_argument("--pause-after-step", type=int, default=-1)
+    parser.add_argument("--gate", default=None)
+    parser.add_argument("--kill-during-save", type=int, default=None, metavar="STEP")
     args, rest = parser.parse_known_args(argv)
     import train
     from engine.cli import run_cli
 
-    run_cli(train.main, rest, hooks=FaultHooks(args.nan_at_step, args.step_delay_s))
+    if args.kill_during_save is not None:
+        kill_during_save(args.kill_during_save)
+    run_cli(train.main, rest, hooks=FaultHooks(args.nan_at_step, args.step_delay_s, args.pause_after_step, args.gate))
 
 
 if __name__ == "__main__":

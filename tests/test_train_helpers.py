@@ -76,32 +76,9 @@ def hooked_train_cmd(config_path, *hook_args):
 
 # train.py whose run waits after update GATE_STEP until the file GATE exists: a test then acts on a
 # process known to be mid-run (signal it, race it), with no timing guess.
-GATED_TRAIN = """
-import os, sys, time
-sys.path.insert(0, {root!r})
-import train
-from engine.cli import run_cli
-
-
-class Gate:
-    def on_loss(self, step, loss):
-        return loss
-
-    def after_update(self, step):
-        if step == {step}:
-            open({gate!r} + ".waiting", "w").close()
-            while not os.path.exists({gate!r}):
-                time.sleep(0.02)
-
-
-run_cli(train.main, sys.argv[1:], hooks=Gate())
-"""
-
-
 def gated_train_cmd(config_path, gate_step, gate_path, *args):
     """train.py pausing after update `gate_step` (`gate_path + '.waiting'` appears) until `gate_path` exists."""
-    code = GATED_TRAIN.format(root=ROOT, step=int(gate_step), gate=str(gate_path))
-    return [sys.executable, "-c", code, "--config", str(config_path), *args]
+    return hooked_train_cmd(config_path, "--pause-after-step", str(int(gate_step)), "--gate", str(gate_path), *args)
 
 
 def wait_for_file(path, proc, timeout=180):

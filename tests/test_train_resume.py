@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -17,8 +16,6 @@ import torch
 from engine import checkpoint as ck
 from test_train_helpers import (ROOT, gated_train_cmd, hooked_train_cmd, read_metrics, run_train_subprocess, subprocess_env,
                                 tiny_cfg, wait_for_file, weights, write_cfg)
-
-FAULT_LAUNCHER = os.path.join(ROOT, "tests", "fault_launcher.py")  # train.py with a test-only kill-mid-save hook
 
 # 3 epochs x 8 updates; checkpoints every 5 updates (mid-epoch) and at epoch ends.
 RECIPE = ["optim.epochs=3", "data.mixup=0.8", "data.cutmix=1.0", "data.label_smoothing=0.1", "model.drop_path=0.1",
@@ -86,8 +83,8 @@ def test_sigkill_mid_epoch_and_mid_save_then_resume_is_bit_identical(tmp_path, r
     assert latest.endswith(ck.checkpoint_name(5)) and ck.read_trainer_state(latest)["batch"] == 5  # mid-epoch
 
     # 2. resume, and die in the middle of writing the step-10 checkpoint (after its weights, before its marker)
-    died = subprocess.run([sys.executable, FAULT_LAUNCHER, "--kill-during-save", "10", "--", "--config", cfg_path,
-                           "--resume", "auto"], cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=240)
+    died = subprocess.run(hooked_train_cmd(cfg_path, "--kill-during-save", "10", "--resume", "auto"), cwd=ROOT,
+                          env=subprocess_env(), capture_output=True, text=True, timeout=240)
     assert died.returncode == -signal.SIGKILL, died.stderr[-2000:]
     assert "resumed from" in died.stdout
     partial = os.path.join(root, ".tmp-" + ck.checkpoint_name(10))
