@@ -98,18 +98,23 @@ def uses_device_path(x: Tensor) -> bool:
                             "read on the host); use threshold_path('auto') or 'device' with torch.compile")
         return True
     if _threshold_path == "auto":
-        return x.device.type != "cpu"
-    if _threshold_path == "cpu" and x.device.type != "cpu":
+        return not x.is_cpu
+    if _threshold_path == "cpu" and not x.is_cpu:
         raise UserError(f"threshold path 'cpu' was forced for a tensor on {x.device}: its loops read "
                         f"values on the host, one sync each; use threshold_path('auto') or 'device'")
     return _threshold_path == "device"
 
 
+_NO_CONTEXT = contextlib.nullcontext()
+
+
 def _threads_for(x: Tensor):
-    """One intra-op thread for small head work on CPU tensors (thresholds_cpu.one_thread_below)."""
-    if x.device.type == "cpu" and not _compiling():
+    """One intra-op thread for small head work on CPU tensors (thresholds_cpu.one_thread_below).
+
+    Called on every forward and backward: the cheap checks (is_cpu, not device.type) come first."""
+    if x.is_cpu and not _compiling() and torch.get_num_threads() > 1:
         return thresholds_cpu.one_thread_below(x.numel())
-    return contextlib.nullcontext()
+    return _NO_CONTEXT
 
 
 def _check_n_iter(n_iter) -> None:
