@@ -73,7 +73,9 @@ def set_threshold_path(path: str) -> str:
 
     "auto" (default): the device path for non-CPU tensors and under torch.compile, the CPU path
     for CPU tensors. "device": the device path everywhere (tests use it on CPU tensors).
-    "cpu": the CPU path; only for CPU tensors in eager mode (elsewhere it raises UserError).
+    "cpu": the CPU path; only for CPU tensors in eager mode: elsewhere it would sync or break the
+    graph, so it raises UserError (which torch.compile(fullgraph=True) reports as an "Observed
+    exception" carrying the same message).
     """
     global _threshold_path
     previous, _threshold_path = _threshold_path, _check_path(path)

@@ -30,10 +30,13 @@ from torch import Tensor
 from .threshold_common import FLOOR, tsallis_power
 from .thresholds_device import N_NEWTON, entmax15_tau_sorted, sparsemax_tau_sorted, tsallis_tau_fixed
 
-# Head work on CPU tensors with at most this many elements runs on one intra-op thread: measured
-# on a 2-core machine shared with other jobs, 2 threads made the 1.5-entmax loss at 256 x 1000
-# 3-5x slower than 1 thread (issue 11); above this size each op is long enough to amortize the
-# fork/join.
+# Head work on CPU tensors with at most this many elements runs on one intra-op thread. The
+# cause of the slowdown it removes: every op over more than 32768 elements is an OpenMP fork/join,
+# and the CPU heads issue 20-50 of them per loss call (F.cross_entropy: 7) plus masked_select's
+# two-pass parallel scan; on a 2-core machine shared with other jobs the second thread is often
+# descheduled, so each join waits for it. At 2 threads the 1.5-entmax loss at 256 x 1000 was
+# 3-5x slower than at 1 (issue 11), and up to 20x under heavier load. Above this size (16 MB of
+# fp32, several ms per op) the caller's thread setting is kept: there, free cores pay off.
 SERIAL_MAX_NUMEL = 1 << 22
 
 

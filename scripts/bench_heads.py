@@ -3,8 +3,8 @@
 against the `entmax` package (reference implementation, benchmark oracle only) and against
 softmax cross-entropy (F.cross_entropy), for K in {10, 100, 1000, 32000}.
 
-Repetitions of all candidates are interleaved (round-robin) and the median is reported, so the
-ratios stay meaningful on a shared, noisy machine.
+Repetitions of all candidates are interleaved (in a new shuffled order each round) and the
+median is reported, so the ratios stay meaningful on a shared, noisy machine.
 
 On CPU, every case runs at each of --threads (default 1 and 2; torch.set_num_threads), in the
 same interleaved rounds, and also with the device path forced (models.mappings.threshold_path:
@@ -19,6 +19,7 @@ On CUDA it is wall time around synchronized calls, device path only (the one CUD
 """
 import argparse
 import os
+import random
 import statistics
 import sys
 import time
@@ -111,10 +112,14 @@ def bench(cases, device, reps, inner, thread_counts):
         for *_, tt, f in fns:
             if tt == t:
                 f()
+    order = random.Random(0)
     for _ in range(reps):
         for t in thread_counts:
             torch.set_num_threads(t)
-            for n, who, tt, f in fns:
+            # A new order each rep: after a multi-threaded op (F.cross_entropy, the package) the
+            # OpenMP worker keeps spinning for a while and slows whatever runs next on a busy
+            # machine; no case should always be the one that runs next.
+            for n, who, tt, f in order.sample(fns, len(fns)):
                 if tt != t:
                     continue
                 _sync(device)
