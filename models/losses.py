@@ -86,11 +86,7 @@ class _FenchelYoungLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, z: Tensor, y: Optional[Tensor], q: Optional[Tensor], alpha: Union[None, float, Tensor],
                 kind: str, n_iter: Optional[int], device_path: bool):
-        with _threads_for(z):
-            return _FenchelYoungLoss._forward(ctx, z, y, q, alpha, kind, n_iter, device_path)
-
-    @staticmethod
-    def _forward(ctx, z, y, q, alpha, kind, n_iter, device_path):
+        # (one CPU thread for small work: _fy_loss runs this under _threads_for)
         zf = _compute_dtype(z)
         # An all -inf row: m = lowest finite value keeps z - m = -inf there (not NaN); one op.
         m = zf.amax(-1, keepdim=True).clamp_(min=torch.finfo(zf.dtype).min)

@@ -74,7 +74,9 @@ def set_threshold_path(path: str) -> str:
 
     "auto" (default): the device path for non-CPU tensors and under torch.compile, the CPU path
     for CPU tensors. "device": the device path everywhere (tests use it on CPU tensors).
-    "cpu": the CPU path; only for CPU tensors in eager mode (elsewhere it raises UserError).
+    "cpu": the CPU path; only for CPU tensors in eager mode: elsewhere it would sync or break the
+    graph, so it raises UserError (which torch.compile(fullgraph=True) reports as an "Observed
+    exception" carrying the same message).
     """
     global _threshold_path
     previous, _threshold_path = _threshold_path, _check_path(path)
@@ -99,18 +101,23 @@ def uses_device_path(x: Tensor) -> bool:
                             "read on the host); use threshold_path('auto') or 'device' with torch.compile")
         return True
     if _threshold_path == "auto":
-        return x.device.type != "cpu"
-    if _threshold_path == "cpu" and x.device.type != "cpu":
+        return not x.is_cpu
+    if _threshold_path == "cpu" and not x.is_cpu:
         raise UserError(f"threshold path 'cpu' was forced for a tensor on {x.device}: its loops read "
                         f"values on the host, one sync each; use threshold_path('auto') or 'device'")
     return _threshold_path == "device"
 
 
+_NO_CONTEXT = contextlib.nullcontext()
+
+
 def _threads_for(x: Tensor):
-    """One intra-op thread for small head work on CPU tensors (thresholds_cpu.one_thread_below)."""
-    if x.device.type == "cpu" and not _compiling():
+    """One intra-op thread for small head work on CPU tensors (thresholds_cpu.one_thread_below).
+
+    Called on every forward and backward: the cheap checks (is_cpu, not device.type) come first."""
+    if x.is_cpu and not _compiling() and torch.get_num_threads() > 1:
         return thresholds_cpu.one_thread_below(x.numel())
-    return contextlib.nullcontext()
+    return _NO_CONTEXT
 
 
 def _check_n_iter(n_iter) -> None:

@@ -22,7 +22,6 @@ when another process holds a core (the waiting thread spins until the deschedule
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
 from typing import Optional
 
 import torch
@@ -30,27 +29,41 @@ from torch import Tensor
 
 from .threshold_common import FLOOR, tsallis_power
 from .thresholds_device import N_NEWTON, entmax15_tau_sorted, sparsemax_tau_sorted, tsallis_tau_fixed
-from .thresholds_device import threshold as sorted_threshold
 
-# Head work on CPU tensors with at most this many elements runs on one intra-op thread: measured
-# on a 2-core machine shared with other jobs, 2 threads made the 1.5-entmax loss at 256 x 1000
-# 3-5x slower than 1 thread (issue 11); above this size each op is long enough to amortize the
-# fork/join.
+# Head work on CPU tensors with at most this many elements runs on one intra-op thread. The
+# cause of the slowdown it removes: every op over more than 32768 elements is an OpenMP fork/join,
+# and the CPU heads issue 20-50 of them per loss call (F.cross_entropy: 7) plus masked_select's
+# two-pass parallel scan; on a 2-core machine shared with other jobs the second thread is often
+# descheduled, so each join waits for it. At 2 threads the 1.5-entmax loss at 256 x 1000 was
+# 3-5x slower than at 1 (issue 11), and up to 20x under heavier load. Above this size (16 MB of
+# fp32, several ms per op) the caller's thread setting is kept: there, free cores pay off.
 SERIAL_MAX_NUMEL = 1 << 22
 
 
-@contextmanager
-def one_thread_below(numel: int, limit: int = SERIAL_MAX_NUMEL):
-    """Run the enclosed torch ops on one intra-op thread when numel <= limit (restored after)."""
-    n = torch.get_num_threads()
-    if n == 1 or numel > limit:
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
+class one_thread_below:
+    """Context manager: the enclosed torch ops run on one intra-op thread when numel <= limit
+    (SERIAL_MAX_NUMEL by default); the caller's thread count is restored after. A class rather
+    than a generator: it wraps every head call, and costs well under a microsecond this way."""
+
+    __slots__ = ("numel", "limit", "restore")
+
+    def __init__(self, numel: int, limit: Optional[int] = None):
+        self.numel = numel
+        self.limit = SERIAL_MAX_NUMEL if limit is None else limit
+        self.restore = None
+
+    def __enter__(self):
+        n = torch.get_num_threads()
+        if n > 1 and self.numel <= self.limit:
+            torch.set_num_threads(1)
+            self.restore = n
+        return self
+
+    def __exit__(self, *exc):
+        if self.restore is not None:
+            torch.set_num_threads(self.restore)
+            self.restore = None
+        return False
 
 
 MAX_STEPS = 100
@@ -214,11 +227,14 @@ def threshold(z: Tensor, dim: int, kind: str, beta=None, n_iter: Optional[int] =
     d = [z - tau]_+ when the solver produced it for the full slice (else None); cand the
     Candidates block the solver worked on (alpha-entmax with a large K) or None.
 
-    Tiny rows (K <= SORT_MAX_K) use the sort-based thresholds: sorting 16 values is cheap. A given
+    Tiny rows (K <= SORT_MAX_K) use the sort-based thresholds: sorting 16 values is cheap (and
+    their cumulative sums are exact enough without the device path's closed-form finish). A given
     n_iter asks for the fixed bisection + Newton of alpha-entmax (the same as the device path)."""
     K = z.size(dim)
     if K <= SORT_MAX_K and kind != "alpha":
-        return sorted_threshold(z, dim, kind), None, None
+        zs = z.sort(dim, descending=True).values
+        tau = (sparsemax_tau_sorted if kind == "sparsemax" else entmax15_tau_sorted)(zs, dim)
+        return tau, None, None
     zt = z.movedim(dim, -1)
     lead = zt.shape[:-1]
     c = zt.reshape(-1, K)

@@ -3,15 +3,23 @@
 against the `entmax` package (reference implementation, benchmark oracle only) and against
 softmax cross-entropy (F.cross_entropy), for K in {10, 100, 1000, 32000}.
 
-Repetitions of all candidates are interleaved (round-robin) and the median is reported, so the
-ratios stay meaningful on a shared, noisy machine. On CPU the clock is the process CPU time
-(time.process_time), which other processes on the machine do not inflate, and torch uses
---threads threads (default 1); on CUDA it is wall time around synchronized calls. Usage:
+Repetitions of all candidates are interleaved (in a new shuffled order each round) and the
+median is reported, so the ratios stay meaningful on a shared, noisy machine.
 
-    python scripts/bench_heads.py [--quick] [--device cpu|cuda|all] [--reps N] [--threads N]
+On CPU, every case runs at each of --threads (default 1 and 2; torch.set_num_threads), in the
+same interleaved rounds, and also with the device path forced (models.mappings.threshold_path:
+the fixed-shape, host-read-free path that GPUs take) to show its cost on CPU. Two tables:
+* at 1 thread, the process CPU time (which other processes on the machine do not inflate):
+  ratios to the package and to cross-entropy, and the device path's cost;
+* thread scaling, in wall time (CPU time adds up all threads, spinning ones included): the
+  median at each thread count and the ratio to 1 thread (< 1 is faster with more threads).
+On CUDA it is wall time around synchronized calls, device path only (the one CUDA takes). Usage:
+
+    python scripts/bench_heads.py [--quick] [--device cpu|cuda|all] [--reps N] [--threads 1,2]
 """
 import argparse
 import os
+import random
 import statistics
 import sys
 import time
@@ -22,6 +30,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from models import heads  # noqa: E402
+from models.mappings import threshold_path  # noqa: E402
 
 try:
     import entmax as entmax_pkg  # oracle only
@@ -54,7 +63,11 @@ def make_cases(K, B, device):
         return run
 
     def map_case(f):
-        return fb(lambda: (f(x) * w).sum())
+        # backward(w): the vector-Jacobian product with w, and no other full-size op in the timing
+        def run():
+            x.grad = None
+            f(x).backward(w)
+        return run
 
     cases = {
         "ce": (fb(lambda: F.cross_entropy(x, y)), None),
@@ -73,25 +86,75 @@ def make_cases(K, B, device):
     return cases
 
 
-def bench(cases, device, reps, inner):
+def _on_device_path(fn):
+    def run():
+        with threshold_path("device"):
+            fn()
+    return run
+
+
+def bench(cases, device, reps, inner, thread_counts):
+    """{(case, who, threads): (median wall s, median cpu s)}; who in ours / dev / pkg.
+
+    The package runs at the first thread count only (it is the slow oracle)."""
     fns = []
     for name, (ours, pkg) in cases.items():
-        fns.append((name, "ours", ours))
-        if pkg is not None:
-            fns.append((name, "pkg", pkg))
-    times = {(n, w): [] for n, w, _ in fns}
-    for _, _, f in fns:  # warm-up
-        f()
-    clock = time.perf_counter if device.type == "cuda" else time.process_time
-    for _ in range(reps):
-        for n, w, f in fns:
-            _sync(device)
-            t0 = clock()
-            for _ in range(inner):
+        for t in thread_counts:
+            fns.append((name, "ours", t, ours))
+            if device.type == "cpu" and name != "ce":
+                fns.append((name, "dev", t, _on_device_path(ours)))
+            if pkg is not None and t == thread_counts[0]:
+                fns.append((name, "pkg", t, pkg))
+    wall = {k[:3]: [] for k in fns}
+    cpu = {k[:3]: [] for k in fns}
+    for t in thread_counts:  # warm-up at each thread count
+        torch.set_num_threads(t)
+        for *_, tt, f in fns:
+            if tt == t:
                 f()
-            _sync(device)
-            times[(n, w)].append((clock() - t0) / inner)
-    return {k: statistics.median(v) for k, v in times.items()}
+    order = random.Random(0)
+    for _ in range(reps):
+        for t in thread_counts:
+            torch.set_num_threads(t)
+            # A new order each rep: after a multi-threaded op (F.cross_entropy, the package) the
+            # OpenMP worker keeps spinning for a while and slows whatever runs next on a busy
+            # machine; no case should always be the one that runs next.
+            for n, who, tt, f in order.sample(fns, len(fns)):
+                if tt != t:
+                    continue
+                _sync(device)
+                w0, c0 = time.perf_counter(), time.process_time()
+                for _ in range(inner):
+                    f()
+                _sync(device)
+                wall[(n, who, t)].append((time.perf_counter() - w0) / inner)
+                cpu[(n, who, t)].append((time.process_time() - c0) / inner)
+    return {k: (statistics.median(wall[k]), statistics.median(cpu[k])) for k in wall}
+
+
+def report_cpu(K, B, cases, t, thread_counts):
+    t1 = thread_counts[0]
+    ce = t[("ce", "ours", t1)][1]
+    rows = []
+    for name in cases:
+        if name == "ce":
+            rows.append(f"{K:>6} {B:>4} {'F.cross_entropy':<15} {ce * 1e3:>9.3f}")
+            continue
+        ours = t[(name, "ours", t1)][1]
+        dev = t[(name, "dev", t1)][1]
+        pkg = t.get((name, "pkg", t1))
+        pkg_s = f"{pkg[1] * 1e3:>9.3f} {pkg[1] / ours:>8.1f}x" if pkg else f"{'-':>9} {'-':>9}"
+        rows.append(f"{K:>6} {B:>4} {name:<15} {ours * 1e3:>9.3f} {pkg_s} {ours / ce:>7.2f}x "
+                    f"{dev * 1e3:>9.3f} {dev / ours:>7.2f}x")
+    scaling = []
+    for name in cases:
+        for who in ("ours", "dev") if name != "ce" else ("ours",):
+            walls = [t[(name, who, n)][0] for n in thread_counts]
+            label = "F.cross_entropy" if name == "ce" else f"{name}{' [dev]' if who == 'dev' else ''}"
+            cols = " ".join(f"{w * 1e3:>9.3f}" for w in walls)
+            ratios = " ".join(f"{w / walls[0]:>7.2f}x" for w in walls[1:])
+            scaling.append(f"{K:>6} {B:>4} {label:<22} {cols} {ratios}")
+    return rows, scaling
 
 
 def main(argv=None):
@@ -99,9 +162,9 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="fewer repetitions")
     ap.add_argument("--device", default="all", choices=["cpu", "cuda", "all"])
     ap.add_argument("--reps", type=int, default=None)
-    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    ap.add_argument("--threads", default="1,2", help="comma-separated torch CPU thread counts (first: the anchor)")
     args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    thread_counts = [int(v) for v in args.threads.split(",")]
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     if args.device != "all":
         devices = [args.device]
@@ -110,21 +173,38 @@ def main(argv=None):
         print("note: the `entmax` package is not installed; only the ratio to cross-entropy is shown")
     for dev in devices:
         device = torch.device(dev)
-        print(f"\n== device {dev} (threads {torch.get_num_threads()}), {reps} interleaved reps, median ==")
-        print(f"{'K':>6} {'B':>4} {'case':<15} {'ours ms':>9} {'pkg ms':>9} {'pkg/ours':>9} {'ours/CE':>8}")
+        counts = thread_counts if dev == "cpu" else [torch.get_num_threads()]
+        print(f"\n== device {dev}, {reps} interleaved reps, median ==")
+        tables, scalings = [], []
         for K, B in SIZES:
             cases = make_cases(K, B, device)
             inner = 2 if K >= 32000 else (5 if K >= 1000 or dev == "cuda" else 20)
-            t = bench(cases, device, reps, inner)
-            ce = t[("ce", "ours")]
+            t = bench(cases, device, reps, inner, counts)
+            if dev == "cpu":
+                rows, scaling = report_cpu(K, B, cases, t, counts)
+                tables += rows
+                scalings += scaling
+                continue
+            ce = t[("ce", "ours", counts[0])][0]
             for name in cases:
-                if name == "ce":
-                    print(f"{K:>6} {B:>4} {'F.cross_entropy':<15} {ce * 1e3:>9.3f}")
-                    continue
-                ours = t[(name, "ours")]
-                pkg = t.get((name, "pkg"))
-                pkg_s = f"{pkg * 1e3:>9.3f} {pkg / ours:>8.1f}x" if pkg else f"{'-':>9} {'-':>9}"
-                print(f"{K:>6} {B:>4} {name:<15} {ours * 1e3:>9.3f} {pkg_s} {ours / ce:>7.2f}x")
+                ours = t[(name, "ours", counts[0])][0]
+                pkg = t.get((name, "pkg", counts[0]))
+                pkg_s = f"{pkg[0] * 1e3:>9.3f} {pkg[0] / ours:>8.1f}x" if pkg else f"{'-':>9} {'-':>9}"
+                tables.append(f"{K:>6} {B:>4} {name:<15} {ours * 1e3:>9.3f} {pkg_s} {ours / ce:>7.2f}x")
+        if dev == "cpu":
+            print(f"-- {counts[0]} thread(s), process CPU time; [dev] = device path forced on CPU --")
+            print(f"{'K':>6} {'B':>4} {'case':<15} {'ours ms':>9} {'pkg ms':>9} {'pkg/ours':>9} {'ours/CE':>8} "
+                  f"{'[dev] ms':>9} {'dev/ours':>8}")
+        else:
+            print(f"{'K':>6} {'B':>4} {'case':<15} {'ours ms':>9} {'pkg ms':>9} {'pkg/ours':>9} {'ours/CE':>8}")
+        print("\n".join(tables))
+        if dev == "cpu" and len(counts) > 1:
+            print(f"\n-- thread scaling, wall time ms at {', '.join(map(str, counts))} threads; "
+                  f"ratio to {counts[0]} thread(s) (< 1: faster with more threads) --")
+            heads_ = " ".join(f"{'t' + str(n):>9}" for n in counts)
+            ratios = " ".join(f"{'t' + str(n) + '/t' + str(counts[0]):>8}" for n in counts[1:])
+            print(f"{'K':>6} {'B':>4} {'case':<22} {heads_} {ratios}")
+            print("\n".join(scalings))
     return 0
 
 

@@ -23,9 +23,9 @@ same way, and that one does not sync (the value stays a CPU scalar).
 
 Exclusions are narrow and named: `allow` takes (tensor, reason) pairs, and a blocked op is let
 through only when one of its tensor arguments *is* one of those tensors (object identity, not an
-equal value, not a view). `guard.allowed` counts how often each reason was used, so a test can assert that an exclusion is
-still needed. Violations are also recorded in `guard.violations` and raised again at exit, so code
-that swallows exceptions cannot hide them.
+equal value, not a view). `guard.allowed` counts how often each reason was used, so a test can
+assert that an exclusion is still needed. Violations are also recorded in `guard.violations` and
+raised again at exit, so code that swallows exceptions cannot hide them.
 """
 from __future__ import annotations
 
@@ -80,7 +80,8 @@ _LIFT_FRESH = set(_overloads(aten.lift_fresh, aten.lift_fresh_copy))
 
 # Ops blocked only for some arguments (see _blocked_reason), listed for reports.
 CONDITIONALLY_BLOCKED = {
-    "aten.index / index_put(_) / _index_put_impl_": "with a boolean (or uint8) index: mask indexing runs nonzero inside",
+    "aten.index / index_put(_) / _index_put_impl_": "with a boolean (or uint8) index: mask indexing "
+                                                     "runs nonzero inside",
     "aten.repeat_interleave": "without output_size: the output size is the sum of the repeats",
     "aten.masked_fill.Tensor": "with a tensor value: the kernel reads it with .item()",
     "aten.histc": "with min == max: the range is read from the data",

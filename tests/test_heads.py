@@ -665,7 +665,8 @@ def test_device_path_gradcheck(name):
     xa = _x((3, 6), 1.5, seed=48).requires_grad_()
     with threshold_path("device"):
         assert torch.autograd.gradcheck(lambda v, t: entmax_bisect(v, t), (xa, a))
-        assert torch.autograd.gradcheck(lambda v, t: entmax_bisect_loss(v, torch.tensor([1, 2, 3]), t.view(-1)), (xa, a))
+        y3 = torch.tensor([1, 2, 3])
+        assert torch.autograd.gradcheck(lambda v, t: entmax_bisect_loss(v, y3, t.view(-1)), (xa, a))
 
 
 @settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
