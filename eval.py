@@ -18,8 +18,15 @@ fraction of samples with p_y = 0, ECE (15 bins) with reliability-diagram data, s
 Prediction sets (evaluation/conformal.py, Campos et al., AISTATS 2025): calibrated on the run's
 held-out calibration split (data.calib_fraction > 0) or, when the run held none out, on a fixed
 random half of the evaluated split (reported on the other half). Sample counts are exact across
-processes. Writes JSON (--output), a CSV row and the per-example records
-(evaluation/examples.py) beside it, and prints a table.
+processes. APS's random tie-breaking is seeded per run (its training seed and head).
+Selective prediction (evaluation/selective_report.py): risk-coverage AURC, E-AURC and the risk at
+fixed coverages, with confidence = max probability and, for sparse heads, also 1/support size.
+Out-of-distribution detection (--ood-dataset NAME, any dataset this project loads, or `auto`: the
+built-in data's own OOD set, builtin10_ood for builtin10): AUROC and FPR at 95% TPR of max
+probability, entropy and (sparse heads) support size, the evaluated split being in-distribution
+(evaluation/ood_report.py). Writes JSON (--output), a CSV row and the per-example records
+(evaluation/examples.py: label, pred, p_y, max prob, support size, FY loss) beside it, and prints a
+table.
 """
 import argparse
 import os
@@ -57,6 +64,11 @@ def parse_args(argv=None):
                    help="prediction-set calibration data: auto = the calib split when the run held one "
                         "out (data.calib_fraction > 0), else half of the evaluated split; none = skip")
     p.add_argument("--eps", type=float, nargs="+", default=None, help="miscoverage levels (default 0.1 0.05)")
+    p.add_argument("--ood-dataset", metavar="NAME", default=None,
+                   help="out-of-distribution set for OOD detection (a data.dataset name, e.g. builtin10_ood, "
+                        "imagefolder with --ood-root; auto = the built-in data's own OOD set)")
+    p.add_argument("--ood-root", metavar="DIR", default=None,
+                   help="data root of the OOD set (default: the run's data.root)")
     p.add_argument("--output", help="metrics JSON path (a CSV row and STEM.examples.safetensors are "
                                     "written beside it)")
     p.add_argument("--quiet", action="store_true", help="no table on the terminal")
@@ -158,6 +170,51 @@ def _split_half(n, seed=0):
     return perm[: n // 2], perm[n // 2:]
 
 
+def aps_seed(cfg):
+    """The seed of randomized APS's uniforms: one per run (its training seed, head and head settings,
+    model norm), so seeds and heads do not all share one draw (evaluation/conformal.py)."""
+    from common.seeding import mix_seed
+
+    from configs.loader import config_to_dict
+
+    head = ",".join(f"{k}={v}" for k, v in sorted(config_to_dict(cfg)["head"].items()))
+    return mix_seed("eval-aps", int(cfg.train.seed), head, str(cfg.model.norm))
+
+
+def ood_data_config(cfg, args):
+    """cfg.data for the OOD set of --ood-dataset/--ood-root (None when not asked); UserError if unknown."""
+    import copy
+
+    import data
+    from evaluation.ood_report import resolve_ood_dataset
+
+    if args.ood_dataset is None:
+        if args.ood_root:
+            raise UserError("--ood-root needs --ood-dataset NAME")
+        return None
+    name = resolve_ood_dataset(args.ood_dataset, cfg.data.dataset)
+    if name not in data.DATASET_NAMES:
+        raise UserError(f"unknown --ood-dataset '{name}'; valid: auto, {', '.join(data.DATASET_NAMES)}")
+    ood = copy.deepcopy(cfg.data)
+    ood.dataset = name
+    if args.ood_root:
+        ood.root = args.ood_root
+    ood.calib_fraction = 0.0  # the whole OOD val split is evaluated
+    return ood
+
+
+def ood_results(head, ood_cfg, ood_dataset, preds, evaluate_split):
+    """OOD detection: the evaluated split (in-distribution) vs the OOD set's val split."""
+    from evaluation.ood_report import run_summary
+
+    ood_preds = evaluate_split("val", ood_dataset, data_cfg=ood_cfg, ignore_labels=True)
+    with torch.no_grad():
+        probs_in, probs_out = head(preds.logits).float(), head(ood_preds.logits).float()
+    result = run_summary(probs_in, probs_out, head.name, ood_cfg.dataset)
+    result["root"] = ood_cfg.root if ood_cfg.dataset not in ("builtin10_ood", "builtin100_ood") else None
+    return result
+
+
 def prediction_set_results(head, cfg, args, preds, evaluate_split):
     """Calibrate on the calib split (or half of the evaluated one) and measure on the rest."""
     from evaluation import conformal
@@ -190,12 +247,19 @@ def prediction_set_results(head, cfg, args, preds, evaluate_split):
     for e in eps:
         if not 0 < e < 1:
             raise UserError(f"--eps values must be in (0, 1), got {e}")
-    methods = conformal.prediction_sets(head.name, alpha, cal, ev, epsilons=eps)
+    seed = aps_seed(cfg)
+    methods = conformal.prediction_sets(head.name, alpha, cal, ev, epsilons=eps, aps_seed=seed)
     out = {"calibration": {"source": source, "n_calib": int(cal["labels"].numel()),
-                           "n_eval": int(ev["labels"].numel())}, "methods": methods}
+                           "n_eval": int(ev["labels"].numel()), "aps_seed": seed}, "methods": methods}
     if note:
         out["calibration"]["note"] = note
     return out
+
+
+def selective_summary(records, head_name):
+    from evaluation.selective_report import run_summary
+
+    return run_summary({k: v.numpy() for k, v in records.items()}, head_name)
 
 
 def main(argv=None):
@@ -212,8 +276,10 @@ def main(argv=None):
     if args.calib == "calib" and cfg.data.calib_fraction <= 0:
         raise UserError("--calib calib needs a run trained with data.calib_fraction > 0 "
                         "(this one held no calibration data out); use --calib val-half or auto")
+    ood_cfg = ood_data_config(cfg, args)
     num_classes = data.num_classes(cfg.data)
     dataset = data.build_dataset(cfg.data, args.split)
+    ood_dataset = data.build_dataset(ood_cfg, "val") if ood_cfg is not None else None
     model = build_model(cfg, weights, num_classes)
     if os.path.isdir(args.checkpoint):  # a run stores its class names: labels must mean the same classes
         from data.classes import check_class_names, load_class_names
@@ -227,10 +293,11 @@ def main(argv=None):
     rank, world = accelerator.process_index, accelerator.num_processes
     model.to(accelerator.device)
 
-    def evaluate_split(split, ds=None):
-        ds = ds if ds is not None else data.build_dataset(cfg.data, split)
-        loader = data.build_eval_loader(ds, cfg.data, rank=rank, world_size=world, device=accelerator.device)
-        return evaluate(model, loader, accelerator, keep_examples=True)
+    def evaluate_split(split, ds=None, data_cfg=None, ignore_labels=False):
+        data_cfg = data_cfg or cfg.data
+        ds = ds if ds is not None else data.build_dataset(data_cfg, split)
+        loader = data.build_eval_loader(ds, data_cfg, rank=rank, world_size=world, device=accelerator.device)
+        return evaluate(model, loader, accelerator, keep_examples=True, ignore_labels=ignore_labels)
 
     t0 = time.perf_counter()
     preds = evaluate_split(args.split, dataset)
@@ -240,6 +307,7 @@ def main(argv=None):
     if preds.totals["n"] + skipped != len(dataset) or preds.logits.shape[0] + skipped != len(dataset):  # exactness
         raise RuntimeError(f"gathered {preds.totals['n']} predictions for {len(dataset)} samples ({skipped} skipped)")
     ps = prediction_set_results(head, cfg, args, preds, evaluate_split)
+    ood = ood_results(head, ood_cfg, ood_dataset, preds, evaluate_split) if ood_cfg is not None else None
     if not accelerator.is_main_process:
         return 0
 
@@ -256,6 +324,8 @@ def main(argv=None):
     if skipped:
         print(f"warning: {skipped} undecodable image(s) skipped (data.skip_corrupt); metrics cover the other "
               f"{preds.totals['n']}", file=sys.stderr)
+    result["selective"] = selective_summary(preds.records, head.name)
+    result["ood"] = ood
     if args.output:
         write_outputs(result, preds.records, args.output)
     if not args.quiet:
@@ -286,6 +356,8 @@ def print_result(result, cfg, kind, output):
     print(f"{cfg.name}: {cfg.model.name} + {result['head']} head, {kind} weights, "
           f"{cfg.data.dataset} {result['split']} ({world} process{'es' if world > 1 else ''})")
     print(report.eval_table(result))
+    if result.get("ood"):
+        print(report.ood_table(result["ood"]))
     ps = result["prediction_sets"]
     if ps and ps["calibration"].get("note"):
         print(f"note: {ps['calibration']['note']}")

@@ -1,19 +1,32 @@
-"""Aggregate finished runs of a head comparison into report.md, CSVs and PNG plots.
+"""Aggregate finished runs of a head comparison into report.md, CSVs, JSON and PNG plots.
 
-Input: for each variant (e.g. "sparsemax", "entmax_bisect-a1.25-layernorm") the run directories of
-its seeds, each holding train.py's summary.json / metrics.jsonl and eval.py's JSON. Every scalar
-metric is shown as mean ± std over seeds (sample std; a single seed shows the value alone).
+Input: for each variant (e.g. "sparsemax", "entmax_bisect-a1.25-layernorm") the runs of its seeds,
+each holding train.py's summary.json / metrics.jsonl and eval.py's JSON with its per-example records
+(STEM.examples.safetensors). Every scalar metric is shown as mean ± std over seeds (sample std; a
+single seed shows the value alone). Sections: the metric table; paired differences of each variant
+against its baseline (evaluation/paired.py); selective prediction (evaluation/selective_report.py);
+OOD detection when the runs were evaluated with an OOD set (evaluation/ood_report.py); plots.
+
+Numbers shown twice come from one place: the accuracy plot's last point is the table's top-1 (both
+fp32 evaluations of the same weights; a mismatch is reported), the risk-coverage plot and the AURC
+table come from the same per-seed curves, and both ECEs are named (mean of per-run, pooled).
 """
 import json
 import os
 import statistics
 
-from . import metrics, plots, report
+from common.io import write_json
+
+from . import metrics, ood_report, paired, plots, report, selective_report
 
 TRAIN_COLUMNS = [
     ("train_time_s", "train time (s)", "f1"),
     ("train_img_per_s", "train img/s", "f0"),
 ]
+ECE_MEAN_LABEL = "ECE (15 bins), mean of per-run"
+ECE_POOLED_LABEL = "ECE (15 bins), pooled over seeds"
+LOAD_NOTE = ("Train times and img/s depend on what else the machine was running: compare them only "
+             "between runs made at the same time on an otherwise idle machine.")
 
 
 def read_jsonl(path):
@@ -30,8 +43,11 @@ def read_jsonl(path):
     return rows
 
 
-def load_run(run_dir, eval_file, weights="raw"):
-    """One finished run: eval result + training summary + validation curve."""
+def load_run(run_dir, eval_file, weights="raw", seed=None):
+    """One finished run: eval result + training summary + validation curve + per-example records
+    (numpy arrays, None when the run's eval wrote none)."""
+    from .examples import examples_path, load_examples
+
     with open(os.path.join(run_dir, eval_file)) as f:
         result = json.load(f)
     with open(os.path.join(run_dir, "summary.json")) as f:
@@ -43,7 +59,12 @@ def load_run(run_dir, eval_file, weights="raw"):
     for row in read_jsonl(os.path.join(run_dir, "metrics.jsonl")):
         if row.get("kind") == "eval" and row.get("weights", "raw") == weights and "top1" in row:
             curve[row["epoch"]] = row["top1"]  # last one wins (a resumed run may re-log an epoch)
-    return {"run_dir": run_dir, "result": result, "flat": flat, "curve": sorted(curve.items())}
+    records = None
+    path = examples_path(os.path.join(run_dir, eval_file))
+    if os.path.isfile(path):
+        records = {k: v.numpy() for k, v in load_examples(path)[0].items()}
+    return {"run_dir": run_dir, "seed": seed, "result": result, "flat": flat, "curve": sorted(curve.items()),
+            "records": records}
 
 
 def _mean_std(values):
@@ -53,8 +74,7 @@ def _mean_std(values):
     return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0)
 
 
-def table_columns(variants):
-    """Every metric column that applies to at least one variant, in display order."""
+def _prediction_set_layout(variants):
     methods, epsilons = [], []
     for runs in variants.values():
         for run in runs:
@@ -64,8 +84,29 @@ def table_columns(variants):
                 epsilons.extend(e for e in res["eps"] if e not in epsilons)
     order = {"support": 0, "lac": 1, "aps": 2}
     methods.sort(key=lambda m: order.get(m, 9))
-    return (report.METRIC_COLUMNS + report.prediction_set_columns(methods, epsilons)
-            + TRAIN_COLUMNS + report.SPEED_COLUMNS)
+    return methods, epsilons
+
+
+def table_columns(variants):
+    """Every metric column that applies to at least one variant, in display order (ECE: the mean of
+    the per-run ECEs; summary_table adds the pooled ECE after it)."""
+    methods, epsilons = _prediction_set_layout(variants)
+    cols = [(k, ECE_MEAN_LABEL if k == "ece" else label, fmt) for k, label, fmt in report.METRIC_COLUMNS]
+    return cols + report.prediction_set_columns(methods, epsilons) + TRAIN_COLUMNS + report.SPEED_COLUMNS
+
+
+def pooled_reliability(runs):
+    """Reliability bins of all seeds added (count-weighted), and their ECE by the one formula."""
+    nb = len(runs[0]["result"]["reliability"]["count"])
+    count, conf_sum, acc_sum = [0] * nb, [0.0] * nb, [0.0] * nb
+    for run in runs:
+        rel = run["result"]["reliability"]
+        for b, c in enumerate(rel["count"]):
+            if c:
+                count[b] += c
+                conf_sum[b] += c * rel["confidence"][b]
+                acc_sum[b] += c * rel["accuracy"][b]
+    return metrics.calibration_from_bins(count, conf_sum, acc_sum)
 
 
 def summary_table(variants):
@@ -76,6 +117,9 @@ def summary_table(variants):
     for key, label, fmt in table_columns(variants):
         cells = [report.format_mean_std([r["flat"].get(key) for r in variants[v]], fmt) for v in names]
         rows.append([label] + cells)
+        if key == "ece":
+            rows.append([ECE_POOLED_LABEL] + [report.format_value(pooled_reliability(variants[v])["ece"], "f4")
+                                              for v in names])
     return header, rows
 
 
@@ -94,18 +138,9 @@ def _plot_inputs(variants):
             hist = list(h) if hist is None else [a + b for a, b in zip(hist, h)]
         hists[variant] = hist or []
 
-        # Pool the bins over seeds (count-weighted), then the pooled ECE by the one formula.
-        nb = len(runs[0]["result"]["reliability"]["count"])
-        count, conf_sum, acc_sum = [0] * nb, [0.0] * nb, [0.0] * nb
-        for run in runs:
-            rel = run["result"]["reliability"]
-            for b, c in enumerate(rel["count"]):
-                if c:
-                    count[b] += c
-                    conf_sum[b] += c * rel["confidence"][b]
-                    acc_sum[b] += c * rel["accuracy"][b]
-        pooled = metrics.calibration_from_bins(count, conf_sum, acc_sum)
-        diagrams[variant] = {**pooled["reliability"], "ece": pooled["ece"]}
+        pooled = pooled_reliability(runs)
+        diagrams[variant] = {**pooled["reliability"], "ece_pooled": pooled["ece"],
+                             "ece_mean": _mean_std([r["result"]["ece"] for r in runs])[0]}
 
         methods = (runs[0]["result"].get("prediction_sets") or {}).get("methods") or {}
         for method in methods:
@@ -122,8 +157,130 @@ def _plot_inputs(variants):
     return acc_curves, hists, diagrams, cov_curves, points
 
 
-def write_report(variants, report_dir, title, command, weights="raw", notes=()):
-    """report.md + runs.csv + summary.csv + the PNG plots; returns (table text, report.md path)."""
+# ---------------------------------------------------------------------------------------- sections
+def curve_mismatches(variants):
+    """Runs whose accuracy curve ends on another top-1 than the table's (the plot and the table would
+    then disagree): ["run_dir: plot 0.91 vs table 0.905", ...]."""
+    out = []
+    for runs in variants.values():
+        for run in runs:
+            if run["curve"] and run["result"].get("top1") is not None \
+                    and abs(run["curve"][-1][1] - run["result"]["top1"]) > 1e-9:
+                out.append(f"`{run['run_dir']}`: curve ends at {100 * run['curve'][-1][1]:.2f}%, "
+                           f"eval.py gives {100 * run['result']['top1']:.2f}%")
+    return out
+
+
+def paired_section(variants, pairs):
+    """(markdown lines, JSON-ready results) of each (variant, baseline) pair with records."""
+    results, skipped = [], []
+    for variant, baseline in pairs:
+        runs = {name: {r["seed"]: r["records"] for r in variants.get(name, []) if r["records"] is not None}
+                for name in (variant, baseline)}
+        res = paired.compare_pair(runs[variant], runs[baseline], variant, baseline)
+        (results.append(res) if res is not None else skipped.append(f"{variant} vs {baseline}"))
+    if not results and not skipped:
+        return [], []
+    base_names = sorted({b for _, b in pairs})
+    lines = ["## Paired differences against the baseline", "",
+             f"Each variant minus its baseline ({', '.join(base_names)}) on the same validation images, "
+             "pooled over the seeds both have (seed s paired with seed s). 95% intervals: paired bootstrap "
+             f"({paired.N_BOOT} resamples of validation examples, one draw shared by every seed; percentile "
+             "interval), significant when the interval excludes 0. McNemar's exact test on top-1 "
+             "correctness (discordant pairs summed over seeds). ECE: the mean of the per-run ECEs. FY "
+             "loss: each head's own Fenchel-Young loss, a different function for each head, so its "
+             "difference describes the training objective rather than ranking the heads. "
+             "The interval is about the validation sample given these training seeds, not about "
+             "seed-to-seed training noise.", ""]
+    if results:
+        header, rows = paired.markdown_rows(results)
+        lines += [report.markdown_table(header, rows), ""]
+        for res in results:
+            lines += [f"- {s}" for s in res["sentences"]]
+        lines.append("")
+    lines += [f"No paired statistics for {s}: no seed with per-example records for both." for s in skipped]
+    return lines, results
+
+
+def selective_section(variants):
+    """(markdown lines, plot curves) of risk-coverage per variant and confidence."""
+    header = ["variant", "confidence", "AURC", "E-AURC"] + [f"risk @ {100 * c:g}% coverage"
+                                                             for c in selective_report.COVERAGES]
+    rows, curves = [], {}
+    for variant, runs in variants.items():
+        recs = [r["records"] for r in runs if r["records"] is not None]
+        if not recs:
+            continue
+        for name, entry in selective_report.pooled(recs, runs[0]["result"]["head"]).items():
+            curves[(variant, name)] = entry["curve"]
+            rows.append([variant, selective_report.CONFIDENCE_LABELS[name],
+                         report.format_mean_std(entry["aurc"], "f4"), report.format_mean_std(entry["e_aurc"], "f4")]
+                        + [report.format_mean_std(entry["risk"][c], "pct") for c in selective_report.COVERAGES])
+    if not rows:
+        return [], curves
+    lines = ["## Selective prediction", "",
+             "Answer the most confident examples, abstain on the rest: selective risk (error rate among "
+             "the answered) at each coverage, and its area AURC (lower is better; E-AURC = AURC minus the "
+             "oracle's, comparable across accuracies; Geifman et al., ICLR 2019). Sparse heads also rank "
+             "by 1/support size (ties broken by max probability). Mean ± std over seeds; the plot shows "
+             "the same per-seed curves averaged.", "",
+             report.markdown_table(header, rows), "",
+             f"![Risk–coverage]({plots.PLOT_FILES['risk_coverage']})", ""]
+    return lines, curves
+
+
+def ood_section(variants):
+    """(markdown lines, pooled histograms, OOD set name) when the runs carry OOD results."""
+    rows, hists, names = [], {}, set()
+    for variant, runs in variants.items():
+        oods = [r["result"]["ood"] for r in runs if r["result"].get("ood")]
+        if not oods:
+            continue
+        names.update(o["dataset"] for o in oods)
+        hists[variant] = ood_report.pooled_histograms(oods)
+        for score in oods[0]["scores"]:
+            rows.append([variant, ood_report.SCORE_LABELS.get(score, score),
+                         report.format_mean_std([o["scores"][score]["auroc"] for o in oods], "pct"),
+                         report.format_mean_std([o["scores"][score]["fpr_at_tpr"] for o in oods], "pct")])
+    if not rows:
+        return [], hists, None
+    name = ", ".join(sorted(names))
+    first = next(r["result"]["ood"] for runs in variants.values() for r in runs if r["result"].get("ood"))
+    lines = ["## Out-of-distribution detection", "",
+             f"In-distribution: the evaluated split (n={first['n_in']} per run); OOD: {name} "
+             f"(n={first['n_out']}). AUROC (higher is better; 50% = chance) and FPR at 95% TPR (the "
+             "fraction of OOD images accepted when 95% of in-distribution images are; lower is better) "
+             "for each score: max probability and entropy (Hendrycks & Gimpel, ICLR 2017) and, for "
+             "sparse heads, support size. Mean ± std over seeds; histograms pool the seeds.", "",
+             report.markdown_table(["variant", "score", "AUROC", "FPR@95%TPR"], rows), "",
+             f"![OOD score histograms]({plots.PLOT_FILES['ood']})", ""]
+    return lines, hists, name
+
+
+def degenerate_notes(variants):
+    """One line per (variant, ε) whose support calibration gave T = 0 in some seed."""
+    notes = []
+    for variant, runs in variants.items():
+        per_eps = {}
+        for run in runs:
+            support = ((run["result"].get("prediction_sets") or {}).get("methods") or {}).get("support")
+            for eps, r in ((support or {}).get("eps") or {}).items():
+                per_eps.setdefault(eps, []).append(r["threshold"] == 0)
+        for eps, flags in per_eps.items():
+            if any(flags):
+                notes.append(f"{variant}, ε={eps}: calibration gave T = 0 in {sum(flags)} of {len(flags)} run(s): "
+                             f"at least 1−ε of the calibration examples have the true class on top, so the "
+                             f"calibrated support is the top-1 class alone (its coverage is the top-1 "
+                             f"accuracy), not a temperature-scaled support.")
+    return notes
+
+
+def write_report(variants, report_dir, title, command, weights="raw", notes=(), pairs=(), missing=()):
+    """report.md + runs.csv + summary.csv + paired_statistics.json + the PNG plots.
+
+    variants: {name: [load_run(...)]}; pairs: [(variant, baseline variant)] for the paired statistics;
+    missing: planned run directories without results (named in the report).
+    Returns (table text, report.md path, paired results)."""
     os.makedirs(report_dir, exist_ok=True)
     header, rows = summary_table(variants)
     acc_curves, hists, diagrams, cov_curves, points = _plot_inputs(variants)
@@ -132,13 +289,21 @@ def write_report(variants, report_dir, title, command, weights="raw", notes=()):
     plots.plot_support_histograms(hists, files["support"])
     plots.plot_reliability(diagrams, files["reliability"])
     plots.plot_coverage_vs_set_size(cov_curves, points, files["coverage"])
+    paired_lines, paired_results = paired_section(variants, pairs)
+    selective_lines, risk_curves = selective_section(variants)
+    if risk_curves:
+        plots.plot_risk_coverage(risk_curves, files["risk_coverage"])
+    ood_lines, ood_hists, ood_name = ood_section(variants)
+    if ood_hists:
+        plots.plot_ood_histograms(ood_hists, files["ood"], ood_name)
 
     run_rows = []
     for variant, runs in variants.items():
         for run in runs:
-            run_rows.append({"variant": variant, "run_dir": run["run_dir"], **run["flat"]})
+            run_rows.append({"variant": variant, "seed": run["seed"], "run_dir": run["run_dir"], **run["flat"]})
     report.write_csv(run_rows, os.path.join(report_dir, "runs.csv"))
     report.write_csv([dict(zip(header, r)) for r in rows], os.path.join(report_dir, "summary.csv"))
+    write_json(paired_results, os.path.join(report_dir, "paired_statistics.json"))
 
     first = next(iter(variants.values()))[0]["result"]
     calib = (first.get("prediction_sets") or {}).get("calibration") or {}
@@ -146,24 +311,38 @@ def write_report(variants, report_dir, title, command, weights="raw", notes=()):
         f"# {title}", "",
         f"Command: `{command}`", "",
         f"Dataset: {first['dataset']} ({first['split']} split, n={first['n']} per run), "
-        f"model {first['model']}, {weights} weights. Cells are mean ± std over seeds.", "",
+        f"model {first['model']}, {weights} weights. Cells are mean ± std over seeds; every number is "
+        f"eval.py's float32 evaluation. Two ECEs: the mean of each run's ECE, and the ECE of all seeds' "
+        f"examples binned together (the reliability plot's).", "",
         report.markdown_table(header, rows), "",
-        "Prediction sets (Campos et al., AISTATS 2025, *Sparse Activations as Conformal Predictors*):",
-        "`support` is the sparse head's own support with its temperature calibrated so the true class",
-        "is covered with probability ≥ 1−ε; `lac` (1 − p_y) and `aps` (cumulative mass) are the",
-        "standard split-conformal scores on the head's probabilities. "
+        LOAD_NOTE, "",
+    ]
+    lines += paired_lines + selective_lines + ood_lines
+    lines += [
+        "## Prediction sets", "",
+        "Campos et al., AISTATS 2025, *Sparse Activations as Conformal Predictors*: `support` is the sparse "
+        "head's own support with its temperature T calibrated so the true class is covered with "
+        "probability ≥ 1−ε; `lac` (1 − p_y) and `aps` (cumulative mass, randomized with uniforms drawn "
+        "per run) are the standard split-conformal scores on the head's probabilities. Empty sets: LAC "
+        "returns none of the classes when no p reaches 1 − q̂; they count as size 0 and miss. "
         + (f"Calibration data: {calib.get('source')} (n={calib.get('n_calib')}), coverage measured on "
            f"n={calib.get('n_eval')}." if calib else ""),
         "",
     ]
-    lines += [f"Note: {n}" for n in notes]
+    all_notes = list(notes) + degenerate_notes(variants)
+    all_notes += [f"the accuracy plot and the table disagree for {m}" for m in curve_mismatches(variants)]
+    lines += [f"Note: {n}" for n in all_notes]
     lines += ["", "## Plots", ""]
     for key, label in (("accuracy", "Validation accuracy vs epoch"), ("support", "Support-size histograms"),
                        ("reliability", "Reliability diagrams"), ("coverage", "Coverage vs set size")):
         lines += [f"### {label}", "", f"![{label}]({plots.PLOT_FILES[key]})", ""]
     lines += ["## Runs", ""] + [f"- {v}: " + ", ".join(f"`{r['run_dir']}`" for r in runs)
                                 for v, runs in variants.items()]
+    if missing:
+        lines += ["", "## Missing runs", "", "Planned but not finished (no results yet); the numbers above "
+                  "leave them out:", ""] + [f"- `{m}`" for m in missing]
     path = os.path.join(report_dir, "report.md")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
-    return report.text_table(header, rows), path
+    return report.text_table(header, rows), path, paired_results
+

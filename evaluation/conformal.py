@@ -18,9 +18,12 @@ q̂, and P(y ∈ set) ≥ 1 − ε for exchangeable data (Vovk et al. 2005; Ange
 For every head the standard scores are also reported on its probabilities:
   - LAC (least ambiguous set-valued classifier; Sadinle, Lei & Wasserman 2019): s = 1 − p_y.
   - APS (adaptive prediction sets; Romano, Sesia & Candès 2020), randomized: s = the probability
-    of the classes ranked above y + u·p_y, u ~ U(0, 1) from a fixed seed (stable sort, so ties
-    and results are deterministic). Randomization matters for sparse heads: without it the last
-    class of the support ties with all zero-probability classes.
+    of the classes ranked above y + u·p_y, u ~ U(0, 1) (stable sort, so ties and results are
+    deterministic). Randomization matters for sparse heads: without it the last class of the
+    support ties with all zero-probability classes. The uniforms come from `aps_seed`, which eval.py
+    derives from the run (its training seed and head): one draw shared by every run would bias a
+    mean over seeds the way that one draw happens to fall (at a few hundred calibration samples it
+    over-covered by 5-7 points), while a draw per run averages out over seeds.
 Sets are {y : s(x, y) ≤ q̂}; with q̂ = +inf (too few calibration samples for 1 − ε) the set is all
 classes. Everything is computed in float64.
 """
@@ -28,6 +31,7 @@ import math
 
 import torch
 
+from common.seeding import mix_seed
 from models.heads import ENTMAX_HEAD_NAMES
 
 EPSILONS = (0.1, 0.05)
@@ -162,12 +166,12 @@ def aps_set_sizes(probs, q, cum=None, u=None):
     return (cum - (1.0 - u.double().view(-1, 1)) * sorted_p <= q).sum(dim=1)
 
 
-APS_SEED = 0  # the randomization is fixed: results are reproducible and identical across processes
-
-
-def aps_uniforms(n, stream):
-    """The per-sample U(0,1) draws of randomized APS; `stream` separates calibration and eval."""
-    return torch.rand(n, generator=torch.Generator().manual_seed(APS_SEED * 1000 + stream), dtype=torch.float64)
+def aps_uniforms(n, stream, seed=0):
+    """The per-sample U(0,1) draws of randomized APS: a pure function of (seed, stream, n), so they
+    are reproducible and identical across processes; `stream` separates calibration and evaluation,
+    `seed` separates runs (see the module docstring)."""
+    generator = torch.Generator().manual_seed(mix_seed("aps-uniforms", int(seed), int(stream)))
+    return torch.rand(n, generator=generator, dtype=torch.float64)
 
 
 # --- the report ------------------------------------------------------------------------------
@@ -177,7 +181,7 @@ def methods_for_head(head_name):
     return (("support",) if head_name in ENTMAX_HEAD_NAMES else ()) + ("lac", "aps")
 
 
-def _scores_and_sizer(method, logits, probs, labels, alpha, stream=0):
+def _scores_and_sizer(method, logits, probs, labels, alpha, stream=0, aps_seed=0):
     """True-class scores and a function q -> set sizes (sorts shared across thresholds)."""
     if method == "support":
         z_sorted = logits.double().sort(dim=1, descending=True).values
@@ -187,22 +191,27 @@ def _scores_and_sizer(method, logits, probs, labels, alpha, stream=0):
         return lac_scores(probs, labels), lambda q: lac_set_sizes(p, q)
     if method == "aps":
         _, cum = _aps_sorted(probs)
-        u = aps_uniforms(probs.shape[0], stream)
+        u = aps_uniforms(probs.shape[0], stream, aps_seed)
         return aps_scores(probs, labels, u), lambda q: aps_set_sizes(probs, q, cum, u)
     raise ValueError(f"unknown conformal method {method!r}; valid: support, lac, aps")
 
 
-def evaluate_method(method, calib, evals, alpha=None, epsilons=EPSILONS, curve_epsilons=CURVE_EPSILONS):
-    """Calibrate `method` on `calib` and measure its sets on `evals`.
+def evaluate_method(method, calib, evals, alpha=None, epsilons=EPSILONS, curve_epsilons=CURVE_EPSILONS,
+                    aps_seed=0):
+    """Calibrate `method` on `calib` and measure its sets on `evals` (`aps_seed`: see aps_uniforms).
 
     calib / evals: dicts with "logits" (N, K), "probs" (N, K), "labels" (N,).
     Returns {"eps": {"0.1": {"threshold", "coverage", "mean_set_size", "median_set_size",
-    "empty_frac"}, ...}, "curve": [{"eps", "coverage", "mean_set_size"}, ...]}. For the support
-    method the threshold is the calibrated temperature T (set = support of head(z / T)).
+    "empty_frac", "degenerate"}, ...}, "curve": [{"eps", "coverage", "mean_set_size"}, ...]}. For the
+    support method the threshold is the calibrated temperature T (set = support of head(z / T));
+    "degenerate" is True when T = 0: at least ⌈(n+1)(1−ε)⌉ calibration samples have the true class
+    on top (score 0), so the set is the top-1 class alone (with its ties) and T is no temperature.
+    "empty_frac" is the fraction of empty sets (LAC's sets are empty when no class has p ≥ 1 − q̂).
     """
-    cal_scores, _ = _scores_and_sizer(method, calib["logits"], calib["probs"], calib["labels"], alpha, stream=1)
+    cal_scores, _ = _scores_and_sizer(method, calib["logits"], calib["probs"], calib["labels"], alpha, stream=1,
+                                      aps_seed=aps_seed)
     ev_scores, set_sizes = _scores_and_sizer(method, evals["logits"], evals["probs"], evals["labels"], alpha,
-                                             stream=2)
+                                             stream=2, aps_seed=aps_seed)
 
     def measure(eps):
         q = conformal_quantile(cal_scores, eps)
@@ -214,6 +223,7 @@ def evaluate_method(method, calib, evals, alpha=None, epsilons=EPSILONS, curve_e
             "mean_set_size": sizes.mean().item() if n else float("nan"),
             "median_set_size": sizes.quantile(0.5).item() if n else float("nan"),
             "empty_frac": (sizes == 0).double().mean().item() if n else float("nan"),
+            "degenerate": method == "support" and q == 0.0,
         }
 
     result = {"eps": {str(eps): measure(eps) for eps in epsilons}, "curve": []}
@@ -223,10 +233,11 @@ def evaluate_method(method, calib, evals, alpha=None, epsilons=EPSILONS, curve_e
     return result
 
 
-def prediction_sets(head_name, alpha, calib, evals, epsilons=EPSILONS, curve_epsilons=CURVE_EPSILONS):
+def prediction_sets(head_name, alpha, calib, evals, epsilons=EPSILONS, curve_epsilons=CURVE_EPSILONS,
+                    aps_seed=0):
     """Every applicable method for this head (see `methods_for_head`), calibrated and evaluated."""
     return {
         method: evaluate_method(method, calib, evals, alpha=alpha, epsilons=epsilons,
-                                curve_epsilons=curve_epsilons)
+                                curve_epsilons=curve_epsilons, aps_seed=aps_seed)
         for method in methods_for_head(head_name)
     }

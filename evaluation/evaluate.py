@@ -38,8 +38,13 @@ def plain_forward(module):
 
 
 @torch.no_grad()
-def evaluate(module, loader, accelerator=None, keep_examples=False):
-    """Evaluate the unwrapped classifier `module` (with its `output_head`) over the loader's split."""
+def evaluate(module, loader, accelerator=None, keep_examples=False, ignore_labels=False):
+    """Evaluate the unwrapped classifier `module` (with its `output_head`) over the loader's split.
+
+    ignore_labels: the split's labels mean nothing to this model (an out-of-distribution set, whose
+    labels index other classes, possibly more than the model has): they are replaced by 0 so the
+    per-example records can be formed; only the logits and the label-free records (max_prob,
+    support_size) are meaningful then."""
     device = accelerator.device if accelerator is not None else torch.device("cpu")
     head, forward = module.output_head, plain_forward(module)
     was_training = module.training
@@ -51,6 +56,8 @@ def evaluate(module, loader, accelerator=None, keep_examples=False):
     start = time.perf_counter()
     for images, labels in loader:
         images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+        if ignore_labels:
+            labels = torch.zeros_like(labels)
         with torch.autocast(device_type=device.type, enabled=False):
             logits = forward(images).float()
         records = example_records(logits, labels, head)

@@ -10,7 +10,13 @@ PLOT_FILES = {
     "support": "support_hist.png",
     "reliability": "reliability.png",
     "coverage": "coverage_vs_set_size.png",
+    "risk_coverage": "risk_coverage.png",
+    "ood": "ood_histograms.png",
 }
+# Reliability diagram colours: the legend patches are made from these, so bars and legend agree.
+ACCURACY_COLOR = "#4c72b0"
+OVERCONFIDENT_COLOR = "#d62728"   # confidence above accuracy: the gap drawn above the accuracy bar
+UNDERCONFIDENT_COLOR = "#2ca02c"  # confidence below accuracy: the gap drawn below its top
 
 
 def _plt():
@@ -39,6 +45,9 @@ def plot_accuracy_curves(curves, path, weights="raw"):
         ax.plot(ep, [100 * m for m in mean], marker="o", ms=3, label=variant)
         ax.fill_between(ep, [100 * (m - s) for m, s in zip(mean, std)],
                         [100 * (m + s) for m, s in zip(mean, std)], alpha=0.15)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole numbers
     ax.set_xlabel("epoch")
     ax.set_ylabel(f"validation top-1 (%) [{weights} weights]")
     ax.set_title("Validation accuracy (mean ± std over seeds)")
@@ -69,54 +78,128 @@ def plot_support_histograms(hists, path):
 
 
 def plot_reliability(diagrams, path):
-    """diagrams: {variant: {"bin_lower", "bin_upper", "accuracy", "confidence", "count", "ece"}}."""
+    """diagrams: {variant: {"bin_lower", "bin_upper", "accuracy", "confidence", "count" (pooled over
+    seeds), "ece_pooled", "ece_mean"}}: bars of accuracy per confidence bin, the gap to the bin's
+    mean confidence in the colour of its sign (legend from the same colours), and each bin's count."""
+    from matplotlib.patches import Patch
+
     plt = _plt()
     n = max(len(diagrams), 1)
     cols = min(n, 3)
     rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 4 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.3 * cols, 4.3 * rows), squeeze=False)
     for ax in axes.flat[n:]:
         ax.axis("off")
     for ax, (variant, d) in zip(axes.flat, diagrams.items()):
         width = d["bin_upper"][0] - d["bin_lower"][0]
-        acc = [a if a is not None else 0.0 for a in d["accuracy"]]
-        conf = [c if c is not None else (lo + width / 2) for c, lo in zip(d["confidence"], d["bin_lower"])]
-        ax.bar(d["bin_lower"], acc, width=width, align="edge", edgecolor="black", label="accuracy")
-        ax.bar(d["bin_lower"], [c - a if cnt else 0 for a, c, cnt in zip(acc, conf, d["count"])],
-               bottom=acc, width=width, align="edge", color="red", alpha=0.3, label="gap")
+        for lo, a, c, cnt in zip(d["bin_lower"], d["accuracy"], d["confidence"], d["count"]):
+            if not cnt:
+                continue
+            ax.bar(lo, a, width=width, align="edge", color=ACCURACY_COLOR, edgecolor="black", lw=0.5)
+            color = OVERCONFIDENT_COLOR if c > a else UNDERCONFIDENT_COLOR
+            ax.bar(lo, c - a, bottom=a, width=width, align="edge", color=color, alpha=0.45,
+                   edgecolor=color, lw=0.5)
+            ax.text(lo + width / 2, 0.01, str(cnt), rotation=90, ha="center", va="bottom", fontsize=6,
+                    color="white" if a > 0.15 else "black")
         ax.plot([0, 1], [0, 1], "k--", lw=1)
         ax.set_xlim(0, 1)
         ax.set_ylim(0, 1)
         ax.set_xlabel("confidence (max probability)")
         ax.set_ylabel("accuracy")
-        ax.set_title(f"{variant}  ECE={d['ece']:.3f}")
-        ax.legend(loc="upper left", fontsize=8)
+        ece_mean = d.get("ece_mean")
+        ax.set_title(f"{variant}\nECE pooled over seeds {d['ece_pooled']:.4f}"
+                     + (f", mean of per-run {ece_mean:.4f}" if ece_mean is not None else ""), fontsize=9)
+        ax.legend(handles=[Patch(color=ACCURACY_COLOR, label="accuracy (numbers: samples per bin)"),
+                           Patch(color=OVERCONFIDENT_COLOR, alpha=0.45, label="gap: overconfident"),
+                           Patch(color=UNDERCONFIDENT_COLOR, alpha=0.45, label="gap: underconfident")],
+                  loc="upper left", fontsize=7)
     _save(fig, path)
 
 
 def plot_coverage_vs_set_size(curves, points, path, epsilons=(0.1, 0.05)):
     """curves: {(variant, method): [(mean set size, coverage), ...]} over an ε sweep;
-    points: {variant: (support size mean, support coverage)} for the uncalibrated sparse support."""
+    points: {variant: (support size mean, support coverage)} for the uncalibrated sparse support.
+
+    The sparse supports' own curves are drawn last, with large outlined markers: when calibration
+    degenerates (T = 0 at every ε) the whole curve is one point, which would otherwise hide under
+    the other curves' markers."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    fig, ax = plt.subplots(figsize=(7, 4.8))
     styles = {"support": "-", "lac": "--", "aps": ":"}
+    markers = {"support": "D", "lac": "o", "aps": "s"}
     colors = {}
-    for (variant, method), pts in curves.items():
+    ordered = sorted(curves.items(), key=lambda kv: kv[0][1] == "support")  # support on top
+    for (variant, method), pts in ordered:
         if not pts:
             continue
         color = colors.setdefault(variant, f"C{len(colors)}")
         xs, ys = zip(*sorted(pts))
-        ax.plot(xs, [100 * y for y in ys], styles.get(method, "-"), marker="o", ms=3, color=color,
-                label=f"{variant} / {method}")
+        support = method == "support"
+        ax.plot(xs, [100 * y for y in ys], styles.get(method, "-"), marker=markers.get(method, "o"),
+                ms=7 if support else 3, mec="black" if support else color, mew=0.8 if support else 0.5,
+                color=color, zorder=4 if support else 2, label=f"{variant} / {method}"
+                + (" (one point: T = 0)" if support and len(set(pts)) == 1 else ""))
     for variant, (size, cov) in points.items():
         color = colors.setdefault(variant, f"C{len(colors)}")
-        ax.plot([size], [100 * cov], marker="*", ms=12, color=color, linestyle="none",
-                label=f"{variant} / support at T=1")
+        ax.plot([size], [100 * cov], marker="*", ms=14, color=color, mec="black", mew=0.8, linestyle="none",
+                zorder=5, label=f"{variant} / support at T=1")
     for eps in epsilons:
-        ax.axhline(100 * (1 - eps), color="gray", lw=0.8, alpha=0.6)
+        level = 100 * (1 - eps)
+        ax.axhline(level, color="gray", lw=0.8, alpha=0.6, zorder=1)
+        ax.annotate(f"1−ε = {level:g}% (ε = {eps:g})", xy=(0, level), xycoords=("axes fraction", "data"),
+                    xytext=(4, 2), textcoords="offset points", ha="left", va="bottom", fontsize=7, color="dimgray",
+                    bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.8), zorder=6)
     ax.set_xlabel("mean prediction-set size")
     ax.set_ylabel("empirical coverage (%)")
     ax.set_title("Conformal prediction sets: coverage vs size")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
+    _save(fig, path)
+
+
+def plot_risk_coverage(curves, path):
+    """curves: {(variant, confidence label): [(coverage, mean selective risk over seeds), ...]}."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    colors = {}
+    for (variant, confidence), pts in curves.items():
+        color = colors.setdefault(variant, f"C{len(colors)}")
+        xs, ys = zip(*pts)
+        ax.plot([100 * x for x in xs], [100 * y for y in ys], "-" if confidence == "max_prob" else "--",
+                color=color, label=f"{variant} / {confidence.replace('_', ' ')}")
+    ax.set_xlabel("coverage (% of examples answered, most confident first)")
+    ax.set_ylabel("selective risk (% errors among answered)")
+    ax.set_title("Risk–coverage (mean over seeds; AURC = area under it)")
+    ax.set_xlim(0, 100)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    _save(fig, path)
+
+
+def plot_ood_histograms(hists, path, ood_name):
+    """hists: {variant: {score: {"edges", "in", "out"}}} pooled over seeds -> one row per variant,
+    one column per score (max probability, entropy, support size), densities in-distribution vs OOD."""
+    plt = _plt()
+    scores = [s for s in ("max_prob", "entropy", "support") if any(s in h for h in hists.values())]
+    titles = {"max_prob": "max probability", "entropy": "entropy (nats)", "support": "support size"}
+    rows, cols = max(len(hists), 1), max(len(scores), 1)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.6 * rows), squeeze=False)
+    for r, (variant, h) in enumerate(hists.items()):
+        for c, score in enumerate(scores):
+            ax = axes[r][c]
+            if score not in h:
+                ax.axis("off")
+                continue
+            edges = h[score]["edges"]
+            widths = [b - a for a, b in zip(edges[:-1], edges[1:])]
+            for key, color, label in (("in", "C0", "in-distribution"), ("out", "C3", f"OOD ({ood_name})")):
+                counts = h[score][key]
+                total = sum(counts) or 1
+                ax.bar(edges[:-1], [cnt / total for cnt in counts], width=widths, align="edge", color=color,
+                       alpha=0.45, edgecolor=color, label=label)
+            ax.set_title(f"{variant}: {titles[score]}", fontsize=9)
+            ax.set_ylabel("fraction", fontsize=8)
+            if r == 0 and c == 0:
+                ax.legend(fontsize=7)
     _save(fig, path)

@@ -26,14 +26,34 @@ SPEED_COLUMNS = [
 ]
 
 
+# Selective prediction and OOD detection scalars (flattened keys; confidences / scores that apply).
+SELECTIVE_COLUMNS = [
+    ("sel_max_prob_aurc", "AURC (max prob)", "f4"),
+    ("sel_max_prob_e_aurc", "E-AURC (max prob)", "f4"),
+    ("sel_support_aurc", "AURC (1/support)", "f4"),
+    ("sel_support_e_aurc", "E-AURC (1/support)", "f4"),
+]
+OOD_SCORE_NAMES = {"max_prob": "max prob", "neg_entropy": "entropy", "neg_support": "support size"}
+OOD_COLUMNS = [(f"ood_{key}_{stat}", f"OOD {label} {title}", fmt)
+               for key, label in OOD_SCORE_NAMES.items()
+               for stat, title, fmt in (("auroc", "AUROC", "pct"), ("fpr95", "FPR@95%TPR", "pct"))]
+
+
 def prediction_set_columns(methods, epsilons):
-    """Flattened keys of prediction-set results: ps_<method>_eps<ε>_{coverage,size,threshold}."""
+    """Flattened keys of prediction-set results: ps_<method>_eps<ε>_{coverage,size,empty,threshold}.
+
+    Every method shows its empty-set fraction (LAC's sets can be empty, so its mean size alone looks
+    smaller than a sparse support that never is); the support method also its calibrated
+    temperature T, which reads "T = 0" (the top-1 set) when calibration degenerates."""
     cols = []
     for method in methods:
         for eps in epsilons:
             base = f"ps_{method}_eps{eps}"
             cols.append((f"{base}_coverage", f"{method} ε={eps} coverage", "pct"))
             cols.append((f"{base}_size", f"{method} ε={eps} mean set size", "f2"))
+            cols.append((f"{base}_empty", f"{method} ε={eps} empty sets", "pct"))
+            if method == "support":
+                cols.append((f"{base}_threshold", f"{method} ε={eps} calibrated T", "temperature"))
     return cols
 
 
@@ -54,6 +74,16 @@ def flatten_metrics(result):
             flat[f"{base}_coverage"] = r["coverage"]
             flat[f"{base}_size"] = r["mean_set_size"]
             flat[f"{base}_threshold"] = r["threshold"]
+            flat[f"{base}_empty"] = r.get("empty_frac")
+    for name, res in (result.get("selective") or {}).items():
+        flat[f"sel_{name}_aurc"] = res["aurc"]
+        flat[f"sel_{name}_e_aurc"] = res["e_aurc"]
+    ood = result.get("ood") or {}
+    for name, res in (ood.get("scores") or {}).items():
+        flat[f"ood_{name}_auroc"] = res["auroc"]
+        flat[f"ood_{name}_fpr95"] = res["fpr_at_tpr"]
+    if ood:
+        flat["ood_dataset"] = ood.get("dataset")
     return flat
 
 
@@ -70,7 +100,22 @@ def write_csv(rows, path):
             writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
 
 
+def format_temperature(values):
+    """The support method's calibrated T over seeds. T = 0 is no temperature: every calibration score
+    at the quantile is 0 (true class on top), and the set is the top-1 class alone."""
+    vals = [v for v in values if isinstance(v, (int, float)) and v is not None and not math.isnan(v)]
+    if not vals:
+        return "n/a"
+    zeros = sum(1 for v in vals if v == 0)
+    if zeros == len(vals):
+        return "T = 0 (top-1 set)" if len(vals) == 1 else f"T = 0 in {zeros}/{len(vals)} (top-1 set)"
+    rest = format_mean_std([v for v in vals if v != 0], "f3")
+    return rest if not zeros else f"{rest}; T = 0 in {zeros}/{len(vals)}"
+
+
 def format_value(value, fmt):
+    if fmt == "temperature":
+        return format_temperature([value])
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
     if isinstance(value, float) and math.isinf(value):
@@ -84,6 +129,8 @@ def format_value(value, fmt):
 
 def format_mean_std(values, fmt):
     """'mean ± std' over seeds (sample std; just the mean for one seed; n/a if none finite)."""
+    if fmt == "temperature":
+        return format_temperature(values)
     vals = [v for v in values if isinstance(v, (int, float)) and v is not None and math.isfinite(v)]
     if not vals:
         return "n/a"
@@ -120,13 +167,22 @@ def eval_columns(result):
     epsilons = []
     for res in ps.values():
         epsilons.extend(e for e in res["eps"] if e not in epsilons)
-    return METRIC_COLUMNS + prediction_set_columns(list(ps), epsilons) + SPEED_COLUMNS
+    return METRIC_COLUMNS + prediction_set_columns(list(ps), epsilons) + SELECTIVE_COLUMNS + SPEED_COLUMNS
+
+
+def ood_table(ood):
+    """Terminal table of one eval result's OOD detection block."""
+    rows = [(OOD_SCORE_NAMES.get(name, name), format_value(r["auroc"], "pct"), format_value(r["fpr_at_tpr"], "pct"))
+            for name, r in ood["scores"].items()]
+    title = f"OOD detection: in-distribution n={ood['n_in']} vs {ood['dataset']} n={ood['n_out']}"
+    return title + "\n" + text_table(("score", "AUROC", f"FPR@{100 * ood['tpr']:g}%TPR"), rows)
 
 
 def eval_table(result):
     """Two-column terminal table of one eval result."""
     flat = flatten_metrics(result)
-    rows = [(label, format_value(flat.get(key), fmt)) for key, label, fmt in eval_columns(result)]
+    rows = [(label, format_value(flat.get(key), fmt)) for key, label, fmt in eval_columns(result)
+            if key in flat or not key.startswith("sel_support")]
     rows.insert(0, ("samples", str(result.get("n"))))
     calib = (result.get("prediction_sets") or {}).get("calibration")
     if calib:

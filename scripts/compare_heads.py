@@ -1,24 +1,36 @@
-"""Compare output heads: train every missing run, evaluate each, write a report with plots.
+"""Compare output heads: train every missing run, evaluate each, write a report with statistics and plots.
 
     python scripts/compare_heads.py --config configs/quickstart_compare.yaml \\
         --heads softmax sparsemax entmax15 [--norms affine layernorm] [--alphas 1.25 1.75] \\
-        [--seeds 0 1 2] [--runs-dir runs/compare] [--report-dir reports/compare] [key.sub=value ...]
+        [--seeds 0 1 2] [--baseline softmax] [--ood-dataset auto|NAME|none] [--jobs N] \\
+        [--runs-dir runs/compare] [--report-dir reports/compare] [key.sub=value ...]
+    python scripts/compare_heads.py ... --emit-slurm compare.sbatch   # then: sbatch compare.sbatch
+    python scripts/compare_heads.py ... --report-only                 # aggregate the finished runs
 
-For each variant (head × norm × α) and seed the run directory is RUNS_DIR/<variant>-s<seed>.
-Training and evaluation go through the two entry points the same way, as subprocesses, one run
-after another:
+For each variant (head × norm × α) and seed the run directory is RUNS_DIR/<variant>-s<seed>. The plan
+(run directories, configs, commands) is one function of the arguments, the same in every mode.
+Training and evaluation go through the two entry points, as subprocesses:
 `python train.py --config CFG <overrides> head.name=.. train.seed=.. train.output_dir=.. --resume auto`
-`python eval.py --checkpoint RUN_DIR --output RUN_DIR/eval.json --quiet`
-(both prefixed with --launcher, e.g. "accelerate launch --num_processes 8", when given). Both are
-subprocesses because Accelerate's state (process group, device, mixed precision) is per process and
-a multi-process launcher needs a fresh one anyway; it costs one Python start-up per evaluation.
-Resumable: a run with summary.json is complete and skipped; an interrupted one continues from its
-last checkpoint (--resume auto); a run evaluated already (eval.json and its per-example records,
-eval.examples.safetensors) is not evaluated again. So a second invocation trains and evaluates
-nothing and only rewrites the report.
-Report (REPORT_DIR): report.md (mean ± std over seeds of every metric, training time, img/s),
-runs.csv, summary.csv and val_accuracy.png, support_hist.png, reliability.png,
-coverage_vs_set_size.png.
+`python eval.py --checkpoint RUN_DIR --output RUN_DIR/eval.json --quiet [--ood-dataset NAME]`
+(both prefixed with --launcher, e.g. "accelerate launch --num_processes 8", when given). Subprocesses
+because Accelerate's state (process group, device, mixed precision) is per process and a
+multi-process launcher needs a fresh one anyway.
+Modes:
+  (default)      one run after another, output on the terminal;
+  --jobs N       N runs at once, each pinned to its share of the machine: with GPUs, CUDA_VISIBLE_DEVICES
+                 gives job slot j the GPUs j, j+N, ... (round-robin); on CPU each job gets
+                 OMP_NUM_THREADS = cores // N. Each run's output goes to RUN_DIR/compare.log;
+  --emit-slurm F writes a SLURM array job, one task per planned run: scripts/slurm_train.sh trains it
+                 (--resume auto, checkpoint + requeue on preemption), then eval.py evaluates it;
+  --report-only  aggregates the finished runs and names the missing ones;
+  --dry-run      lists what would run.
+Resumable: a run with summary.json is trained and skipped; an interrupted one continues from its last
+checkpoint (--resume auto); a run evaluated already (eval.json, its per-example records and, when an
+OOD set is asked for, its OOD results) is not evaluated again.
+Report (REPORT_DIR): report.md (mean ± std over seeds of every metric; paired differences of each
+variant against the baseline with 95% bootstrap intervals and McNemar's test; selective prediction;
+OOD detection), runs.csv, summary.csv, paired_statistics.json and the plots val_accuracy.png,
+support_hist.png, reliability.png, coverage_vs_set_size.png, risk_coverage.png, ood_histograms.png.
 """
 import argparse
 import json
@@ -26,7 +38,9 @@ import os
 import shlex
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -34,10 +48,11 @@ if ROOT not in sys.path:
 
 from engine.cli import run_cli  # noqa: E402
 from common.errors import UserError  # noqa: E402
-from common.io import json_text, write_json  # noqa: E402
+from common.io import atomic_write_text, json_text, write_json  # noqa: E402
 from engine.runlock import RunLock  # noqa: E402
 
 REQUEST_FILE = "compare_request.json"  # what this script asked train.py for, to detect clashes
+LOG_FILE = "compare.log"  # a run's train + eval output under --jobs N > 1
 
 
 def parse_args(argv=None):
@@ -46,28 +61,47 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="base training config (YAML)")
     p.add_argument("--heads", nargs="+", default=["softmax", "sparsemax", "entmax15"],
-                   help="output heads to compare (softmax sparsemax entmax15 entmax_bisect)")
+                   help="output heads to compare (models.heads.HEAD_NAMES)")
     p.add_argument("--norms", nargs="+", default=None, help="also vary model.norm (affine layernorm batchnorm)")
     p.add_argument("--alphas", nargs="+", type=float, default=None,
                    help="alpha values for entmax_bisect (one variant each)")
     p.add_argument("--learn-alpha", action="store_true", help="entmax_bisect variants learn alpha")
     p.add_argument("--seeds", nargs="+", type=int, default=[0])
+    p.add_argument("--baseline", default=None,
+                   help="head (or variant without its norm suffix) every other variant is compared with "
+                        "(default: softmax when compared, else the first head)")
+    p.add_argument("--ood-dataset", default="auto", metavar="auto|NAME|none",
+                   help="OOD set for eval.py's OOD detection: auto = the built-in data's own "
+                        "(builtin10 -> builtin10_ood), none for other datasets; none = skip")
+    p.add_argument("--ood-root", default=None, metavar="DIR", help="data root of the OOD set")
     p.add_argument("--runs-dir", default=None, help="where the runs go (default runs/compare/<config name>)")
     p.add_argument("--report-dir", default=None, help="report folder (default reports/<config name>)")
     p.add_argument("--ema", action="store_true", help="evaluate the EMA weights instead of the raw ones")
     p.add_argument("--launcher", default=None,
                    help='command prefix for train.py and eval.py, e.g. "accelerate launch --num_processes 2"')
-    p.add_argument("--dry-run", action="store_true", help="list what would run, run nothing")
+    p.add_argument("--jobs", type=int, default=1, help="runs at once (each pinned to its GPUs or CPU threads)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true", help="list what would run, run nothing")
+    mode.add_argument("--emit-slurm", metavar="FILE", default=None,
+                      help="write a SLURM array job script (one task per run) instead of running")
+    mode.add_argument("--report-only", action="store_true",
+                      help="train and evaluate nothing: report the finished runs, name the missing ones")
     args, rest = p.parse_known_args(argv)
     bad = [r for r in rest if "=" not in r or r.startswith("-")]
     if bad:
         raise UserError(f"unexpected argument '{bad[0]}': overrides look like key.sub=value; see --help")
+    if args.jobs < 1:
+        raise UserError(f"--jobs must be at least 1, got {args.jobs}")
+    if args.jobs > 1 and (args.emit_slurm or args.report_only or args.dry_run):
+        raise UserError("--jobs runs local trainings; it does not combine with --emit-slurm, --report-only "
+                        "or --dry-run")
     args.overrides = rest
     return args
 
 
-def plan_runs(args):
-    """[(variant name, seed, run_dir, overrides)] in the order they will run."""
+# ------------------------------------------------------------------------------------------ the plan
+def _variants(args):
+    """[(variant name, variant stem without the norm, norm, head, alpha)] in plan order."""
     from configs.loader import check_alpha
     from models.heads import HEAD_NAMES
 
@@ -78,31 +112,109 @@ def plan_runs(args):
         raise UserError("--alphas applies to entmax_bisect; add it to --heads")
     for a in args.alphas or ():
         check_alpha(a, args.learn_alpha, "--alphas")
+    out = []
+    for norm in args.norms or [None]:
+        for head in args.heads:
+            for alpha in ((args.alphas or [None]) if head == "entmax_bisect" else [None]):
+                stem = head + (f"-a{alpha:g}" if alpha is not None else "") \
+                    + ("-learned" if head == "entmax_bisect" and args.learn_alpha else "")
+                out.append((stem + (f"-{norm}" if norm else ""), stem, norm, head, alpha))
+    return out
+
+
+def plan_runs(args):
+    """[(variant name, seed, run_dir, overrides)] in the order they will run, and the runs folder."""
     stem = os.path.splitext(os.path.basename(args.config))[0]
     runs_dir = args.runs_dir or os.path.join("runs", "compare", stem)
     plan = []
-    norms = args.norms or [None]
-    for norm in norms:
-        for head in args.heads:
-            alphas = (args.alphas or [None]) if head == "entmax_bisect" else [None]
-            for alpha in alphas:
-                name = head + (f"-a{alpha:g}" if alpha is not None else "") \
-                    + ("-learned" if head == "entmax_bisect" and args.learn_alpha else "") \
-                    + (f"-{norm}" if norm else "")
-                for seed in args.seeds:
-                    run_dir = os.path.join(runs_dir, f"{name}-s{seed}")
-                    ov = list(args.overrides) + [f"head.name={head}", f"train.seed={seed}",
-                                                 f"train.output_dir={run_dir}"]
-                    if alpha is not None:
-                        ov.append(f"head.alpha={alpha}")
-                    if head == "entmax_bisect" and args.learn_alpha:
-                        ov.append("head.learn_alpha=true")
-                    if norm:
-                        ov.append(f"model.norm={norm}")
-                    plan.append((name, seed, run_dir, ov))
+    for name, _, norm, head, alpha in _variants(args):
+        for seed in args.seeds:
+            run_dir = os.path.join(runs_dir, f"{name}-s{seed}")
+            ov = list(args.overrides) + [f"head.name={head}", f"train.seed={seed}", f"train.output_dir={run_dir}"]
+            if alpha is not None:
+                ov.append(f"head.alpha={alpha}")
+            if head == "entmax_bisect" and args.learn_alpha:
+                ov.append("head.learn_alpha=true")
+            if norm:
+                ov.append(f"model.norm={norm}")
+            plan.append((name, seed, run_dir, ov))
     return plan, runs_dir
 
 
+def baseline_pairs(args):
+    """[(variant, its baseline variant)]: every other variant against the baseline of the same norm."""
+    variants = _variants(args)
+    baseline = args.baseline
+    if baseline is None:
+        baseline = "softmax" if "softmax" in args.heads else variants[0][1]
+    stems = sorted({v[1] for v in variants})
+    if baseline not in stems:
+        raise UserError(f"--baseline {baseline} is not among the compared variants; valid: {', '.join(stems)}")
+    base_of = {norm: name for name, stem, norm, _, _ in variants if stem == baseline}
+    return [(name, base_of[norm]) for name, stem, norm, _, _ in variants if stem != baseline]
+
+
+def resolve_ood(args, cfg):
+    """The OOD dataset name eval.py gets (None: no OOD detection)."""
+    from data import DATASET_NAMES
+    from evaluation.ood_report import default_ood_dataset
+
+    if args.ood_dataset == "none":
+        return None
+    if args.ood_dataset == "auto":
+        return default_ood_dataset(cfg.data.dataset)
+    if args.ood_dataset not in DATASET_NAMES:
+        raise UserError(f"unknown --ood-dataset '{args.ood_dataset}'; valid: auto, none, {', '.join(DATASET_NAMES)}")
+    return args.ood_dataset
+
+
+class Commands:
+    """The train and eval commands of a planned run; the same in every mode."""
+
+    def __init__(self, args, config, ood):
+        self.config, self.ood, self.ood_root = config, ood, args.ood_root
+        self.ema = args.ema
+        self.eval_file = "eval_ema.json" if args.ema else "eval.json"
+        self.launcher = shlex.split(args.launcher) if args.launcher else [sys.executable]
+        if args.launcher and not any(os.path.basename(c).startswith("python") for c in self.launcher) \
+                and "launch" not in self.launcher:
+            raise UserError(f"--launcher '{args.launcher}' should end in a Python launcher "
+                            f"(e.g. 'accelerate launch --num_processes 2' or 'python')")
+
+    def train_args(self, overrides):
+        return ["--config", self.config, *overrides, "--resume", "auto"]
+
+    def eval_args(self, run_dir):
+        out = ["--checkpoint", run_dir, "--output", os.path.join(run_dir, self.eval_file), "--quiet"]
+        out += ["--ema"] if self.ema else []
+        if self.ood:
+            out += ["--ood-dataset", self.ood] + (["--ood-root", self.ood_root] if self.ood_root else [])
+        return out
+
+    def train(self, overrides):
+        return self.launcher + [os.path.join(ROOT, "train.py")] + self.train_args(overrides)
+
+    def evaluate(self, run_dir):
+        return self.launcher + [os.path.join(ROOT, "eval.py")] + self.eval_args(run_dir)
+
+
+def run_status(run_dir, commands):
+    """(trained, evaluated): summary.json; eval JSON + per-example records (+ the asked OOD results)."""
+    from evaluation.examples import examples_path
+
+    trained = os.path.isfile(os.path.join(run_dir, "summary.json"))
+    path = os.path.join(run_dir, commands.eval_file)
+    evaluated = os.path.isfile(path) and os.path.isfile(examples_path(path))
+    if evaluated and commands.ood:
+        try:
+            with open(path) as f:
+                evaluated = (json.load(f).get("ood") or {}).get("dataset") == commands.ood
+        except (OSError, ValueError):
+            evaluated = False
+    return trained, evaluated
+
+
+# ------------------------------------------------------------------------------------- run requests
 def _first_difference(old, new, prefix=""):
     """'optim.lr: 0.004 -> 0.002' for the first differing leaf of two nested dicts."""
     for key in sorted(set(old) | set(new)):
@@ -134,6 +246,12 @@ def _check_request(run_dir, request, create=True):
             write_json(request, path)
 
 
+def _request(configs, config, overrides):
+    return {"config": config, "overrides": overrides,
+            "resolved": configs.config_to_dict(configs.load_config(config, overrides))}
+
+
+# ---------------------------------------------------------------------------------- local execution
 def _run(cmd, what):
     print(f"$ {' '.join(shlex.quote(c) for c in cmd)}", flush=True)
     status = subprocess.call(cmd)  # in the caller's directory: relative run paths mean the same
@@ -142,85 +260,306 @@ def _run(cmd, what):
                         f"(finished runs are kept, interrupted ones resume)")
 
 
+def device_env(slot, jobs, environ=None, gpu_count=None, cpu_count=None):
+    """Environment of job slot `slot` (0..jobs-1): with GPUs, CUDA_VISIBLE_DEVICES = the visible GPUs
+    slot, slot+jobs, ... (round-robin; a slot shares one when there are fewer GPUs than jobs);
+    without, OMP_NUM_THREADS = an equal share of the CPU cores (at least 1)."""
+    env = dict(os.environ if environ is None else environ)
+    gpu_count = _gpu_count() if gpu_count is None else gpu_count
+    if gpu_count > 0:
+        visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()] \
+            or [str(i) for i in range(gpu_count)]
+        mine = visible[slot::jobs] or [visible[slot % len(visible)]]
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
+    else:
+        cpu_count = _cpu_count() if cpu_count is None else cpu_count
+        env["OMP_NUM_THREADS"] = str(max(1, cpu_count // jobs))
+    return env
+
+
+def _gpu_count():
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def _cpu_count():
+    """CPU cores this process may use (its affinity mask where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def run_parallel(todo, commands, jobs):
+    """Train and evaluate `todo` [(tag, run_dir, overrides, trained)] with `jobs` runs at once, each
+    in its slot's environment (device_env) with its output in RUN_DIR/compare.log.
+    Returns (trained, evaluated); UserError naming every failed run at the end."""
+    slots = list(range(jobs))
+    lock = threading.Lock()
+    counts = {"trained": 0, "evaluated": 0}
+    failures = []
+
+    def say(msg):
+        with lock:
+            print(msg, flush=True)
+
+    def one(item):
+        tag, run_dir, overrides, trained = item
+        with lock:
+            slot = slots.pop(0)
+        try:
+            env = device_env(slot, jobs)
+            pinned = {k: env[k] for k in ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS") if k in env}
+            os.makedirs(run_dir, exist_ok=True)
+            log = os.path.join(run_dir, LOG_FILE)
+            steps = ([("training", commands.train(overrides))] if not trained else []) \
+                + [("evaluating", commands.evaluate(run_dir))]
+            with open(log, "a") as out:
+                for what, cmd in steps:
+                    say(f"{tag}: {what} (slot {slot}, {' '.join(f'{k}={v}' for k, v in pinned.items())}; log {log})")
+                    out.write(f"$ {' '.join(shlex.quote(c) for c in cmd)}\n")
+                    out.flush()
+                    status = subprocess.call(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+                    if status != 0:
+                        with lock:
+                            failures.append(f"{run_dir} ({what} exit {status}; see {log})")
+                        return
+                    if what == "training" and not os.path.isfile(os.path.join(run_dir, "summary.json")):
+                        with lock:
+                            failures.append(f"{run_dir} (train.py wrote no summary.json; see {log})")
+                        return
+                    with lock:
+                        counts["trained" if what == "training" else "evaluated"] += 1
+            say(f"{tag}: done")
+        finally:
+            with lock:
+                slots.append(slot)
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        list(pool.map(one, todo))
+    if failures:
+        raise UserError(f"{len(failures)} run(s) failed: {'; '.join(failures)}; fix and rerun the same command "
+                        f"(finished runs are kept, interrupted ones resume)")
+    return counts["trained"], counts["evaluated"]
+
+
+# ------------------------------------------------------------------------------------- SLURM script
+SLURM_TEMPLATE = """\
+#!/bin/bash
+# Head comparison {stem}: a SLURM array job, one task per planned run ({n} runs), written by
+#   {command}
+# Submit it from anywhere (each task works in the repository): sbatch {script}
+# A task trains its run with scripts/slurm_train.sh (accelerate launch per node, --resume auto; near the
+# time limit it checkpoints and requeues the task) and then evaluates it with eval.py. Finished work
+# is skipped, so a requeued or resubmitted task continues where it stopped. Defaults: one node with
+# GPUS_PER_NODE GPUs per run (sbatch --nodes / --gpus-per-node and GPUS_PER_NODE=... change them;
+# keep the global batch: see scripts/slurm_train.sh). When the tasks are done:
+#   {report_command}
+#SBATCH --job-name=compare-{stem}
+#SBATCH --array=0-{last}
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=1          # one `accelerate launch` per node; it spawns one process per GPU
+#SBATCH --gpus-per-node=8
+#SBATCH --cpus-per-task=64
+#SBATCH --time=72:00:00
+#SBATCH --requeue
+#SBATCH --signal=B:USR1@300
+#SBATCH --output=slurm-%x-%A_%a.out
+set -euo pipefail
+
+REPO={repo}   # relative paths of the plan (run directories, data roots) are relative to it
+CONFIG={config}
+export GPUS_PER_NODE=${{GPUS_PER_NODE:-8}}
+TASK=${{SLURM_ARRAY_TASK_ID:?submit this script with sbatch: it is an array job}}
+
+case "$TASK" in
+{cases}
+  *) echo "no run for array task $TASK (this script plans {n}: 0-{last})"; exit 1;;
+esac
+cd "$REPO"
+
+if [ ! -f "$RUN_DIR/summary.json" ]; then
+  # scripts/slurm_train.sh runs in the background so that this batch shell can pass the time-limit
+  # signal (USR1, --signal=B:...) on to it; it then checkpoints, requeues the task and exits non-zero.
+  CONFIG="$CONFIG" SLURM_SUBMIT_DIR="$REPO" bash "$REPO/scripts/slurm_train.sh" "${{TRAIN_OVERRIDES[@]}}" &
+  TRAIN=$!
+  TRAPPED=0
+  trap 'TRAPPED=1; kill -USR1 "$TRAIN" 2>/dev/null || true' USR1
+  trap 'TRAPPED=1' TERM
+  while :; do
+    TRAPPED=0
+    wait "$TRAIN" && STATUS=0 || STATUS=$?
+    [ "$TRAPPED" = 1 ] && kill -0 "$TRAIN" 2>/dev/null || break
+  done
+  [ "$STATUS" = 0 ] || exit "$STATUS"   # preempted (requeued by slurm_train.sh) or failed
+fi
+
+if ! python "$REPO/scripts/compare_heads.py" --check-evaluated "$RUN_DIR" {eval_file} {ood_check}; then
+  if [ "$GPUS_PER_NODE" -gt 1 ]; then
+    EVAL_LAUNCH=(accelerate launch --multi_gpu --num_machines 1 --num_processes "$GPUS_PER_NODE")
+  else
+    EVAL_LAUNCH=(python)
+  fi
+  srun --nodes=1 --ntasks=1 "${{EVAL_LAUNCH[@]}}" "$REPO/eval.py" "${{EVAL_ARGS[@]}}"
+fi
+"""
+
+
+def _bash_array(words):
+    return "(" + " ".join(shlex.quote(w) for w in words) + ")"
+
+
+def emit_slurm(path, plan, commands, stem, command, report_command):
+    """Write the array job script: task i = plan[i] (train with its overrides, then evaluate).
+
+    The tasks run in the repository root, as scripts/slurm_train.sh does (it starts train.py from
+    there): the plan's relative paths mean the same only when compare_heads.py runs there too."""
+    if os.path.realpath(os.getcwd()) != os.path.realpath(ROOT):
+        raise UserError("--emit-slurm: run compare_heads.py from the repository root (the job runs "
+                        "train.py there, as scripts/slurm_train.sh does, so relative run directories and "
+                        "data roots must mean the same)")
+    cases = []
+    for i, (_, _, run_dir, ov) in enumerate(plan):
+        cases.append(f"  {i}) RUN_DIR={shlex.quote(run_dir)}\n"
+                     f"     TRAIN_OVERRIDES={_bash_array(ov)}\n"
+                     f"     EVAL_ARGS={_bash_array(commands.eval_args(run_dir))};;")
+    text = SLURM_TEMPLATE.format(
+        stem=stem, n=len(plan), last=len(plan) - 1, command=command, script=path, report_command=report_command,
+        repo=shlex.quote(ROOT), config=shlex.quote(commands.config),
+        cases="\n".join(cases), eval_file=shlex.quote(commands.eval_file),
+        ood_check=shlex.quote(commands.ood) if commands.ood else "")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    atomic_write_text(path, text)
+    os.chmod(path, 0o755)
+
+
+def check_evaluated_cli(argv):
+    """`compare_heads.py --check-evaluated RUN_DIR EVAL_FILE [OOD]`: exit 0 when evaluated (for the
+    SLURM script; the same rule as the local modes)."""
+    run_dir, eval_file = argv[0], argv[1]
+
+    class _C:
+        pass
+
+    c = _C()
+    c.eval_file, c.ood = eval_file, (argv[2] if len(argv) > 2 else None)
+    return 0 if run_status(run_dir, c)[1] else 1
+
+
+# ----------------------------------------------------------------------------------------------- main
+def _command_line(argv):
+    return "python scripts/compare_heads.py " + " ".join(
+        shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+
+
+def _report_only_argv(argv):
+    """The same arguments with --emit-slurm FILE replaced by --report-only."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--emit-slurm":
+            skip = True
+        elif not a.startswith("--emit-slurm="):
+            out.append(a)
+    return out + ["--report-only"]
+
+
 def main(argv=None):
+    raw = list(argv) if argv is not None else sys.argv[1:]
+    if raw[:1] == ["--check-evaluated"]:
+        return check_evaluated_cli(raw[1:])
     args = parse_args(argv)
     import configs
+    from evaluation import comparison
 
     config = os.path.abspath(args.config)
-    configs.load_config(config, args.overrides)  # fail fast on a bad config / override
+    base_cfg = configs.load_config(config, args.overrides)  # fail fast on a bad config / override
     plan, runs_dir = plan_runs(args)
-    launcher = shlex.split(args.launcher) if args.launcher else [sys.executable]
-    if args.launcher and not any(os.path.basename(c).startswith("python") for c in launcher) \
-            and "launch" not in launcher:
-        raise UserError(f"--launcher '{args.launcher}' should end in a Python launcher "
-                        f"(e.g. 'accelerate launch --num_processes 2' or 'python')")
-    eval_file = "eval_ema.json" if args.ema else "eval.json"
-    start = time.perf_counter()
-    trained, evaluated = run_plan(plan, args, config, launcher, eval_file)
+    pairs = baseline_pairs(args)
+    commands = Commands(args, config, resolve_ood(args, base_cfg))
+    stem = os.path.splitext(os.path.basename(args.config))[0]
+    report_dir = args.report_dir or os.path.join("reports", stem)
+    command = _command_line(argv)
+
+    requests = {}
+    for _, _, run_dir, ov in plan:
+        requests[run_dir] = _request(configs, config, ov)
+        _check_request(run_dir, requests[run_dir], create=False)  # also for finished runs: no stale reuse
+
+    if args.emit_slurm:
+        for _, _, run_dir, _ in plan:
+            _check_request(run_dir, requests[run_dir])
+        emit_slurm(args.emit_slurm, plan, commands, stem, command, _command_line(_report_only_argv(raw)))
+        print(f"wrote {args.emit_slurm}: a SLURM array job of {len(plan)} task(s), one per run in {runs_dir}; "
+              f"submit it with: sbatch {args.emit_slurm}")
+        return 0
+
+    todo = []
+    for i, (name, seed, run_dir, ov) in enumerate(plan, 1):
+        tag = f"[{i}/{len(plan)}] {name} seed {seed}"
+        trained, evaluated = run_status(run_dir, commands)
+        if trained and evaluated:
+            print(f"{tag}: done, skipped ({run_dir})", flush=True)
+        elif args.dry_run or args.report_only:
+            what = "evaluate" if trained else "train and evaluate"
+            print(f"{tag}: {'would ' + what if args.dry_run else 'missing (not ' + ('evaluated' if trained else 'trained') + ')'} {run_dir}")
+        else:
+            todo.append((tag, run_dir, ov, trained))
     if args.dry_run:
         return 0
-    table, path = write_comparison_report(plan, args, argv, eval_file)
+
+    start = time.perf_counter()
+    trained_now = evaluated_now = 0
+    if todo and args.jobs > 1:
+        for _, run_dir, _, _ in todo:
+            _check_request(run_dir, requests[run_dir])
+        trained_now, evaluated_now = run_parallel(todo, commands, args.jobs)
+    else:
+        for tag, run_dir, ov, trained in todo:
+            _check_request(run_dir, requests[run_dir])
+            if not trained:
+                print(f"{tag}: training", flush=True)
+                _run(commands.train(ov), f"training {run_dir}")
+                trained_now += 1
+                if not os.path.isfile(os.path.join(run_dir, "summary.json")):
+                    raise UserError(f"train.py finished without writing {run_dir}/summary.json")
+            print(f"{tag}: evaluating", flush=True)
+            _run(commands.evaluate(run_dir), f"evaluating {run_dir}")
+            evaluated_now += 1
+
+    variants, missing = {}, []
+    for name, seed, run_dir, _ in plan:
+        if all(run_status(run_dir, commands)):
+            variants.setdefault(name, []).append(
+                comparison.load_run(run_dir, commands.eval_file, weights="ema" if args.ema else "raw", seed=seed))
+        else:
+            missing.append(run_dir)
+    if not variants:
+        raise UserError(f"none of the {len(plan)} planned runs in {runs_dir} is finished yet; run without "
+                        f"--report-only (or submit the --emit-slurm script) first")
+    if missing:
+        print(f"missing ({len(missing)} of {len(plan)} planned run(s), left out of the report): "
+              + ", ".join(missing))
+    notes = []
+    first = next(iter(variants.values()))[0]["result"]
+    calib = (first.get("prediction_sets") or {}).get("calibration") or {}
+    if calib.get("note"):
+        notes.append(calib["note"])
+    pairs = [(a, b) for a, b in pairs if a in variants and b in variants]
+    with RunLock(report_dir, purpose="compare_heads report"):  # one writer of the report folder
+        table, path, paired_results = comparison.write_report(
+            variants, report_dir, f"Head comparison: {stem}", command, weights="ema" if args.ema else "raw",
+            notes=notes, pairs=pairs, missing=missing)
     print()
     print(table)
     print()
-    print(f"{trained} training run(s) and {evaluated} evaluation(s) done now in "
-          f"{time.perf_counter() - start:.0f}s; {len(plan)} run(s) in {runs_dir}")
+    for res in paired_results:
+        for sentence in res["sentences"]:
+            print(sentence)
+    print()
+    print(f"{trained_now} training run(s) and {evaluated_now} evaluation(s) done now in "
+          f"{time.perf_counter() - start:.0f}s; {len(plan) - len(missing)} of {len(plan)} run(s) in {runs_dir}")
     print(f"report: {path}")
     return 0
-
-
-def run_plan(plan, args, config, launcher, eval_file):
-    """Train what is not trained and evaluate what is not evaluated; -> (trained, evaluated) counts."""
-    import configs
-    from evaluation.examples import examples_path
-
-    trained = evaluated = 0
-    for i, (name, seed, run_dir, ov) in enumerate(plan, 1):
-        tag = f"[{i}/{len(plan)}] {name} seed {seed}"
-        request = {"config": config, "overrides": ov,
-                   "resolved": configs.config_to_dict(configs.load_config(config, ov))}
-        _check_request(run_dir, request, create=False)  # also for finished runs: no stale reuse
-        done_train = os.path.isfile(os.path.join(run_dir, "summary.json"))
-        done_eval = all(os.path.isfile(p) for p in (os.path.join(run_dir, eval_file),
-                                                     examples_path(os.path.join(run_dir, eval_file))))
-        if done_train and done_eval:
-            print(f"{tag}: done, skipped ({run_dir})", flush=True)
-            continue
-        if args.dry_run:
-            print(f"{tag}: would {'evaluate' if done_train else 'train and evaluate'} {run_dir}")
-            continue
-        _check_request(run_dir, request)
-        if not done_train:
-            print(f"{tag}: training", flush=True)
-            _run(launcher + [os.path.join(ROOT, "train.py"), "--config", config, *ov, "--resume", "auto"],
-                 f"training {run_dir}")
-            trained += 1
-            if not os.path.isfile(os.path.join(run_dir, "summary.json")):
-                raise UserError(f"train.py finished without writing {run_dir}/summary.json")
-        print(f"{tag}: evaluating", flush=True)
-        _run(launcher + [os.path.join(ROOT, "eval.py"), "--checkpoint", run_dir, "--output",
-                         os.path.join(run_dir, eval_file), "--quiet"] + (["--ema"] if args.ema else []),
-             f"evaluating {run_dir}")
-        evaluated += 1
-    return trained, evaluated
-
-
-def write_comparison_report(plan, args, argv, eval_file):
-    """Load every run's results and write the report; -> (table text, report.md path)."""
-    from evaluation import comparison
-
-    weights = "ema" if args.ema else "raw"
-    variants = {}
-    for name, seed, run_dir, _ in plan:
-        variants.setdefault(name, []).append(comparison.load_run(run_dir, eval_file, weights=weights))
-    stem = os.path.splitext(os.path.basename(args.config))[0]
-    command = "python scripts/compare_heads.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-    calib = (variants[plan[0][0]][0]["result"].get("prediction_sets") or {}).get("calibration") or {}
-    notes = [calib["note"]] if calib.get("note") else []
-    report_dir = args.report_dir or os.path.join("reports", stem)
-    with RunLock(report_dir, purpose="compare_heads report"):  # one writer of the report folder
-        return comparison.write_report(variants, report_dir, f"Head comparison: {stem}", command, weights=weights,
-                                       notes=notes)
 
 
 if __name__ == "__main__":

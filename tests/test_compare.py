@@ -65,15 +65,19 @@ def test_report_has_every_column_and_plot():
     root, stdout = tiny_comparison()
     report_dir = os.path.join(root, "report")
     md = open(os.path.join(report_dir, "report.md")).read()
-    runs = {h: [comparison.load_run(os.path.join(root, "runs", f"{h}-s0"), "eval.json")] for h in HEADS}
-    labels = [label for _, label, _ in comparison.table_columns(runs)]
-    expected = ["top-1 acc", "top-5 acc", "FY loss", "NLL (finite part)", "P(p_y = 0)", "ECE (15 bins)",
+    runs = {h: [comparison.load_run(os.path.join(root, "runs", f"{h}-s0"), "eval.json", seed=0)] for h in HEADS}
+    labels = [row[0] for row in comparison.summary_table(runs)[1]]
+    expected = ["top-1 acc", "top-5 acc", "FY loss", "NLL (finite part)", "P(p_y = 0)",
+                "ECE (15 bins), mean of per-run", "ECE (15 bins), pooled over seeds",
                 "support size mean", "support size median", "support contains y", "mean per-class acc", "worst-class acc",
-                "support ε=0.1 coverage", "support ε=0.05 mean set size", "lac ε=0.1 coverage",
-                "aps ε=0.05 mean set size", "train time (s)", "train img/s", "eval img/s"]
+                "support ε=0.1 coverage", "support ε=0.05 mean set size", "support ε=0.1 calibrated T",
+                "lac ε=0.1 coverage", "aps ε=0.05 mean set size", "train time (s)", "train img/s", "eval img/s"]
     for label in expected:
         assert label in labels
-    for label in labels + ["seeds"]:
+    for method in ("support", "lac", "aps"):  # the empty-set fraction of every prediction-set method
+        for eps in ("0.1", "0.05"):
+            assert f"{method} ε={eps} empty sets" in labels
+    for label in labels:
         assert f"| {label} |" in md, label
         assert label in stdout, label  # the table printed at the end
     assert "| metric | softmax | sparsemax |" in md
@@ -189,3 +193,71 @@ def test_plan_names_variants_and_overrides():
     assert run_dir == os.path.join("R", "entmax_bisect-a1.75-layernorm-s1")
     assert {"optim.epochs=1", "head.name=entmax_bisect", "head.alpha=1.75", "model.norm=layernorm",
             "train.seed=1", f"train.output_dir={run_dir}"} <= set(ov)
+
+
+def _records(run_dir):
+    from evaluation.examples import examples_path, load_examples
+
+    return load_examples(examples_path(os.path.join(run_dir, "eval.json")))[0]
+
+
+def test_report_has_paired_statistics_selective_and_ood_sections():
+    """The statistics are wired to the runs' per-example records: the pair's top-1 difference is the
+    difference of the two eval.json top-1s, McNemar's counts are those of the records, and the
+    sentence for each metric is in report.md and on the terminal."""
+    root, stdout = tiny_comparison()
+    report_dir = os.path.join(root, "report")
+    md = open(os.path.join(report_dir, "report.md")).read()
+    with open(os.path.join(report_dir, "paired_statistics.json")) as f:
+        paired = json.load(f)
+    assert len(paired) == 1 and paired[0]["variant"] == "sparsemax" and paired[0]["baseline"] == "softmax"
+    runs = {h: os.path.join(root, "runs", f"{h}-s0") for h in HEADS}
+    evals = {h: json.load(open(os.path.join(runs[h], "eval.json"))) for h in HEADS}
+    top1 = paired[0]["bootstrap"]["top1"]
+    assert top1["difference"] == pytest.approx(evals["sparsemax"]["top1"] - evals["softmax"]["top1"], abs=1e-12)
+    assert top1["ci_low"] <= top1["difference"] <= top1["ci_high"]
+    loss = paired[0]["bootstrap"]["loss"]
+    assert loss["difference"] == pytest.approx(evals["sparsemax"]["loss"] - evals["softmax"]["loss"], rel=1e-5)
+    ra, rb = _records(runs["sparsemax"]), _records(runs["softmax"])
+    ca, cb = (ra["pred"] == ra["label"]), (rb["pred"] == rb["label"])
+    assert paired[0]["mcnemar"]["b"] == int((ca & ~cb).sum()) and paired[0]["mcnemar"]["c"] == int((~ca & cb).sum())
+    assert "## Paired differences against the baseline" in md
+    for sentence in paired[0]["sentences"]:
+        assert f"- {sentence}" in md and sentence in stdout
+    assert paired[0]["sentences"][0].startswith("sparsemax − softmax top-1: ")
+    assert "McNemar exact p" in paired[0]["sentences"][0]
+    assert [s.split(":")[0] for s in paired[0]["sentences"]] == [
+        "sparsemax − softmax top-1", "sparsemax − softmax ECE", "sparsemax − softmax FY loss"]
+    # selective prediction: the table's AURC is eval.py's, for both confidences of the sparse head
+    assert "## Selective prediction" in md and "![Risk–coverage](risk_coverage.png)" in md
+    for head, label, key in (("softmax", "max probability", "max_prob"), ("sparsemax", "max probability", "max_prob"),
+                             ("sparsemax", "1/support size (ties: max prob)", "support")):
+        row = next(line for line in md.splitlines() if line.startswith(f"| {head} | {label} |"))
+        assert row.split("|")[3].strip() == f"{evals[head]['selective'][key]['aurc']:.4f}"
+    assert not any(line.startswith("| softmax | 1/support") for line in md.splitlines())
+    # OOD: the built-in OOD set by default, AUROC per score (support size for the sparse head only)
+    assert "## Out-of-distribution detection" in md and "builtin10_ood" in md
+    for head, label, key in (("softmax", "entropy", "neg_entropy"), ("sparsemax", "support size", "neg_support")):
+        row = next(line for line in md.splitlines() if line.startswith(f"| {head} | {label} |"))
+        assert row.split("|")[3].strip() == f"{100 * evals[head]['ood']['scores'][key]['auroc']:.2f}%"
+    assert not any(line.startswith("| softmax | support size |") for line in md.splitlines())
+    assert "Train times and img/s depend on what else the machine was running" in md
+
+
+def test_identical_heads_are_not_significant(tmp_path):
+    """A variant whose every run is a copy of the baseline's (two seeds): zero difference, an
+    interval [0, 0], McNemar p = 1, "not significant" in every sentence."""
+    from evaluation import comparison
+
+    root, _ = tiny_comparison()
+    run = os.path.join(root, "runs", "softmax-s0")
+    variants = {name: [comparison.load_run(run, "eval.json", seed=s) for s in (0, 1)] for name in ("softmax", "copy")}
+    _, path, paired = comparison.write_report(variants, str(tmp_path), "t", "cmd", pairs=[("copy", "softmax")])
+    md = open(path).read()
+    assert paired[0]["seeds"] == [0, 1] and paired[0]["mcnemar"]["p_value"] == 1.0
+    assert paired[0]["bootstrap"]["top1"]["n_rows"] == 2 * 101
+    assert "- copy − softmax top-1: 0.0 pt [0.0, 0.0], not significant at 5% (McNemar exact p = 1)" in md
+    for sentence in paired[0]["sentences"]:
+        assert "not significant" in sentence and f"- {sentence}" in md
+    # two seeds: the pooled ECE row and the mean-of-per-run row are both there, named
+    assert "| ECE (15 bins), mean of per-run |" in md and "| ECE (15 bins), pooled over seeds |" in md

@@ -161,3 +161,38 @@ def test_scores_match_the_projects_own_heads(name, alpha):
     z, y, s = z[keep], y[keep].view(-1, 1), s[keep].view(-1, 1)
     assert (head(z / (s * 1.01)).gather(1, y) > 0).all()
     assert (head(z / (s * 0.99)).gather(1, y) == 0).all()
+
+
+def test_aps_uniforms_are_drawn_per_seed():
+    """Two runs (seeds) draw different uniforms; one seed always draws the same; calibration and
+    evaluation streams differ."""
+    a, b = conformal.aps_uniforms(500, 1, seed=0), conformal.aps_uniforms(500, 1, seed=1)
+    assert not torch.equal(a, b) and (a - b).abs().mean() > 0.1
+    assert torch.equal(a, conformal.aps_uniforms(500, 1, seed=0))
+    assert not torch.equal(a, conformal.aps_uniforms(500, 2, seed=0))
+    assert a.min() >= 0 and a.max() < 1 and abs(a.mean().item() - 0.5) < 0.05
+    # ...and the APS results of one calibration split follow the seed
+    logits, labels = _exchangeable(400, 6, 7)
+    cal, ev = _split(logits, labels, 200, lambda z: torch.softmax(z, 1))
+    runs = [conformal.evaluate_method("aps", cal, ev, epsilons=(0.1,), aps_seed=s)["eps"]["0.1"] for s in (0, 1, 0)]
+    assert runs[0] == runs[2] and runs[0]["threshold"] != runs[1]["threshold"]
+
+
+def test_empty_set_fraction_and_degenerate_temperature():
+    """LAC's empty sets are counted (brute force: no class reaches p >= 1 - q); a calibration split whose
+    true class is always on top calibrates the support to T = 0, flagged as degenerate."""
+    logits, labels = _exchangeable(600, 5, 9)
+    probs = torch.softmax(logits * 0.3, 1)  # flat: at large ε many rows have no class above 1 - q
+    cal = {"logits": logits[:300], "labels": labels[:300], "probs": probs[:300]}
+    ev = {"logits": logits[300:], "labels": labels[300:], "probs": probs[300:]}
+    res = conformal.evaluate_method("lac", cal, ev, epsilons=(0.4,))["eps"]["0.4"]
+    q = res["threshold"]
+    brute = ((1.0 - probs[300:].double()) <= q).sum(1)
+    assert res["empty_frac"] == pytest.approx((brute == 0).double().mean().item()) and res["empty_frac"] > 0
+    assert res["degenerate"] is False
+    z = torch.randn(200, 5, generator=torch.Generator().manual_seed(4))
+    y = z.argmax(1)  # the true class is always the top logit: every support score is 0
+    part = {"logits": z, "labels": y, "probs": entmax.sparsemax(z, 1)}
+    r = conformal.evaluate_method("support", part, part, alpha=2.0, epsilons=(0.1,))["eps"]["0.1"]
+    assert r["threshold"] == 0.0 and r["degenerate"] is True
+    assert r["mean_set_size"] == 1.0 and r["coverage"] == 1.0 and r["empty_frac"] == 0.0

@@ -44,6 +44,7 @@ def test_eval_reproduces_train_accuracy():
         assert result["support_mean"] == pytest.approx(final["support_size"], rel=1e-5)
         assert sum(result["support_hist"]) == 101 and sum(result["reliability"]["count"]) == 101
         calib = result["prediction_sets"]["calibration"]
+        assert isinstance(calib.pop("aps_seed"), int)
         assert calib == {"source": "calib", "n_calib": 64, "n_eval": 101}  # 25% of 256 held out
         methods = result["prediction_sets"]["methods"]
         assert set(methods) == ({"support", "lac", "aps"} if head == "sparsemax" else {"lac", "aps"})
@@ -81,6 +82,8 @@ def test_two_processes_give_the_same_numbers_as_one(tmp_path):
             r2 = two["prediction_sets"]["methods"][method]["eps"][eps]
             assert r2["coverage"] == r["coverage"] and r2["mean_set_size"] == r["mean_set_size"], (method, eps)
     assert two["prediction_sets"]["calibration"] == one["prediction_sets"]["calibration"]
+    for conf, sel in one["selective"].items():
+        assert two["selective"][conf]["aurc"] == pytest.approx(sel["aurc"], rel=1e-12)
 
 
 def test_weights_file_with_model_flags_and_calibration_fallback(tmp_path):
@@ -197,3 +200,93 @@ def test_training_eval_and_eval_py_agree_on_the_same_weights(tmp_path):
         assert torch.equal(records["label"], labels) and torch.equal(records["pred"], logits.argmax(1))
         assert torch.allclose(records["p_y"], probs.gather(1, labels[:, None]).squeeze(1), atol=1e-6)
         assert torch.equal(records["support_size"], (probs > 0).sum(1))
+
+
+def _forward_probs(run, dataset_name=None):
+    """Independent reference: the run's model, a plain fp32 forward over a val split in order."""
+    import copy
+
+    import configs
+    from safetensors.torch import load_file
+
+    from data import build_dataset, build_eval_loader
+    from models import create_classifier
+
+    cfg = configs.load_run_config(run, [])
+    model = create_classifier(cfg.model, cfg.head, 10).eval()
+    model.load_state_dict(load_file(os.path.join(run, "model.safetensors")))
+    data_cfg = copy.deepcopy(cfg.data)
+    if dataset_name:
+        data_cfg.dataset = dataset_name
+    ds = build_dataset(data_cfg, "val")
+    with torch.no_grad():
+        logits = torch.cat([model(x) for x, _ in build_eval_loader(ds, data_cfg, rank=0, world_size=1)])
+        return model.output_head(logits).double()
+
+
+def _brute_auroc(score_in, score_out):
+    greater = (score_in[:, None] > score_out[None, :]).double().mean().item()
+    ties = (score_in[:, None] == score_out[None, :]).double().mean().item()
+    return greater + 0.5 * ties
+
+
+def test_ood_detection_and_selective_prediction_in_eval_json():
+    """The tiny runs were evaluated with the built-in OOD set (compare_heads passes it): AUROC of each
+    score against a brute-force pair count over a plain forward of both splits; AURC against the
+    mean selective risk of the records sorted by confidence; the records hold the FY loss."""
+    from evaluation.examples import examples_path, load_examples
+
+    for head in ("softmax", "sparsemax"):
+        run = _run_dir(head)
+        result = _load(os.path.join(run, "eval.json"))
+        ood = result["ood"]
+        assert ood["dataset"] == "builtin10_ood" and ood["n_in"] == 101 and ood["n_out"] == 101 and ood["tpr"] == 0.95
+        expected = {"max_prob", "neg_entropy"} | ({"neg_support"} if head == "sparsemax" else set())
+        assert set(ood["scores"]) == expected
+        for score in ood["scores"].values():
+            assert 0.0 <= score["auroc"] <= 1.0 and 0.0 <= score["fpr_at_tpr"] <= 1.0
+        for hist in ood["histograms"].values():
+            assert sum(hist["in"]) == 101 and sum(hist["out"]) == 101
+            assert len(hist["edges"]) == len(hist["in"]) + 1
+        p_in, p_out = _forward_probs(run), _forward_probs(run, "builtin10_ood")
+        references = {"max_prob": (p_in.max(1).values, p_out.max(1).values),
+                      "neg_entropy": (torch.special.xlogy(p_in, p_in).sum(1), torch.special.xlogy(p_out, p_out).sum(1))}
+        if head == "sparsemax":
+            references["neg_support"] = (-(p_in > 0).sum(1).double(), -(p_out > 0).sum(1).double())
+        for name, (s_in, s_out) in references.items():
+            assert ood["scores"][name]["auroc"] == pytest.approx(_brute_auroc(s_in, s_out), abs=2e-3), name
+
+        records, _ = load_examples(examples_path(os.path.join(run, "eval.json")))
+        assert records["loss"].double().mean().item() == pytest.approx(result["loss"], rel=1e-6)
+        conf, errors = records["max_prob"].double(), (records["pred"] != records["label"]).double()
+        order = torch.argsort(-conf, stable=True)
+        if conf.unique().numel() == conf.numel():  # no ties: the plain sorted risk is exact
+            risk = errors[order].cumsum(0) / torch.arange(1, 102)
+            assert result["selective"]["max_prob"]["aurc"] == pytest.approx(risk.mean().item(), rel=1e-9)
+        assert set(result["selective"]) == ({"max_prob", "support"} if head == "sparsemax" else {"max_prob"})
+        sel = result["selective"]["max_prob"]
+        assert sel["risk_at_coverage"]["1.0"] == pytest.approx(1 - result["top1"], abs=1e-12)
+        assert sel["e_aurc"] == pytest.approx(sel["aurc"] - sel["optimal_aurc"])
+
+
+def test_aps_seed_differs_per_run():
+    """APS's uniforms are seeded per run: each head and each training seed draws its own."""
+    import configs
+
+    import eval as eval_entry
+
+    seeds = {h: _load(os.path.join(_run_dir(h), "eval.json"))["prediction_sets"]["calibration"]["aps_seed"]
+             for h in ("softmax", "sparsemax")}
+    assert seeds["softmax"] != seeds["sparsemax"]
+    cfg = configs.load_run_config(_run_dir("softmax"), [])
+    assert eval_entry.aps_seed(cfg) == seeds["softmax"]
+    assert eval_entry.aps_seed(configs.load_run_config(_run_dir("softmax"), ["train.seed=1"])) != seeds["softmax"]
+
+
+def test_ood_user_errors_are_one_line(capsys):
+    run = _run_dir("sparsemax")
+    assert "unknown --ood-dataset 'builtin1O_ood'" in _cli_error(capsys, ["--checkpoint", run, "--ood-dataset",
+                                                                           "builtin1O_ood"])
+    assert "--ood-root needs --ood-dataset" in _cli_error(capsys, ["--checkpoint", run, "--ood-root", "x"])
+    err = _cli_error(capsys, ["--checkpoint", run, "--ood-dataset", "auto", "data.dataset=cifar10"])
+    assert "no built-in OOD set" in err

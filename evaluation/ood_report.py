@@ -1,0 +1,78 @@
+"""Out-of-distribution detection of one run (eval.py --ood-dataset) and its summary over seeds.
+
+Detection numbers are `evaluation.ood.ood_detection` (AUROC, FPR at 95% TPR; definitions and
+references there) on the scores `evaluation.ood.ood_scores`: max probability, entropy and, for the
+sparse heads, support size. Score histograms (in-distribution vs OOD) are stored with fixed bins so
+that the seeds of a head add up: max probability on [0, 1], entropy on [0, ln K], support size 1..K.
+"""
+import math
+
+import numpy as np
+
+from common.errors import UserError
+from models.heads import SPARSE_HEAD_NAMES
+
+from .ood import ood_detection, ood_scores
+
+# The built-in family's own OOD sets (data/builtin.py: other outlines through the same renderer).
+BUILTIN_OOD = {"builtin10": "builtin10_ood", "builtin100": "builtin100_ood"}
+SCORE_LABELS = {"max_prob": "max probability", "neg_entropy": "entropy", "neg_support": "support size"}
+HIST_BINS = 20
+
+
+def default_ood_dataset(dataset):
+    """The OOD set `--ood-dataset auto` means for an in-distribution dataset (None if it has none)."""
+    return BUILTIN_OOD.get(dataset)
+
+
+def resolve_ood_dataset(name, dataset):
+    """'auto' -> the dataset's built-in OOD set (UserError when it has none); other names unchanged."""
+    if name != "auto":
+        return name
+    ood = default_ood_dataset(dataset)
+    if ood is None:
+        raise UserError(f"--ood-dataset auto: {dataset} has no built-in OOD set (only "
+                        f"{', '.join(BUILTIN_OOD)} do); name one, e.g. --ood-dataset imagefolder --ood-root DIR")
+    return ood
+
+
+def _histograms(scores_in, scores_out, num_classes):
+    hists = {}
+    ranges = {"max_prob": (0.0, 1.0), "neg_entropy": (0.0, math.log(num_classes))}
+    for name, (lo, hi) in ranges.items():
+        edges = np.linspace(lo, hi, HIST_BINS + 1)
+        sign = -1.0 if name.startswith("neg_") else 1.0  # histogram the entropy itself, not its negative
+        key = name[4:] if name.startswith("neg_") else name
+        hists[key] = {"edges": edges.tolist(),
+                      "in": np.histogram(np.clip(sign * scores_in[name], lo, hi), edges)[0].tolist(),
+                      "out": np.histogram(np.clip(sign * scores_out[name], lo, hi), edges)[0].tolist()}
+    if "neg_support" in scores_in:
+        edges = np.arange(0.5, num_classes + 1.5)
+        hists["support"] = {"edges": edges.tolist(),
+                            "in": np.histogram(-scores_in["neg_support"], edges)[0].tolist(),
+                            "out": np.histogram(-scores_out["neg_support"], edges)[0].tolist()}
+    return hists
+
+
+def run_summary(probs_in, probs_out, head_name, dataset, tpr=0.95):
+    """JSON-ready OOD results of one evaluation from the head's probabilities (N, K) on the
+    in-distribution split and on the OOD set."""
+    sparse = head_name in SPARSE_HEAD_NAMES
+    scores_in, scores_out = ood_scores(probs_in, sparse=sparse), ood_scores(probs_out, sparse=sparse)
+    detection = ood_detection(scores_in, scores_out, tpr=tpr)
+    return {"dataset": dataset, "n_in": int(probs_in.shape[0]), "n_out": int(probs_out.shape[0]), "tpr": tpr,
+            "scores": {name: {"auroc": d["auroc"], "fpr_at_tpr": d["fpr_at_tpr"]} for name, d in detection.items()},
+            "histograms": _histograms(scores_in, scores_out, int(probs_in.shape[1]))}
+
+
+def pooled_histograms(results):
+    """Add the histograms of several runs' OOD results (same head, same bins) -> {score: {...}}."""
+    out = {}
+    for result in results:
+        for name, h in result["histograms"].items():
+            if name not in out:
+                out[name] = {"edges": h["edges"], "in": list(h["in"]), "out": list(h["out"])}
+            else:
+                out[name]["in"] = [a + b for a, b in zip(out[name]["in"], h["in"])]
+                out[name]["out"] = [a + b for a, b in zip(out[name]["out"], h["out"])]
+    return out

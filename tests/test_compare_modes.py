@@ -1,0 +1,175 @@
+"""scripts/compare_heads.py's modes share one plan: sequential, --jobs N, --emit-slurm, --report-only.
+
+train.py / eval.py are replaced by a fake `subprocess.call` that records each command and copies a
+finished run of the tiny comparison (tests/test_compare.py) into place, so the modes run end to end
+(report included) without training anything.
+"""
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from test_compare import ROOT, SCRIPT, TINY_CONFIG, tiny_comparison
+
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import compare_heads  # noqa: E402
+
+from common.errors import UserError  # noqa: E402
+from evaluation.examples import examples_path  # noqa: E402
+
+HEADS = ("softmax", "sparsemax")
+SEEDS = ("0", "1")
+
+
+def _fake_call(calls, source_runs):
+    """subprocess.call stand-in: records (script, args, pinned env) and copies the tiny run's files."""
+    def call(cmd, stdout=None, stderr=None, env=None, **_):
+        script = os.path.basename(cmd[1])
+        args = tuple(cmd[2:])
+        if script == "train.py":
+            run_dir = next(a.split("=", 1)[1] for a in args if a.startswith("train.output_dir="))
+            head = next(a.split("=", 1)[1] for a in args if a.startswith("head.name="))
+            os.makedirs(run_dir, exist_ok=True)
+            for name in ("summary.json", "metrics.jsonl"):
+                shutil.copy(os.path.join(source_runs, f"{head}-s0", name), run_dir)
+        else:
+            run_dir, out = args[args.index("--checkpoint") + 1], args[args.index("--output") + 1]
+            head = os.path.basename(run_dir).rsplit("-s", 1)[0]
+            src = os.path.join(source_runs, f"{head}-s0", "eval.json")
+            shutil.copy(src, out)
+            shutil.copy(examples_path(src), examples_path(out))
+        pinned = None if env is None else (env.get("OMP_NUM_THREADS"), env.get("CUDA_VISIBLE_DEVICES"))
+        calls.append((script, args, pinned))
+        return 0
+    return call
+
+
+def _args(root, *extra):
+    return ["--config", os.path.join(root, "tiny.yaml"), "--heads", *HEADS, "--seeds", *SEEDS,
+            "--runs-dir", os.path.join(root, "runs"), "--report-dir", os.path.join(root, "report"), *extra]
+
+
+@pytest.fixture()
+def sandbox(tmp_path):
+    source, _ = tiny_comparison()
+    (tmp_path / "tiny.yaml").write_text(TINY_CONFIG)
+    return str(tmp_path), os.path.join(source, "runs")
+
+
+def _slurm_tasks(path):
+    """[(run_dir, train overrides, eval args)] of the array job's case block, in task order."""
+    text = open(path).read()
+    tasks = re.findall(r"^  (\d+)\) RUN_DIR=(.*)\n\s+TRAIN_OVERRIDES=\((.*)\)\n\s+EVAL_ARGS=\((.*)\);;$", text, re.M)
+    assert [int(t[0]) for t in tasks] == list(range(len(tasks)))
+    return [(shlex.split(d)[0], shlex.split(o), shlex.split(e)) for _, d, o, e in tasks], text
+
+
+def test_every_mode_runs_the_same_plan(sandbox, monkeypatch, capsys):
+    root, source_runs = sandbox
+    runs = os.path.join(root, "runs")
+    plan, _ = compare_heads.plan_runs(compare_heads.parse_args(_args(root)))
+    assert len(plan) == len(HEADS) * len(SEEDS)
+
+    # Sequential: train then eval, run after run, in plan order.
+    sequential = []
+    monkeypatch.setattr(compare_heads.subprocess, "call", _fake_call(sequential, source_runs))
+    assert compare_heads.main(_args(root)) == 0
+    assert [c[0] for c in sequential] == ["train.py", "eval.py"] * len(plan)
+    assert all(c[2] is None for c in sequential)  # the caller's environment, unpinned
+
+    # --jobs 2: the same commands (any order), each job pinned to half the CPU threads.
+    shutil.rmtree(runs)
+    parallel = []
+    monkeypatch.setattr(compare_heads.subprocess, "call", _fake_call(parallel, source_runs))
+    monkeypatch.setattr(compare_heads, "_gpu_count", lambda: 0)
+    monkeypatch.setattr(compare_heads, "_cpu_count", lambda: 4)
+    assert compare_heads.main(_args(root, "--jobs", "2")) == 0
+    assert sorted(c[:2] for c in parallel) == sorted(c[:2] for c in sequential)
+    assert {c[2] for c in parallel} == {("2", None)}  # 4 cores / 2 jobs
+    for _, _, run_dir, _ in plan:
+        assert os.path.isfile(os.path.join(run_dir, compare_heads.LOG_FILE))
+
+    # --emit-slurm: one array task per planned run, with the same train and eval arguments.
+    monkeypatch.chdir(ROOT)
+    script = os.path.join(root, "compare.sbatch")
+    assert compare_heads.main(_args(root, "--emit-slurm", script)) == 0
+    tasks, text = _slurm_tasks(script)
+    train_args = [c[1] for c in sequential if c[0] == "train.py"]
+    eval_args = [c[1] for c in sequential if c[0] == "eval.py"]
+    assert [t[0] for t in tasks] == [p[2] for p in plan]
+    assert [("--config", os.path.join(root, "tiny.yaml"), *t[1], "--resume", "auto") for t in tasks] == train_args
+    assert [tuple(t[2]) for t in tasks] == eval_args
+    assert f"#SBATCH --array=0-{len(plan) - 1}\n" in text and "#SBATCH --signal=B:USR1@300" in text
+    assert "scripts/slurm_train.sh" in text and "--report-only" in text
+    if shutil.which("bash"):
+        assert subprocess.run(["bash", "-n", script]).returncode == 0  # the script parses
+
+    # --report-only: nothing runs; a run without its evaluation is named as missing.
+    gone = plan[-1][2]
+    os.remove(os.path.join(gone, "eval.json"))
+    monkeypatch.setattr(compare_heads.subprocess, "call", lambda *a, **k: pytest.fail("report-only ran something"))
+    capsys.readouterr()
+    assert compare_heads.main(_args(root, "--report-only")) == 0
+    out = capsys.readouterr().out
+    assert f"missing (1 of {len(plan)} planned run(s)" in out and gone in out
+    md = open(os.path.join(root, "report", "report.md")).read()
+    assert "## Missing runs" in md and f"- `{gone}`" in md
+    # the SLURM script's evaluation check uses the same rule
+    assert compare_heads.main(["--check-evaluated", gone, "eval.json", "builtin10_ood"]) == 1
+    assert compare_heads.main(["--check-evaluated", plan[0][2], "eval.json", "builtin10_ood"]) == 0
+    assert compare_heads.main(["--check-evaluated", plan[0][2], "eval.json", "other_ood"]) == 1
+
+    # --dry-run lists the same runs
+    shutil.rmtree(runs)
+    assert compare_heads.main(_args(root, "--dry-run")) == 0
+    out = capsys.readouterr().out
+    assert [line.split()[-1] for line in out.splitlines() if "would train and evaluate" in line] == [p[2] for p in plan]
+
+
+def test_report_only_without_any_finished_run_says_so(sandbox):
+    root, _ = sandbox
+    with pytest.raises(UserError, match="none of the 4 planned runs"):
+        compare_heads.main(_args(root, "--report-only"))
+
+
+def test_device_env_round_robin():
+    env = {"PATH": "x"}
+    assert [compare_heads.device_env(s, 2, env, gpu_count=4)["CUDA_VISIBLE_DEVICES"] for s in (0, 1)] == ["0,2", "1,3"]
+    assert [compare_heads.device_env(s, 3, env, gpu_count=1)["CUDA_VISIBLE_DEVICES"] for s in (0, 1, 2)] == ["0"] * 3
+    visible = dict(env, CUDA_VISIBLE_DEVICES="3,5")
+    assert [compare_heads.device_env(s, 2, visible, gpu_count=2)["CUDA_VISIBLE_DEVICES"] for s in (0, 1)] == ["3", "5"]
+    cpu = [compare_heads.device_env(s, 2, env, gpu_count=0, cpu_count=2) for s in (0, 1)]
+    assert [e["OMP_NUM_THREADS"] for e in cpu] == ["1", "1"] and "CUDA_VISIBLE_DEVICES" not in cpu[0]
+    assert compare_heads.device_env(0, 4, env, gpu_count=0, cpu_count=2)["OMP_NUM_THREADS"] == "1"
+    assert env == {"PATH": "x"}  # the caller's mapping is left alone
+
+
+def test_mode_errors_are_one_line(tmp_path, monkeypatch):
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(TINY_CONFIG)
+    base = ["--config", str(cfg), "--runs-dir", str(tmp_path / "runs")]
+    with pytest.raises(UserError, match="--jobs"):
+        compare_heads.parse_args(base + ["--jobs", "2", "--report-only"])
+    with pytest.raises(UserError, match="at least 1"):
+        compare_heads.parse_args(base + ["--jobs", "0"])
+    with pytest.raises(UserError, match="--baseline entmax15 is not among"):
+        compare_heads.main(base + ["--heads", "softmax", "sparsemax", "--baseline", "entmax15", "--dry-run"])
+    with pytest.raises(UserError, match="unknown --ood-dataset"):
+        compare_heads.main(base + ["--ood-dataset", "builtin1O_ood", "--dry-run"])
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match="repository root"):
+        compare_heads.main(base + ["--emit-slurm", str(tmp_path / "x.sbatch")])
+
+
+def test_baseline_pairs_follow_the_norm():
+    args = compare_heads.parse_args(["--config", "x.yaml", "--heads", "softmax", "sparsemax", "entmax15",
+                                     "--norms", "affine", "layernorm"])
+    assert compare_heads.baseline_pairs(args) == [
+        ("sparsemax-affine", "softmax-affine"), ("entmax15-affine", "softmax-affine"),
+        ("sparsemax-layernorm", "softmax-layernorm"), ("entmax15-layernorm", "softmax-layernorm")]
+    args = compare_heads.parse_args(["--config", "x.yaml", "--heads", "sparsemax", "entmax15"])
+    assert compare_heads.baseline_pairs(args) == [("entmax15", "sparsemax")]  # no softmax: the first head
