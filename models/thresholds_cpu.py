@@ -37,17 +37,15 @@ from .thresholds_device import N_NEWTON, entmax15_tau_sorted, sparsemax_tau_sort
 # descheduled, so each join waits for it. At 2 threads the 1.5-entmax loss at 256 x 1000 was
 # 3-5x slower than at 1 (issue 11), and up to 20x under heavier load. Above this size (16 MB of
 # fp32, several ms per op) the caller's thread setting is kept: there, free cores pay off.
+# There is no lower bound: exp, sqrt, ceil and softmax use a second thread already at 256 x 10
+# (measured with the worker's CPU time), and leaving small rows alone made them 7-80x slower.
 SERIAL_MAX_NUMEL = 1 << 22
-# Below this many elements no op is split across threads anyway (PyTorch's grain size): the
-# thread count is left alone there.
-SERIAL_MIN_NUMEL = 32768
 
 
 class one_thread_below:
-    """Context manager: the enclosed torch ops run on one intra-op thread when
-    SERIAL_MIN_NUMEL < numel <= limit (SERIAL_MAX_NUMEL by default); the caller's thread count is
-    restored after. A class rather than a generator: it wraps every head call, and costs well
-    under a microsecond this way."""
+    """Context manager: the enclosed torch ops run on one intra-op thread when numel <= limit
+    (SERIAL_MAX_NUMEL by default); the caller's thread count is restored after. A class rather
+    than a generator: it wraps every head call, and costs well under a microsecond this way."""
 
     __slots__ = ("numel", "limit", "restore")
 
@@ -58,7 +56,7 @@ class one_thread_below:
 
     def __enter__(self):
         n = torch.get_num_threads()
-        if n > 1 and SERIAL_MIN_NUMEL < self.numel <= self.limit:
+        if n > 1 and self.numel <= self.limit:
             torch.set_num_threads(1)
             self.restore = n
         return self
