@@ -37,6 +37,8 @@ from .thresholds_device import N_NEWTON, entmax15_tau_sorted, sparsemax_tau_sort
 # descheduled, so each join waits for it. At 2 threads the 1.5-entmax loss at 256 x 1000 was
 # 3-5x slower than at 1 (issue 11), and up to 20x under heavier load. Above this size (16 MB of
 # fp32, several ms per op) the caller's thread setting is kept: there, free cores pay off.
+# There is no lower bound: exp, sqrt, ceil and softmax use a second thread already at 256 x 10
+# (measured with the worker's CPU time), and leaving small rows alone made them 7-80x slower.
 SERIAL_MAX_NUMEL = 1 << 22
 
 
