@@ -82,6 +82,14 @@ def make_cases(K, B, device):
                           fb(lambda: entmax_pkg.entmax15_loss(x, y).mean()) if entmax_pkg else None),
         "loss:entmax_a": (fb(lambda: heads.entmax_bisect_loss(x, y, a_ours)),
                           fb(lambda: entmax_pkg.entmax_bisect_loss(x, y, ALPHA).mean()) if entmax_pkg else None),
+        # The other heads of the literature (issue 12); the package has normmax (its default 50 bisection steps).
+        "map:normmax": (map_case(lambda v: heads.normmax(v, 2.0)),
+                        map_case(lambda v: entmax_pkg.normmax_bisect(v, alpha=2.0)) if entmax_pkg else None),
+        "loss:normmax": (fb(lambda: heads.normmax_loss(x, y, 2.0)),
+                         fb(lambda: entmax_pkg.normmax_bisect_loss(x, y, alpha=2.0).mean()) if entmax_pkg else None),
+        "loss:topk5": (fb(lambda: heads.topk_softmax_loss(x, y, min(5, K))), None),
+        "loss:taylor2": (fb(lambda: heads.taylor_softmax_loss(x, y, 2)), None),
+        "loss:am_softmax": (fb(lambda: heads.am_softmax_loss(x, y, 30.0, 0.35)), None),
     }
     return cases
 
