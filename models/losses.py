@@ -32,6 +32,8 @@ import torch
 from torch import Tensor, nn
 
 from common.errors import UserError
+
+from .head_targets import REDUCTIONS, dense_target
 from .mappings import (
     SOFTMAX_BELOW,
     _check_alpha_value,
@@ -182,26 +184,14 @@ class _FenchelYoungLoss(torch.autograd.Function):
 
 
 def _dense_target(zf: Tensor, target: Tensor, label_smoothing: float, ignore_index: int):
-    """q (N, K) in zf's dtype and the mask of rows that count (None: all rows)."""
+    """q (N, K) in zf's dtype and the mask of rows that count (None: all rows); shapes checked here,
+    the target itself built as for every head (models/head_targets.py)."""
     N, K = zf.shape
-    if target.dtype.is_floating_point:
-        if target.shape != zf.shape:
-            raise UserError(f"soft targets must have the logits' shape {tuple(zf.shape)}, "
-                            f"got {tuple(target.shape)}")
-        q = target.to(zf.dtype)
-        valid = None
-    else:
-        if target.shape != (N,):
-            raise UserError(f"class-index targets must have shape {(N,)}, got {tuple(target.shape)}")
-        valid = target != ignore_index
-        safe = torch.where(valid, target, torch.zeros_like(target))
-        q = torch.zeros_like(zf).scatter_(1, safe.unsqueeze(1), 1.0)
-    if label_smoothing > 0:
-        # Smooth over the row's finite classes only: a masked (-inf) class stays impossible.
-        finite = (zf > float("-inf")).to(zf.dtype)
-        n = finite.sum(-1, keepdim=True).clamp_(min=1.0)
-        q = q * (1.0 - label_smoothing) + finite * (label_smoothing / n)
-    return q, valid
+    if target.dtype.is_floating_point and target.shape != zf.shape:
+        raise UserError(f"soft targets must have the logits' shape {tuple(zf.shape)}, got {tuple(target.shape)}")
+    if not target.dtype.is_floating_point and target.shape != (N,):
+        raise UserError(f"class-index targets must have shape {(N,)}, got {tuple(target.shape)}")
+    return dense_target(zf, target, label_smoothing, ignore_index)
 
 
 def _fy_loss(kind: str, logits: Tensor, target: Tensor, alpha=None, label_smoothing: float = 0.0,
