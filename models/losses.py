@@ -46,7 +46,6 @@ from .mappings import (
     uses_device_path,
 )
 
-REDUCTIONS = ("mean", "sum", "none")
 
 
 def _tsallis_sum(p: Tensor, alpha) -> Tensor:
