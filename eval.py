@@ -211,7 +211,7 @@ def ood_results(head, ood_cfg, ood_dataset, preds, evaluate_split):
     with torch.no_grad():
         probs_in, probs_out = head(preds.logits).float(), head(ood_preds.logits).float()
     result = run_summary(probs_in, probs_out, head.name, ood_cfg.dataset)
-    result["root"] = ood_cfg.root if ood_cfg.dataset not in ("builtin10_ood", "builtin100_ood") else None
+    result["root"] = None if ood_cfg.dataset.startswith("builtin") else ood_cfg.root  # built-in: no files
     return result
 
 

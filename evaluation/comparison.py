@@ -323,15 +323,16 @@ def write_report(variants, report_dir, title, command, weights="raw", notes=(), 
         "Campos et al., AISTATS 2025, *Sparse Activations as Conformal Predictors*: `support` is the sparse "
         "head's own support with its temperature T calibrated so the true class is covered with "
         "probability ≥ 1−ε; `lac` (1 − p_y) and `aps` (cumulative mass, randomized with uniforms drawn "
-        "per run) are the standard split-conformal scores on the head's probabilities. Empty sets: LAC "
-        "returns none of the classes when no p reaches 1 − q̂; they count as size 0 and miss. "
+        "per run) are the standard split-conformal scores on the head's probabilities. Empty sets count "
+        "as size 0 and as misses: LAC's set is empty when no class reaches p ≥ 1 − q̂, randomized APS's "
+        "when the top class's randomized score already exceeds q̂; the support is never empty. "
         + (f"Calibration data: {calib.get('source')} (n={calib.get('n_calib')}), coverage measured on "
            f"n={calib.get('n_eval')}." if calib else ""),
         "",
     ]
     all_notes = list(notes) + degenerate_notes(variants)
     all_notes += [f"the accuracy plot and the table disagree for {m}" for m in curve_mismatches(variants)]
-    lines += [f"Note: {n}" for n in all_notes]
+    lines += [f"- Note: {n}" for n in all_notes]
     lines += ["", "## Plots", ""]
     for key, label in (("accuracy", "Validation accuracy vs epoch"), ("support", "Support-size histograms"),
                        ("reliability", "Reliability diagrams"), ("coverage", "Coverage vs set size")):

@@ -13,10 +13,11 @@ PLOT_FILES = {
     "risk_coverage": "risk_coverage.png",
     "ood": "ood_histograms.png",
 }
-# Reliability diagram colours: the legend patches are made from these, so bars and legend agree.
+# Reliability diagram colours, opaque so that a bar shows exactly its legend patch's colour (no
+# blending of a translucent gap over the accuracy bar).
 ACCURACY_COLOR = "#4c72b0"
-OVERCONFIDENT_COLOR = "#d62728"   # confidence above accuracy: the gap drawn above the accuracy bar
-UNDERCONFIDENT_COLOR = "#2ca02c"  # confidence below accuracy: the gap drawn below its top
+OVERCONFIDENT_COLOR = "#e8837f"   # confidence above accuracy: from the accuracy up to the confidence
+UNDERCONFIDENT_COLOR = "#82c982"  # confidence below accuracy: from the confidence up to the accuracy
 
 
 def _plt():
@@ -79,8 +80,9 @@ def plot_support_histograms(hists, path):
 
 def plot_reliability(diagrams, path):
     """diagrams: {variant: {"bin_lower", "bin_upper", "accuracy", "confidence", "count" (pooled over
-    seeds), "ece_pooled", "ece_mean"}}: bars of accuracy per confidence bin, the gap to the bin's
-    mean confidence in the colour of its sign (legend from the same colours), and each bin's count."""
+    seeds), "ece_pooled", "ece_mean"}}: per confidence bin, a bar up to the lower of accuracy and mean
+    confidence, and above it the gap up to the higher one in the colour of its sign (opaque, as in
+    the legend), with the bin's sample count."""
     from matplotlib.patches import Patch
 
     plt = _plt()
@@ -95,12 +97,12 @@ def plot_reliability(diagrams, path):
         for lo, a, c, cnt in zip(d["bin_lower"], d["accuracy"], d["confidence"], d["count"]):
             if not cnt:
                 continue
-            ax.bar(lo, a, width=width, align="edge", color=ACCURACY_COLOR, edgecolor="black", lw=0.5)
-            color = OVERCONFIDENT_COLOR if c > a else UNDERCONFIDENT_COLOR
-            ax.bar(lo, c - a, bottom=a, width=width, align="edge", color=color, alpha=0.45,
-                   edgecolor=color, lw=0.5)
+            low, high = min(a, c), max(a, c)
+            ax.bar(lo, low, width=width, align="edge", color=ACCURACY_COLOR, edgecolor="black", lw=0.5)
+            ax.bar(lo, high - low, bottom=low, width=width, align="edge", edgecolor="black", lw=0.5,
+                   color=OVERCONFIDENT_COLOR if c > a else UNDERCONFIDENT_COLOR)
             ax.text(lo + width / 2, 0.01, str(cnt), rotation=90, ha="center", va="bottom", fontsize=6,
-                    color="white" if a > 0.15 else "black")
+                    color="white" if low > 0.15 else "black")
         ax.plot([0, 1], [0, 1], "k--", lw=1)
         ax.set_xlim(0, 1)
         ax.set_ylim(0, 1)
@@ -109,9 +111,9 @@ def plot_reliability(diagrams, path):
         ece_mean = d.get("ece_mean")
         ax.set_title(f"{variant}\nECE pooled over seeds {d['ece_pooled']:.4f}"
                      + (f", mean of per-run {ece_mean:.4f}" if ece_mean is not None else ""), fontsize=9)
-        ax.legend(handles=[Patch(color=ACCURACY_COLOR, label="accuracy (numbers: samples per bin)"),
-                           Patch(color=OVERCONFIDENT_COLOR, alpha=0.45, label="gap: overconfident"),
-                           Patch(color=UNDERCONFIDENT_COLOR, alpha=0.45, label="gap: underconfident")],
+        ax.legend(handles=[Patch(color=ACCURACY_COLOR, label="min(accuracy, confidence); numbers: samples"),
+                           Patch(color=OVERCONFIDENT_COLOR, label="gap up to confidence: overconfident"),
+                           Patch(color=UNDERCONFIDENT_COLOR, label="gap up to accuracy: underconfident")],
                   loc="upper left", fontsize=7)
     _save(fig, path)
 
@@ -157,6 +159,9 @@ def plot_coverage_vs_set_size(curves, points, path, epsilons=(0.1, 0.05)):
     _save(fig, path)
 
 
+RISK_CONFIDENCE_LABELS = {"max_prob": "max prob", "support": "1/support size"}
+
+
 def plot_risk_coverage(curves, path):
     """curves: {(variant, confidence label): [(coverage, mean selective risk over seeds), ...]}."""
     plt = _plt()
@@ -166,7 +171,7 @@ def plot_risk_coverage(curves, path):
         color = colors.setdefault(variant, f"C{len(colors)}")
         xs, ys = zip(*pts)
         ax.plot([100 * x for x in xs], [100 * y for y in ys], "-" if confidence == "max_prob" else "--",
-                color=color, label=f"{variant} / {confidence.replace('_', ' ')}")
+                color=color, label=f"{variant} / {RISK_CONFIDENCE_LABELS.get(confidence, confidence)}")
     ax.set_xlabel("coverage (% of examples answered, most confident first)")
     ax.set_ylabel("selective risk (% errors among answered)")
     ax.set_title("Risk–coverage (mean over seeds; AURC = area under it)")

@@ -499,9 +499,10 @@ def main(argv=None):
         trained, evaluated = run_status(run_dir, commands)
         if trained and evaluated:
             print(f"{tag}: done, skipped ({run_dir})", flush=True)
-        elif args.dry_run or args.report_only:
-            what = "evaluate" if trained else "train and evaluate"
-            print(f"{tag}: {'would ' + what if args.dry_run else 'missing (not ' + ('evaluated' if trained else 'trained') + ')'} {run_dir}")
+        elif args.dry_run:
+            print(f"{tag}: would {'evaluate' if trained else 'train and evaluate'} {run_dir}")
+        elif args.report_only:
+            print(f"{tag}: missing (not {'evaluated' if trained else 'trained'}) {run_dir}")
         else:
             todo.append((tag, run_dir, ov, trained))
     if args.dry_run:

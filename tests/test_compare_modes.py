@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from test_compare import ROOT, SCRIPT, TINY_CONFIG, tiny_comparison
+from test_compare import ROOT, TINY_CONFIG, tiny_comparison
 
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import compare_heads  # noqa: E402
