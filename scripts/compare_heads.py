@@ -95,6 +95,9 @@ def parse_args(argv=None):
     if args.jobs > 1 and (args.emit_slurm or args.report_only or args.dry_run):
         raise UserError("--jobs runs local trainings; it does not combine with --emit-slurm, --report-only "
                         "or --dry-run")
+    if args.emit_slurm and args.launcher:
+        raise UserError("--launcher does not apply to --emit-slurm: each array task launches through "
+                        "scripts/slurm_train.sh (accelerate launch per node); set GPUS_PER_NODE instead")
     args.overrides = rest
     return args
 

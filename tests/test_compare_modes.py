@@ -154,6 +154,8 @@ def test_mode_errors_are_one_line(tmp_path, monkeypatch):
     base = ["--config", str(cfg), "--runs-dir", str(tmp_path / "runs")]
     with pytest.raises(UserError, match="--jobs"):
         compare_heads.parse_args(base + ["--jobs", "2", "--report-only"])
+    with pytest.raises(UserError, match="--launcher does not apply"):
+        compare_heads.parse_args(base + ["--emit-slurm", "x.sbatch", "--launcher", "python"])
     with pytest.raises(UserError, match="at least 1"):
         compare_heads.parse_args(base + ["--jobs", "0"])
     with pytest.raises(UserError, match="--baseline entmax15 is not among"):
