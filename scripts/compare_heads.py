@@ -472,17 +472,13 @@ def main(argv=None):
         return check_evaluated_cli(raw[1:])
     args = parse_args(argv)
     import configs
-    from evaluation import comparison
 
     config = os.path.abspath(args.config)
     base_cfg = configs.load_config(config, args.overrides)  # fail fast on a bad config / override
     plan, runs_dir = plan_runs(args)
-    pairs = baseline_pairs(args)
+    pairs = baseline_pairs(args)  # checks --baseline before anything runs
     commands = Commands(args, config, resolve_ood(args, base_cfg))
     stem = os.path.splitext(os.path.basename(args.config))[0]
-    report_dir = args.report_dir or os.path.join("reports", stem)
-    command = _command_line(argv)
-
     requests = {}
     for _, _, run_dir, ov in plan:
         requests[run_dir] = _request(configs, config, ov)
@@ -491,11 +487,25 @@ def main(argv=None):
     if args.emit_slurm:
         for _, _, run_dir, _ in plan:
             _check_request(run_dir, requests[run_dir])
-        emit_slurm(args.emit_slurm, plan, commands, stem, command, _command_line(_report_only_argv(raw)))
+        emit_slurm(args.emit_slurm, plan, commands, stem, _command_line(argv), _command_line(_report_only_argv(raw)))
         print(f"wrote {args.emit_slurm}: a SLURM array job of {len(plan)} task(s), one per run in {runs_dir}; "
               f"submit it with: sbatch {args.emit_slurm}")
         return 0
+    todo = runs_to_do(plan, commands, args)
+    if args.dry_run:
+        return 0
+    start = time.perf_counter()
+    trained_now, evaluated_now = run_todo(todo, commands, requests, args.jobs)
+    path, missing = write_comparison_report(plan, commands, args, pairs, stem, _command_line(argv))
+    print(f"{trained_now} training run(s) and {evaluated_now} evaluation(s) done now in "
+          f"{time.perf_counter() - start:.0f}s; {len(plan) - len(missing)} of {len(plan)} run(s) in {runs_dir}")
+    print(f"report: {path}")
+    return 0
 
+
+def runs_to_do(plan, commands, args):
+    """Print each planned run's state; -> [(tag, run_dir, overrides, trained)] still to train or evaluate
+    (none under --dry-run / --report-only, which only say what is missing)."""
     todo = []
     for i, (name, seed, run_dir, ov) in enumerate(plan, 1):
         tag = f"[{i}/{len(plan)}] {name} seed {seed}"
@@ -508,63 +518,63 @@ def main(argv=None):
             print(f"{tag}: missing (not {'evaluated' if trained else 'trained'}) {run_dir}")
         else:
             todo.append((tag, run_dir, ov, trained))
-    if args.dry_run:
-        return 0
+    return todo
 
-    start = time.perf_counter()
+
+def run_todo(todo, commands, requests, jobs):
+    """Train and evaluate `todo`, one run after another or `jobs` at once; -> (trained, evaluated)."""
+    for _, run_dir, _, _ in todo:
+        _check_request(run_dir, requests[run_dir])
+    if todo and jobs > 1:
+        return run_parallel(todo, commands, jobs)
     trained_now = evaluated_now = 0
-    if todo and args.jobs > 1:
-        for _, run_dir, _, _ in todo:
-            _check_request(run_dir, requests[run_dir])
-        trained_now, evaluated_now = run_parallel(todo, commands, args.jobs)
-    else:
-        for tag, run_dir, ov, trained in todo:
-            _check_request(run_dir, requests[run_dir])
-            if not trained:
-                print(f"{tag}: training", flush=True)
-                _run(commands.train(ov), f"training {run_dir}")
-                trained_now += 1
-                if not os.path.isfile(os.path.join(run_dir, "summary.json")):
-                    raise UserError(f"train.py finished without writing {run_dir}/summary.json")
-            print(f"{tag}: evaluating", flush=True)
-            _run(commands.evaluate(run_dir), f"evaluating {run_dir}")
-            evaluated_now += 1
+    for tag, run_dir, ov, trained in todo:
+        if not trained:
+            print(f"{tag}: training", flush=True)
+            _run(commands.train(ov), f"training {run_dir}")
+            trained_now += 1
+            if not os.path.isfile(os.path.join(run_dir, "summary.json")):
+                raise UserError(f"train.py finished without writing {run_dir}/summary.json")
+        print(f"{tag}: evaluating", flush=True)
+        _run(commands.evaluate(run_dir), f"evaluating {run_dir}")
+        evaluated_now += 1
+    return trained_now, evaluated_now
 
+
+def write_comparison_report(plan, commands, args, pairs, stem, command):
+    """Report the finished runs (naming the missing ones) and print its table and sentences;
+    -> (report.md path, missing run dirs)."""
+    from evaluation import comparison
+
+    weights = "ema" if args.ema else "raw"
     variants, missing = {}, []
     for name, seed, run_dir, _ in plan:
         if all(run_status(run_dir, commands)):
             variants.setdefault(name, []).append(
-                comparison.load_run(run_dir, commands.eval_file, weights="ema" if args.ema else "raw", seed=seed))
+                comparison.load_run(run_dir, commands.eval_file, weights=weights, seed=seed))
         else:
             missing.append(run_dir)
     if not variants:
-        raise UserError(f"none of the {len(plan)} planned runs in {runs_dir} is finished yet; run without "
+        raise UserError(f"none of the {len(plan)} planned runs is finished yet; run without "
                         f"--report-only (or submit the --emit-slurm script) first")
     if missing:
         print(f"missing ({len(missing)} of {len(plan)} planned run(s), left out of the report): "
               + ", ".join(missing))
-    notes = []
     first = next(iter(variants.values()))[0]["result"]
     calib = (first.get("prediction_sets") or {}).get("calibration") or {}
-    if calib.get("note"):
-        notes.append(calib["note"])
+    notes = [calib["note"]] if calib.get("note") else []
     pairs = [(a, b) for a, b in pairs if a in variants and b in variants]
+    report_dir = args.report_dir or os.path.join("reports", stem)
     with RunLock(report_dir, purpose="compare_heads report"):  # one writer of the report folder
         table, path, paired_results = comparison.write_report(
-            variants, report_dir, f"Head comparison: {stem}", command, weights="ema" if args.ema else "raw",
+            variants, report_dir, f"Head comparison: {stem}", command, weights=weights,
             notes=notes, pairs=pairs, missing=missing)
-    print()
-    print(table)
-    print()
+    print(f"\n{table}\n")
     for res in paired_results:
         for sentence in res["sentences"]:
             print(sentence)
     print()
-    print(f"{trained_now} training run(s) and {evaluated_now} evaluation(s) done now in "
-          f"{time.perf_counter() - start:.0f}s; {len(plan) - len(missing)} of {len(plan)} run(s) in {runs_dir}")
-    print(f"report: {path}")
-    return 0
-
+    return path, missing
 
 if __name__ == "__main__":
     run_cli(main)
