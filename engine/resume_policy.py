@@ -69,7 +69,7 @@ Change = namedtuple("Change", "key old new")
 
 def flatten_config(nested, prefix=""):
     """{'optim': {'lr': 1e-3}} -> {'optim.lr': 1e-3}; sequences become lists (as after a JSON round
-    trip). Any mapping works (plain dicts, OmegaConf DictConfig)."""
+    trip). Any mapping works."""
     flat = {}
     for key, value in nested.items():
         full = f"{prefix}{key}"

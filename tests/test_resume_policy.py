@@ -34,8 +34,6 @@ def test_flatten_config_and_json_round_trip_compare_equal():
     assert len(flat) == sum(len(v) if isinstance(v, dict) else 1 for v in cfg.values()) + 2
     saved = json.loads(json.dumps(flat))  # what trainer_state.json gives back (tuples became lists)
     assert rp.check_resume_changes(saved, _fp(cfg), checkpoint="ck") == []
-    from omegaconf import OmegaConf  # the same config as an OmegaConf container flattens identically
-    assert _fp(OmegaConf.create(json.loads(json.dumps(cfg)))) == flat
 
 
 def test_allowlisted_keys_change_freely():
