@@ -82,8 +82,9 @@ def reduce_rows(loss: Tensor, valid: Optional[Tensor], reduction: str, lead: tor
         return loss.reshape(lead)
     if reduction == "sum":
         return loss.sum()
-    count = loss.new_tensor(float(loss.numel())) if valid is None else valid.sum().to(loss.dtype)
-    return loss.sum() / count.clamp(min=1.0)
+    if valid is None:  # a Python count: no tensor made from host data (a copy, a sync on CUDA)
+        return loss.sum() / max(loss.numel(), 1)
+    return loss.sum() / valid.sum().to(loss.dtype).clamp(min=1.0)
 
 
 def to_rows(x: Tensor, dim: int) -> Tuple[Tensor, torch.Size]:

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from common.errors import UserError
 
-from .head_targets import REDUCTIONS, dense_target
+from .head_targets import REDUCTIONS, dense_target, reduce_rows
 from .mappings import (
     SOFTMAX_BELOW,
     _check_alpha_value,
@@ -229,15 +229,7 @@ def _fy_loss_body(kind, logits, target, alpha, label_smoothing, ignore_index, re
         else:
             y = torch.where(valid, target, torch.zeros_like(target))
     loss = _FenchelYoungLoss.apply(z, y, q, alpha, kind, n_iter, device_path)
-    if valid is not None:
-        loss = torch.where(valid, loss, torch.zeros_like(loss))
-    if reduction == "none":
-        return loss.reshape(lead)
-    if reduction == "sum":
-        return loss.sum()
-    if valid is None:  # a Python count: no tensor made from host data (a copy, a sync on CUDA)
-        return loss.sum() / max(loss.numel(), 1)
-    return loss.sum() / valid.sum().to(loss.dtype).clamp(min=1.0)
+    return reduce_rows(loss, valid, reduction, lead)
 
 
 def softmax_loss(logits, target, label_smoothing=0.0, ignore_index=-100, reduction="mean"):
