@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from common.errors import UserError
 from .head_targets import (check_loss_args, compute_dtype, dense_target, finish_rows, flatten, masked_dot,
-                           reduce_rows)
+                           reduce_rows, RowGradientLoss)
 
 
 def check_scale(scale) -> float:
@@ -92,7 +92,7 @@ def install_cosine_classifier(model: nn.Module, scale: float) -> nn.Module:
     return model
 
 
-class _MarginCrossEntropy(torch.autograd.Function):
+class _MarginCrossEntropy(RowGradientLoss):
     """Per-row softmax cross-entropy minus the target's entropy (the softmax head's Fenchel-Young
     loss, plain CE for one-hot targets) of z - margin_rows; saves only the gradient p - q."""
 
@@ -107,14 +107,8 @@ class _MarginCrossEntropy(torch.autograd.Function):
         # logsumexp(zm) sum(q) - <zm, q> + sum q log q, on zm - m (no cancellation)
         loss = finish_rows(s.squeeze(-1).log() * qs - masked_dot(zm - m, q)
                            + torch.special.xlogy(q, q).sum(-1))
-        ctx.save_for_backward(p * qs.unsqueeze(-1) - q)
-        ctx.z_dtype = z.dtype
+        RowGradientLoss.save_row_gradient(ctx, p * qs.unsqueeze(-1) - q, z)
         return loss
-
-    @staticmethod
-    def backward(ctx, g: Tensor):
-        (grad,) = ctx.saved_tensors
-        return (grad * g.to(grad.dtype).unsqueeze(-1)).to(ctx.z_dtype), None, None
 
 
 def am_softmax_loss(logits: Tensor, target: Tensor, scale: float = 30.0, margin: float = 0.35,

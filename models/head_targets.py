@@ -95,3 +95,21 @@ def to_rows(x: Tensor, dim: int) -> Tuple[Tensor, torch.Size]:
 
 def from_rows(rows: Tensor, moved_shape: torch.Size, dim: int) -> Tensor:
     return rows.reshape(moved_shape).movedim(-1, dim)
+
+
+class RowGradientLoss(torch.autograd.Function):
+    """Base of the per-row loss Functions of the heads: `forward` computes each row's loss and its
+    gradient with respect to the logits (p - q, or the head's own), keeps only that gradient with
+    `save_row_gradient`, and the shared `backward` scales it by the incoming per-row gradient (no
+    gradient for the other inputs)."""
+
+    @staticmethod
+    def save_row_gradient(ctx, grad: Tensor, z: Tensor) -> None:
+        ctx.save_for_backward(grad)
+        ctx.z_dtype = z.dtype
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        (grad,) = ctx.saved_tensors
+        dz = (grad * g.to(grad.dtype).unsqueeze(-1)).to(ctx.z_dtype)
+        return (dz,) + (None,) * (len(ctx.needs_input_grad) - 1)

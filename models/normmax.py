@@ -35,7 +35,7 @@ from torch import Tensor
 
 from common.errors import UserError
 from .head_targets import (check_loss_args, compute_dtype, dense_target, finish_rows, flatten,
-                           from_rows, masked_dot, reduce_rows, to_rows)
+                           from_rows, masked_dot, reduce_rows, RowGradientLoss, to_rows)
 
 # In shifted units (z - max) the threshold is >= -1, so entries below -1 are never in the
 # support; clamping there makes -inf and huge negative logits harmless without changing p.
@@ -132,7 +132,7 @@ def normmax(x: Tensor, gamma: float = 2.0, dim: int = -1, n_bisect: Optional[int
     return NormmaxFunction.apply(x, check_gamma(gamma), dim, n_bisect, n_newton)
 
 
-class _NormmaxLossFunction(torch.autograd.Function):
+class _NormmaxLossFunction(RowGradientLoss):
     """Per-row FY loss for logits (N, K) and a dense target q (N, K); saves only p - q."""
 
     @staticmethod
@@ -144,14 +144,8 @@ class _NormmaxLossFunction(torch.autograd.Function):
         omega = (torch.linalg.vector_norm(q, ord=gamma, dim=-1)
                  - torch.linalg.vector_norm(p, ord=gamma, dim=-1))
         loss = finish_rows(omega + masked_dot(zc, diff))
-        ctx.save_for_backward(diff)
-        ctx.z_dtype = z.dtype
+        RowGradientLoss.save_row_gradient(ctx, diff, z)
         return loss
-
-    @staticmethod
-    def backward(ctx, g: Tensor):
-        (diff,) = ctx.saved_tensors
-        return (diff * g.to(diff.dtype).unsqueeze(-1)).to(ctx.z_dtype), None, None, None, None
 
 
 def normmax_loss(logits: Tensor, target: Tensor, gamma: float = 2.0, label_smoothing: float = 0.0,

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from common.errors import UserError
 from .head_targets import (check_loss_args, compute_dtype, dense_target, finish_rows, flatten,
-                           from_rows, reduce_rows, to_rows)
+                           from_rows, reduce_rows, RowGradientLoss, to_rows)
 
 
 def check_order(order) -> int:
@@ -80,7 +80,7 @@ def taylor_softmax(x: Tensor, order: int = 2, dim: int = -1) -> Tensor:
     return TaylorSoftmaxFunction.apply(x, check_order(order), dim)
 
 
-class _TaylorNLLFunction(torch.autograd.Function):
+class _TaylorNLLFunction(RowGradientLoss):
     @staticmethod
     def forward(ctx, z: Tensor, q: Tensor, order: int):
         zf = compute_dtype(z)
@@ -93,14 +93,8 @@ class _TaylorNLLFunction(torch.autograd.Function):
         safe_F = torch.where(F > 0, F, torch.ones_like(F))
         safe_f = torch.where(f > 0, f, torch.ones_like(f))
         grad = qs.unsqueeze(-1) * df / safe_F - q * df / safe_f
-        ctx.save_for_backward(grad)
-        ctx.z_dtype = z.dtype
+        RowGradientLoss.save_row_gradient(ctx, grad, z)
         return loss
-
-    @staticmethod
-    def backward(ctx, g: Tensor):
-        (grad,) = ctx.saved_tensors
-        return (grad * g.to(grad.dtype).unsqueeze(-1)).to(ctx.z_dtype), None, None
 
 
 def taylor_softmax_loss(logits: Tensor, target: Tensor, order: int = 2, label_smoothing: float = 0.0,

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from common.errors import UserError
 from .head_targets import (check_loss_args, compute_dtype, dense_target, finish_rows, flatten,
-                           from_rows, masked_dot, reduce_rows, to_rows)
+                           from_rows, masked_dot, reduce_rows, RowGradientLoss, to_rows)
 
 
 def check_k(k, num_classes=None) -> int:
@@ -83,7 +83,7 @@ def topk_softmax(x: Tensor, k: int, dim: int = -1) -> Tensor:
     return TopkSoftmaxFunction.apply(x, check_k(k), dim)
 
 
-class _TopkSoftmaxLossFunction(torch.autograd.Function):
+class _TopkSoftmaxLossFunction(RowGradientLoss):
     @staticmethod
     def forward(ctx, z: Tensor, q: Tensor, k: int):
         zf = compute_dtype(z)
@@ -91,14 +91,8 @@ class _TopkSoftmaxLossFunction(torch.autograd.Function):
         m = zf.amax(-1, keepdim=True).clamp(min=torch.finfo(zf.dtype).min)
         # lse - <z, q> with sum q = 1, computed on z - m (no cancellation of large logits)
         loss = finish_rows((lse - m.squeeze(-1)) * q.sum(-1) - masked_dot(zf - m, q))
-        ctx.save_for_backward(p.sub_(q))
-        ctx.z_dtype = z.dtype
+        RowGradientLoss.save_row_gradient(ctx, p.sub_(q), z)
         return loss
-
-    @staticmethod
-    def backward(ctx, g: Tensor):
-        (diff,) = ctx.saved_tensors
-        return (diff * g.to(diff.dtype).unsqueeze(-1)).to(ctx.z_dtype), None, None
 
 
 def topk_softmax_loss(logits: Tensor, target: Tensor, k: int, label_smoothing: float = 0.0,
