@@ -97,6 +97,17 @@ def from_rows(rows: Tensor, moved_shape: torch.Size, dim: int) -> Tensor:
     return rows.reshape(moved_shape).movedim(-1, dim)
 
 
+def row_loss(function, logits: Tensor, target: Tensor, label_smoothing: float, ignore_index: int, reduction: str,
+             *args) -> Tensor:
+    """The loss pipeline of a head: rows of logits (classes last), the dense target q,
+    `function.apply(z, q, *args)` per row, then ignore_index and the reduction."""
+    check_loss_args(reduction, label_smoothing)
+    z, t, lead = flatten(logits, target)
+    with torch.no_grad():
+        q, valid = dense_target(compute_dtype(z.detach()), t, label_smoothing, ignore_index)
+    return reduce_rows(function.apply(z, q, *args), valid, reduction, lead)
+
+
 class RowGradientLoss(torch.autograd.Function):
     """Base of the per-row loss Functions of the heads: `forward` computes each row's loss and its
     gradient with respect to the logits (p - q, or the head's own), keeps only that gradient with

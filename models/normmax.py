@@ -34,8 +34,7 @@ import torch
 from torch import Tensor
 
 from common.errors import UserError
-from .head_targets import (check_loss_args, compute_dtype, dense_target, finish_rows, flatten,
-                           from_rows, masked_dot, reduce_rows, RowGradientLoss, to_rows)
+from .head_targets import compute_dtype, finish_rows, from_rows, masked_dot, row_loss, RowGradientLoss, to_rows
 
 # In shifted units (z - max) the threshold is >= -1, so entries below -1 are never in the
 # support; clamping there makes -inf and huge negative logits harmless without changing p.
@@ -154,13 +153,8 @@ def normmax_loss(logits: Tensor, target: Tensor, gamma: float = 2.0, label_smoot
     """Fenchel-Young loss of gamma-normmax: ||q||_g - ||p||_g + <z, p - q>; gradient p - q.
 
     target: class indices (...) or probability rows (..., K); classes last."""
-    check_loss_args(reduction, label_smoothing)
-    gamma = check_gamma(gamma)
-    z, t, lead = flatten(logits, target)
-    with torch.no_grad():
-        q, valid = dense_target(compute_dtype(z.detach()), t, label_smoothing, ignore_index)
-    loss = _NormmaxLossFunction.apply(z, q, gamma, n_bisect, n_newton)
-    return reduce_rows(loss, valid, reduction, lead)
+    return row_loss(_NormmaxLossFunction, logits, target, label_smoothing, ignore_index, reduction,
+                    check_gamma(gamma), n_bisect, n_newton)
 
 
 __all__ = ["normmax", "normmax_loss", "normmax_kernel", "check_gamma", "NormmaxFunction"]

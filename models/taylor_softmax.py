@@ -25,8 +25,7 @@ import torch
 from torch import Tensor
 
 from common.errors import UserError
-from .head_targets import (check_loss_args, compute_dtype, dense_target, finish_rows, flatten,
-                           from_rows, reduce_rows, RowGradientLoss, to_rows)
+from .head_targets import compute_dtype, finish_rows, from_rows, row_loss, RowGradientLoss, to_rows
 
 
 def check_order(order) -> int:
@@ -100,13 +99,7 @@ class _TaylorNLLFunction(RowGradientLoss):
 def taylor_softmax_loss(logits: Tensor, target: Tensor, order: int = 2, label_smoothing: float = 0.0,
                         ignore_index: int = -100, reduction: str = "mean") -> Tensor:
     """Negative log-likelihood of Taylor softmax (KL(q || p) for soft targets); classes last."""
-    check_loss_args(reduction, label_smoothing)
-    order = check_order(order)
-    z, t, lead = flatten(logits, target)
-    with torch.no_grad():
-        q, valid = dense_target(compute_dtype(z.detach()), t, label_smoothing, ignore_index)
-    loss = _TaylorNLLFunction.apply(z, q, order)
-    return reduce_rows(loss, valid, reduction, lead)
+    return row_loss(_TaylorNLLFunction, logits, target, label_smoothing, ignore_index, reduction, check_order(order))
 
 
 __all__ = ["taylor_softmax", "taylor_softmax_loss", "taylor_terms", "check_order", "TaylorSoftmaxFunction"]

@@ -29,8 +29,7 @@ import torch
 from torch import Tensor
 
 from common.errors import UserError
-from .head_targets import (check_loss_args, compute_dtype, dense_target, finish_rows, flatten,
-                           from_rows, masked_dot, reduce_rows, RowGradientLoss, to_rows)
+from .head_targets import compute_dtype, finish_rows, from_rows, masked_dot, row_loss, RowGradientLoss, to_rows
 
 
 def check_k(k, num_classes=None) -> int:
@@ -98,13 +97,7 @@ class _TopkSoftmaxLossFunction(RowGradientLoss):
 def topk_softmax_loss(logits: Tensor, target: Tensor, k: int, label_smoothing: float = 0.0,
                       ignore_index: int = -100, reduction: str = "mean") -> Tensor:
     """Sparse-softmax loss logsumexp_{top k}(z) - <z, q> (classes last); gradient p - q."""
-    check_loss_args(reduction, label_smoothing)
-    k = check_k(k)
-    z, t, lead = flatten(logits, target)
-    with torch.no_grad():
-        q, valid = dense_target(compute_dtype(z.detach()), t, label_smoothing, ignore_index)
-    loss = _TopkSoftmaxLossFunction.apply(z, q, k)
-    return reduce_rows(loss, valid, reduction, lead)
+    return row_loss(_TopkSoftmaxLossFunction, logits, target, label_smoothing, ignore_index, reduction, check_k(k))
 
 
 __all__ = ["topk_softmax", "topk_softmax_loss", "topk_softmax_kernel", "check_k", "TopkSoftmaxFunction"]
