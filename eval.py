@@ -29,18 +29,35 @@ probability, entropy and (sparse heads) support size, the evaluated split being 
 table.
 """
 import argparse
+import copy
 import os
 import sys
 import time
 
 import torch
+from accelerate import Accelerator
 
-from engine.cli import run_cli
+import configs
+import data
+import models
+from common import rundir
 from common.errors import UserError
-from common.io import write_json
+from common.io import remove_stale_temp, write_json
+from common.seeding import mix_seed
+from common.weights import load_into, read_state_dict
+from configs.loader import apply_overrides, config_to_dict
+from data.classes import check_class_names, load_class_names
+from engine.cli import run_cli
+from engine.runlock import RunLock
+from evaluation import conformal, ood_report, report, selective_report
+from evaluation import metrics as M
+from evaluation.evaluate import evaluate
+from evaluation.examples import save_examples
+from models.convert import convert_state_dict
+from models.resmlp import VARIANTS
 
-RAW_WEIGHTS = "model.safetensors"
-EMA_WEIGHTS = "model_ema.safetensors"
+RAW_WEIGHTS = rundir.WEIGHTS
+EMA_WEIGHTS = rundir.EMA_WEIGHTS
 CALIB_SOURCES = ("auto", "calib", "val-half", "none")
 
 
@@ -120,8 +137,6 @@ def _flag_overrides(args, default_img_size=None):
 
 def resolve(args):
     """-> (cfg, weights_path, weights_kind) from --checkpoint and the flags; UserError otherwise."""
-    import configs
-
     ckpt = args.checkpoint
     if not os.path.exists(ckpt):
         raise UserError(f"checkpoint not found: {ckpt} (give a train.py run directory or a weights file)")
@@ -138,29 +153,24 @@ def resolve(args):
                else configs.load_run_config(ckpt, overrides))
         return cfg, weights, "ema" if args.ema else "raw"
     if args.ema:
-        raise UserError("--ema selects model_ema.safetensors inside a run directory; "
+        raise UserError(f"--ema selects {EMA_WEIGHTS} inside a run directory; "
                         "for a weights file, pass that file itself")
     if args.config:
         return configs.load_config(args.config, _flag_overrides(args)), ckpt, "file"
     if not args.model:
         raise UserError(f"{ckpt} is a weights file: say what to build with --config CFG.yaml "
                         f"or --model NAME (e.g. --model resmlp_s12 --dataset imagefolder --data-root DIR)")
-    from models.resmlp import VARIANTS
-
     default_img = None if args.img_size else VARIANTS.get(args.model, {}).get("img_size", 224)
     cfg = configs.config_from_dict({}, default_name=os.path.splitext(os.path.basename(ckpt))[0])
     overrides = _flag_overrides(args, default_img)
-    from configs.loader import apply_overrides, config_to_dict
     cfg = configs.config_from_dict(apply_overrides(config_to_dict(cfg), overrides), default_name=cfg.name)
     return cfg, ckpt, "file"
 
 
 def build_model(cfg, weights, num_classes):
-    import models
-    from models.convert import load_pretrained
-
     model = models.create_classifier(cfg.model, cfg.head, num_classes)
-    load_pretrained(model, weights)  # UserError naming the first mismatched key
+    # this project's, timm's or FB's format; UserError naming the first mismatched key
+    load_into(model, convert_state_dict(read_state_dict(weights), model), weights)
     return model.eval()
 
 
@@ -173,26 +183,17 @@ def _split_half(n, seed=0):
 def aps_seed(cfg):
     """The seed of randomized APS's uniforms: one per run (its training seed, head and head settings,
     model norm), so seeds and heads do not all share one draw (evaluation/conformal.py)."""
-    from common.seeding import mix_seed
-
-    from configs.loader import config_to_dict
-
     head = ",".join(f"{k}={v}" for k, v in sorted(config_to_dict(cfg)["head"].items()))
     return mix_seed("eval-aps", int(cfg.train.seed), head, str(cfg.model.norm))
 
 
 def ood_data_config(cfg, args):
     """cfg.data for the OOD set of --ood-dataset/--ood-root (None when not asked); UserError if unknown."""
-    import copy
-
-    import data
-    from evaluation.ood_report import resolve_ood_dataset
-
     if args.ood_dataset is None:
         if args.ood_root:
             raise UserError("--ood-root needs --ood-dataset NAME")
         return None
-    name = resolve_ood_dataset(args.ood_dataset, cfg.data.dataset)
+    name = ood_report.resolve_ood_dataset(args.ood_dataset, cfg.data.dataset)
     if name not in data.DATASET_NAMES:
         raise UserError(f"unknown --ood-dataset '{name}'; valid: auto, {', '.join(data.DATASET_NAMES)}")
     ood = copy.deepcopy(cfg.data)
@@ -205,20 +206,16 @@ def ood_data_config(cfg, args):
 
 def ood_results(head, ood_cfg, ood_dataset, preds, evaluate_split):
     """OOD detection: the evaluated split (in-distribution) vs the OOD set's val split."""
-    from evaluation.ood_report import run_summary
-
     ood_preds = evaluate_split("val", ood_dataset, data_cfg=ood_cfg, ignore_labels=True)
     with torch.no_grad():
         probs_in, probs_out = head(preds.logits).float(), head(ood_preds.logits).float()
-    result = run_summary(probs_in, probs_out, head.name, ood_cfg.dataset)
+    result = ood_report.run_summary(probs_in, probs_out, head.name, ood_cfg.dataset)
     result["root"] = None if ood_cfg.dataset.startswith("builtin") else ood_cfg.root  # built-in: no files
     return result
 
 
 def prediction_set_results(head, cfg, args, preds, evaluate_split):
     """Calibrate on the calib split (or half of the evaluated one) and measure on the rest."""
-    from evaluation import conformal
-
     if args.calib == "none":
         return None
     source = args.calib
@@ -257,20 +254,12 @@ def prediction_set_results(head, cfg, args, preds, evaluate_split):
 
 
 def selective_summary(records, head_name):
-    from evaluation.selective_report import run_summary
-
-    return run_summary({k: v.numpy() for k, v in records.items()}, head_name)
+    return selective_report.run_summary({k: v.numpy() for k, v in records.items()}, head_name)
 
 
 def main(argv=None):
     args = parse_args(argv)
     cfg, weights, kind = resolve(args)
-
-    import data
-    from accelerate import Accelerator
-
-    from evaluation import metrics as M
-    from evaluation.evaluate import evaluate
 
     # Data and weights first: every user error surfaces before any process group is set up.
     if args.calib == "calib" and cfg.data.calib_fraction <= 0:
@@ -282,7 +271,6 @@ def main(argv=None):
     ood_dataset = data.build_dataset(ood_cfg, "val") if ood_cfg is not None else None
     model = build_model(cfg, weights, num_classes)
     if os.path.isdir(args.checkpoint):  # a run stores its class names: labels must mean the same classes
-        from data.classes import check_class_names, load_class_names
         check_class_names(load_class_names(args.checkpoint), data.class_names(cfg.data), run_dir=args.checkpoint,
                           allow_mismatch=args.allow_class_mismatch, warn=lambda m: print(m, file=sys.stderr))
     head = model.output_head
@@ -335,23 +323,19 @@ def main(argv=None):
 
 
 def write_outputs(result, records, output):
-    """OUTPUT (JSON), STEM.csv (one flattened row) and STEM.examples.safetensors (per-example records)."""
-    from evaluation import report
-    from evaluation.examples import examples_path, save_examples
-
-    from engine.runlock import RunLock
-
-    with RunLock(os.path.dirname(os.path.abspath(output)), purpose="eval"):  # one writer per folder
+    """OUTPUT (JSON), STEM.csv (one flattened row) and STEM.examples.safetensors (per-example records),
+    each atomically, under the folder's lock; the temporary files of a killed evaluation's outputs
+    are removed first. A failed write is one line naming the file (WriteError, exit 74)."""
+    folder = os.path.dirname(os.path.abspath(output))
+    with RunLock(folder, purpose="eval"):  # one writer per folder
+        remove_stale_temp(folder, names=rundir.eval_outputs(output))
         write_json(result, output)
-        report.write_csv([report.flatten_metrics(result)], os.path.splitext(output)[0] + ".csv")
-        save_examples(records, examples_path(output), head=result["head"], split=result["split"],
+        report.write_csv([report.flatten_metrics(result)], rundir.eval_csv_path(output))
+        save_examples(records, rundir.examples_path(output), head=result["head"], split=result["split"],
                       dataset=result["dataset"], weights=result["weights"], checkpoint=result["checkpoint"])
 
 
 def print_result(result, cfg, kind, output):
-    from evaluation import report
-    from evaluation.examples import examples_path
-
     world = result["num_processes"]
     print(f"{cfg.name}: {cfg.model.name} + {result['head']} head, {kind} weights, "
           f"{cfg.data.dataset} {result['split']} ({world} process{'es' if world > 1 else ''})")
@@ -362,7 +346,7 @@ def print_result(result, cfg, kind, output):
     if ps and ps["calibration"].get("note"):
         print(f"note: {ps['calibration']['note']}")
     if output:
-        print(f"wrote {output}, {os.path.splitext(output)[0]}.csv and {examples_path(output)}")
+        print(f"wrote {output}, {rundir.eval_csv_path(output)} and {rundir.examples_path(output)}")
 
 
 if __name__ == "__main__":

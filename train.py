@@ -72,13 +72,18 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
+from accelerate.utils import gather_object  # noqa: E402
 from timm.utils import ModelEmaV3  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import configs  # noqa: E402
 import data as data_lib  # noqa: E402
+from common import rundir  # noqa: E402
 from common.errors import UserError  # noqa: E402
+from common.io import write_json  # noqa: E402
+from common.weights import load_into, read_safetensors  # noqa: E402
 from data.samplers import num_train_batches  # noqa: E402
 from engine import checkpoint as ck  # noqa: E402
 from engine import resume_policy as rp  # noqa: E402
@@ -309,8 +314,6 @@ def preemption_reduce_max(accelerator):
     one next to NCCL), so agreeing never waits for the device."""
     if accelerator.num_processes == 1:
         return None
-    import torch.distributed as dist
-
     group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
     return gloo_reduce_max(group)
 
@@ -509,7 +512,7 @@ def evaluate_epoch(run, row):
 def write_summary(run):
     """Main process: summary.json and the closing console line."""
     state, run_dir = run.state, run.run_dir
-    if not os.path.exists(os.path.join(run_dir, "model.safetensors")):
+    if not os.path.exists(os.path.join(run_dir, rundir.WEIGHTS)):
         write_weights(run)
     summary = {
         "final": state.last_eval,
@@ -521,7 +524,7 @@ def write_summary(run):
         "best": {"top1": state.best_top1, "step": state.best_step},
         "global_batch": run.global_batch, "num_processes": run.world,
     }
-    ck.write_json(summary, os.path.join(run_dir, "summary.json"))
+    write_json(summary, os.path.join(run_dir, rundir.SUMMARY))
     raw_top1 = 100 * state.last_eval.get("raw", {}).get("top1", math.nan)
     ema_text = f", {100 * state.last_eval['ema']['top1']:.2f}% (ema)" if "ema" in state.last_eval else ""
     run.say(f"done: {state.step} steps in {state.train_time_s:.1f}s; final val top1 {raw_top1:.2f}% (raw)"
@@ -539,8 +542,6 @@ def on_every_rank(run, action):
     except ck.CheckpointWriteError as err:
         error = str(err)
     if run.world > 1:
-        from accelerate.utils import gather_object
-
         error = next((e for e in gather_object([error]) if e), None)
     if error:
         raise ck.CheckpointWriteError(error)
@@ -581,7 +582,8 @@ def save_checkpoint(run, epoch, batch):
     def commit():
         if run.main_proc:
             state.last_ckpt = ck.commit_save(root, step)
-            ck.prune(root, run.cfg.train.keep_last, keep_steps=[state.best_step], protect_last_finite=True)
+            ck.prune(root, run.cfg.train.keep_last, keep_steps=[state.best_step], protect_last_finite=True,
+                     warn=run.say)
 
     try:
         on_every_rank(run, lambda: run.main_proc and ck.begin_save(root, step))
@@ -601,24 +603,26 @@ def export_weights(run):
 
 def write_weights(run):
     """Main process: model.safetensors (and model_ema.safetensors), atomically."""
-    ck.save_weights(run.raw_model.state_dict(), os.path.join(run.run_dir, "model.safetensors"))
+    ck.save_weights(run.raw_model.state_dict(), os.path.join(run.run_dir, rundir.WEIGHTS))
     if run.ema is not None:
-        ck.save_weights(run.ema.module.state_dict(), os.path.join(run.run_dir, "model_ema.safetensors"))
+        ck.save_weights(run.ema.module.state_dict(), os.path.join(run.run_dir, rundir.EMA_WEIGHTS))
 
 
-def restore(run, ckpt, changes=(), fresh_hparams=None):
+def restore(run, ckpt, saved, changes=(), fresh_hparams=None):
     """Load weights, EMA, optimizer, schedule, scaler, RNG states, counters and the epoch's partial
-    loss sums from a checkpoint; then apply accepted config changes (--resume-with-changes)."""
-    saved = ck.read_trainer_state(ckpt)
-    ck.load_state_dict_strict(run.raw_model, ck.load_weights(os.path.join(ckpt, "model.safetensors")), ckpt)
+    loss sums from a checkpoint (`saved`: its trainer state, read once by engine/run_start.py); then
+    apply accepted config changes (--resume-with-changes)."""
+    source = f"checkpoint {ckpt}"
+    load_into(run.raw_model, read_safetensors(os.path.join(ckpt, rundir.WEIGHTS)), source)
     if run.ema is not None:
-        if os.path.isfile(os.path.join(ckpt, "ema.safetensors")):
-            ck.load_state_dict_strict(run.ema.module, ck.load_weights(os.path.join(ckpt, "ema.safetensors")), ckpt)
+        ema_path = rundir.ema_weights(ckpt)  # older checkpoints: ema.safetensors
+        if ema_path is not None:
+            load_into(run.ema.module, read_safetensors(ema_path), source)
         else:  # EMA switched on by an accepted change: it starts from the resumed weights
             run.ema.set(run.raw_model)
-    run.optimizer.load_state_dict(ck.load_torch(os.path.join(ckpt, "optimizer.pt")))
-    run.scheduler.load_state_dict(ck.load_torch(os.path.join(ckpt, "scheduler.pt")))
-    scaler_state = ck.load_torch(os.path.join(ckpt, "scaler.pt"))
+    run.optimizer.load_state_dict(ck.load_torch(os.path.join(ckpt, rundir.OPTIMIZER)))
+    run.scheduler.load_state_dict(ck.load_torch(os.path.join(ckpt, rundir.SCHEDULER)))
+    scaler_state = ck.load_torch(os.path.join(ckpt, rundir.SCALER))
     if scaler_state is not None and run.accelerator.scaler is not None:
         run.accelerator.scaler.load_state_dict(scaler_state)
     rng_state = ck.load_rng(ckpt, run.rank)
@@ -668,7 +672,7 @@ def build_run(cfg, resume, overwrite, accept_changes, accelerator, use_tb, lock)
     global_batch = cfg.data.batch_size * world * cfg.train.grad_accum
     num_classes = data_lib.num_classes(cfg.data)
     fp = rp.resume_fingerprint(configs.config_to_dict(cfg), num_classes=num_classes, global_batch=global_batch)
-    ckpt, changes = prepare_run_dir(cfg, resume, overwrite, accept_changes, accelerator, lock, fp)
+    ckpt, saved, changes = prepare_run_dir(cfg, resume, overwrite, accept_changes, accelerator, lock, fp)
 
     with accelerator.main_process_first():  # downloads / dataset caches are written once
         train_set = data_lib.build_dataset(cfg.data, "train")
@@ -700,7 +704,7 @@ def build_run(cfg, resume, overwrite, accept_changes, accelerator, use_tb, lock)
     run.first_bad_step = torch.tensor(NO_BAD_STEP, device=device)
     run.epoch_loss = torch.zeros(2, dtype=torch.float64, device=device)
     if ckpt is not None:
-        restore(run, ckpt, changes, fresh_hparams)
+        restore(run, ckpt, saved, changes, fresh_hparams)
     if use_tb:
         accelerator.init_trackers("tensorboard")
     run.time_base, run.log_images = run.state.train_time_s, run.state.images

@@ -21,6 +21,7 @@ import typing
 
 import yaml
 
+from common import rundir
 from common.io import atomic_write_text
 from common.errors import UserError
 
@@ -32,7 +33,7 @@ from models.topk_softmax import check_k
 
 from .schema import CHOICES, RANGES, Config
 
-RUN_CONFIG_NAME = "config.yaml"
+RUN_CONFIG_NAME = rundir.CONFIG
 
 
 class _SafeLoaderYaml12Bools(yaml.SafeLoader):

@@ -22,11 +22,11 @@ process (dict) and on disk as .npy (no pickle) keyed by every generation paramet
 import logging
 import math
 import os
-import tempfile
 
 import numpy as np
 import torch
 
+from common.io import WriteError, atomic_write, through_file
 from common.seeding import mix_seed
 
 log = logging.getLogger(__name__)
@@ -285,12 +285,9 @@ def load_split(num_classes, split, n, size, seed, cache_dir=None, family="id"):
     if out is None:
         out = generate(num_classes, n, size, seed, _SPLIT_STREAM[split], family=family)
         try:  # best effort: a read-only home must not break training
-            os.makedirs(cache_dir, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=cache_dir, suffix=".tmp.npz")
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, images=out[0].numpy(), labels=out[1].numpy())
-            os.replace(tmp, path)  # atomic: concurrent processes never read a half-written cache
-        except OSError as e:
+            # atomic (common.io): concurrent processes never read a half-written cache, none is left behind
+            atomic_write(path, through_file(lambda f: np.savez(f, images=out[0].numpy(), labels=out[1].numpy())))
+        except WriteError as e:
             log.info("could not cache the built-in dataset in %s (%s)", cache_dir, e)
     _MEMORY_CACHE[key] = out
     return out

@@ -12,12 +12,14 @@ in-distribution set (same label space); shards -> the shard index's list.
 import json
 import os
 
+from common import rundir
 from common.errors import UserError
+from common.io import atomic_write_text
 
 from . import builtin, cifar, imagefolder
 from .names import DATASET_NAMES
 
-CLASSES_FILE = "classes.json"
+CLASSES_FILE = rundir.CLASSES
 ALLOW_FLAG = "--allow-class-mismatch"
 _BUILTIN = {"builtin10": 10, "builtin100": 100, "builtin10_ood": 10, "builtin100_ood": 100}
 
@@ -39,8 +41,6 @@ def class_names(data_cfg):
 
 def save_class_names(run_dir, names):
     """Write RUN_DIR/classes.json ({"classes": [...]}) atomically."""
-    from common.io import atomic_write_text
-
     atomic_write_text(os.path.join(run_dir, CLASSES_FILE), json.dumps({"classes": list(names)}, indent=1))
 
 

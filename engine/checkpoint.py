@@ -1,8 +1,8 @@
 """Atomic, checksummed training checkpoints: RUN_DIR/checkpoints/step_<N>/ with a completion marker.
 
-Layout of one checkpoint directory:
+Layout of one checkpoint directory (names: common/rundir.py):
     model.safetensors       raw weights (unwrapped state dict, incl. output_head)
-    ema.safetensors         EMA weights (when train.ema)
+    model_ema.safetensors   EMA weights (when train.ema; ema.safetensors in older checkpoints, still read)
     optimizer.pt            optimizer state dict   (torch.save; loaded with weights_only=True)
     scheduler.pt            timm scheduler state dict
     scaler.pt               fp16 grad-scaler state (fp16 only)
@@ -29,8 +29,11 @@ OSError(ENOSPC) behind its RuntimeError (torch.save straight to a path reports o
 at inline_container.cc] unexpected pos", which never mentions space); safetensors reports the OS
 error number in its message. Any OSError while saving removes the temporary files and raises
 `CheckpointWriteError` (a UserError: one line naming the file, the space the checkpoint needs and
-the space free); the previous checkpoints are never touched before the final rename. Entry points
-exit with `CheckpointWriteError.exit_code` (74, EX_IOERR from sysexits.h) for it.
+the space free; common.io's WriteError); the previous checkpoints are never touched before the
+final rename. Entry points exit with `CheckpointWriteError.exit_code` (74, EX_IOERR from sysexits.h).
+
+Deleting (pruning, clearing temporary folders) goes through common/removal.py: a symlinked
+checkpoint loses its link, never its target, and one that cannot be deleted whole is kept.
 
 Temporary files: `clean_stale_temp(run_dir)` removes what killed saves leave (`.tmp-*`
 checkpoint directories, `*.tmp<pid>` files such as `model.safetensors.tmp<pid>`), and finishes a
@@ -47,37 +50,35 @@ import hashlib
 import json
 import os
 import re
-import shutil
 
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
 
-from common.io import json_text
+from common import rundir
+from common.io import EXIT_WRITE_FAILED  # noqa: F401 - re-exported: the exit code of a failed save
+from common.io import WriteError, json_file_text, remove_stale_temp, through_file, write_error, write_file
 from common.errors import UserError
+from common.removal import remove_quietly as remove_tree_quietly
+from common.removal import removal_blockers, remove
+from common.weights import first_line, read_torch, save_safetensors, safetensors_writer, tensors_nbytes
 
-CHECKPOINT_SUBDIR = "checkpoints"
-MARKER = "COMPLETE.json"
-STATE_FILE = "trainer_state.json"
+from .runlock import held_by_this_process
+
+CHECKPOINT_SUBDIR = rundir.CHECKPOINTS
+MARKER = rundir.MARKER
+STATE_FILE = rundir.TRAINER_STATE
 LOSS_FINITE_KEY = "loss_finite"  # trainer_state key: False marks a checkpoint saved after a non-finite loss
-EXIT_WRITE_FAILED = 74  # EX_IOERR (sysexits.h): a save failed on an OSError such as a full disk
+checkpoint_name = rundir.checkpoint_name
 _NAME = re.compile(r"^step_(\d+)$")
-_TMP_FILE = re.compile(r"^.+\.tmp\d+$")  # what atomic writes leave behind when killed: NAME.tmp<pid>
 _HASH_CHUNK = 1 << 20
+_RESUME_HINT = "free some space or set train.output_dir on a larger disk, then resume with --resume auto"
+_FIX_HINT = "check the folder's permissions and filesystem, then resume with --resume auto"
 
 # Test-only hook: called with each checkpoint file's path right after it is written (see docstring).
 _after_file_written = None
 
-
-class CheckpointWriteError(UserError):
-    """A checkpoint or weight file could not be written (disk full, quota, permissions, I/O error).
-    The message is one line; entry points exit with `exit_code`."""
-
-    exit_code = EXIT_WRITE_FAILED
-
-
-def checkpoint_name(step):
-    return f"step_{step:09d}"
+# A checkpoint or weight file could not be written: common.io's one write error (exit 74).
+CheckpointWriteError = WriteError
 
 
 def _fsync_dir(path):
@@ -94,133 +95,33 @@ def _fsync_dir(path):
 
 
 # ----------------------------------------------------------------------------- low-level writes
-def _human(nbytes):
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(nbytes) < 1024 or unit == "TB":
-            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
-        nbytes /= 1024.0
-    return f"{nbytes:.1f} TB"
-
-
-def _free_bytes(path):
-    folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
-    while folder and not os.path.isdir(folder):
-        folder = os.path.dirname(folder)
-    try:
-        return shutil.disk_usage(folder or ".").free
-    except OSError:
-        return None
-
-
 def _write_error(path, err, needed, previous, what="checkpoint"):
     """One line for an OSError while writing `path`; `needed` = bytes the whole save needs."""
-    reason = err.strerror or str(err)
-    if err.errno in (errno.ENOSPC, errno.EDQUOT):
-        free = _free_bytes(path)
-        parts = ([f"the save needs about {_human(needed)}"] if needed else []) + \
-                ([f"{_human(free)} free"] if free is not None else [])
-        space = ", ".join(parts) or "no space left"
-        hint = "free some space or set train.output_dir on a larger disk, then resume with --resume auto"
-        msg = f"cannot write {path}: {reason} ({space})"
-    else:
-        hint = "check the folder's permissions and filesystem, then resume with --resume auto"
-        msg = f"cannot write {path}: {reason}"
     kept = f"the previous {what} {previous} is intact" if previous else f"no earlier {what} was touched"
-    return CheckpointWriteError(f"{msg}; {kept}; {hint}")
+    hint = _RESUME_HINT if err.errno in (errno.ENOSPC, errno.EDQUOT) else _FIX_HINT
+    return write_error(path, err, needed=needed, kept=kept, hint=hint)
 
 
-def _open_for_write(path):
-    """The file object torch.save and JSON writes go through (a seam: tests make it fail like a full disk)."""
-    return open(path, "wb")
+def _torch_writer(obj):
+    # a file object, so a failed write surfaces its OSError (common.io.os_error_of)
+    return through_file(lambda f: torch.save(obj, f))
 
 
-def _as_os_error(err):
-    """The OSError behind a failed write, or None. torch.save reports a failed write of its file
-    object as RuntimeError('... unexpected pos ...') with the OSError as its context; safetensors
-    as SafetensorError('... (os error 28)')."""
-    seen = err
-    while seen is not None:
-        if isinstance(seen, OSError):
-            return seen
-        seen = seen.__context__
-    match = re.search(r"os error (\d+)", str(err))
-    if match:
-        code = int(match.group(1))
-        return OSError(code, os.strerror(code))
-    return None
+def _json_writer(obj):
+    return through_file(lambda f: f.write(json_file_text(obj).encode()))  # the project's one JSON encoding
 
 
-def _write_safetensors(path, state_dict):
-    # a copy per tensor: safetensors refuses tensors that share storage (tied weights, views)
-    save_file({k: v.detach().to("cpu").contiguous().clone() for k, v in state_dict.items()}, path)
-
-
-def _write_torch(path, obj):
-    with _open_for_write(path) as f:  # a file object, so a failed write surfaces its OSError (see _as_os_error)
-        torch.save(obj, f)
-
-
-def _write_json_file(path, obj):
-    with _open_for_write(path) as f:
-        f.write((json_text(obj, indent=1) + "\n").encode())  # the project's one JSON encoding
-
-
-def _write_file(path, writer, obj):
-    """Create `path` with writer(path, obj), fsynced. On a failed write the partial file is removed
-    and the OSError raised; other errors (bugs) propagate unchanged."""
-    try:
-        writer(path, obj)
-        with open(path, "rb+") as f:
-            os.fsync(f.fileno())
-    except (OSError, RuntimeError, SafetensorError) as err:
-        _remove_quietly(path)
-        os_error = _as_os_error(err)
-        if os_error is None:
-            raise
-        raise os_error from None
-    if _after_file_written is not None:
-        _after_file_written(path)
-
-
-def _remove_quietly(path):
-    try:
-        os.remove(path)
-    except OSError:
-        pass
-
-
-def _payload_nbytes(obj):
-    """Rough serialised size of a (nested) state: the bytes of its tensors plus a little overhead."""
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size() + 64
-    if isinstance(obj, dict):
-        return sum(_payload_nbytes(v) for v in obj.values()) + 16 * len(obj)
-    if isinstance(obj, (list, tuple)):
-        return sum(_payload_nbytes(v) for v in obj) + 8 * len(obj)
-    return 16
-
-
-def _atomic_write(path, writer, obj, previous=None):
-    """`path.tmp<pid>` + fsync + os.replace; on OSError the temp file is removed and a
-    CheckpointWriteError (one line) raised, leaving any previous `path` untouched."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        _write_file(tmp, writer, obj)
-        os.replace(tmp, path)
-    except OSError as err:
-        _remove_quietly(tmp)
-        raise _write_error(path, err, _payload_nbytes(obj), previous, what="file") from None
+def _write_file(path, write):
+    """Create `path` with write(path), fsynced; the test hook sees it (common.io.write_file)."""
+    write_file(path, write, after_written=_after_file_written)
 
 
 def save_weights(state_dict, path):
     """Write a state dict as safetensors atomically (tmp file + fsync + os.replace). A failure
-    raises CheckpointWriteError and leaves the previous file at `path` (if any) intact."""
-    _atomic_write(path, _write_safetensors, state_dict, previous=path if os.path.exists(path) else None)
-
-
-def write_json(obj, path):
-    """Atomic JSON write (same failure handling as save_weights)."""
-    _atomic_write(path, _write_json_file, obj)
+    raises WriteError (exit 74) and leaves the previous file at `path` (if any) intact."""
+    previous = path if os.path.exists(path) else None
+    kept = f"the previous file {previous} is intact" if previous else "no earlier file was touched"
+    save_safetensors(state_dict, path, kept=kept, hint=_FIX_HINT)
 
 
 # ----------------------------------------------------------------------------- saving
@@ -231,7 +132,7 @@ def begin_save(root, step):
         os.makedirs(root, exist_ok=True)
         for name in os.listdir(root):
             if name.startswith(".tmp-"):
-                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+                remove_tree_quietly(os.path.join(root, name))
         tmp = tmp_dir_for(root, step)
         os.makedirs(tmp)
     except OSError as err:
@@ -245,7 +146,7 @@ def tmp_dir_for(root, step):
 
 def abort_save(tmp):
     """Remove a temporary checkpoint directory after a failed save (idempotent)."""
-    shutil.rmtree(tmp, ignore_errors=True)
+    remove_tree_quietly(tmp)
 
 
 def latest_complete(root):
@@ -257,13 +158,14 @@ def latest_complete(root):
 
 
 def _write_checkpoint_files(tmp, payloads):
-    """Write [(name, writer, obj)] into `tmp`; any OSError aborts the whole save."""
+    """Write [(name, write, obj)] into `tmp` (write(path) makes the file of obj); any OSError aborts
+    the whole save."""
     root = os.path.dirname(tmp.rstrip(os.sep))
-    needed = sum(_payload_nbytes(obj) for _, _, obj in payloads)
-    for name, writer, obj in payloads:
+    needed = sum(tensors_nbytes(obj) for _, _, obj in payloads)
+    for name, write, _ in payloads:
         path = os.path.join(tmp, name)
         try:
-            _write_file(path, writer, obj)
+            _write_file(path, write)
         except OSError as err:
             abort_save(tmp)
             raise _write_error(path, err, needed, latest_complete(root)) from None
@@ -271,19 +173,19 @@ def _write_checkpoint_files(tmp, payloads):
 
 def write_rank_files(tmp, rank, rng_state):
     """Every rank: its RNG states."""
-    _write_checkpoint_files(tmp, [(f"rng_{rank}.json", _write_json_file, rng_state)])
+    _write_checkpoint_files(tmp, [(rundir.rng_file(rank), _json_writer(rng_state), rng_state)])
 
 
 def write_main_files(tmp, *, model_state, ema_state, optimizer_state, scheduler_state, scaler_state, trainer_state):
     """Main process: weights, optimizer/scheduler/scaler, counters."""
-    payloads = [("model.safetensors", _write_safetensors, model_state)]
+    payloads = [(rundir.WEIGHTS, safetensors_writer(model_state), model_state)]
     if ema_state is not None:
-        payloads.append(("ema.safetensors", _write_safetensors, ema_state))
-    for name, obj in (("optimizer.pt", optimizer_state), ("scheduler.pt", scheduler_state),
-                      ("scaler.pt", scaler_state)):
+        payloads.append((rundir.EMA_WEIGHTS, safetensors_writer(ema_state), ema_state))
+    for name, obj in ((rundir.OPTIMIZER, optimizer_state), (rundir.SCHEDULER, scheduler_state),
+                      (rundir.SCALER, scaler_state)):
         if obj is not None:
-            payloads.append((name, _write_torch, obj))
-    payloads.append((STATE_FILE, _write_json_file, trainer_state))
+            payloads.append((name, _torch_writer(obj), obj))
+    payloads.append((STATE_FILE, _json_writer(trainer_state), trainer_state))
     _write_checkpoint_files(tmp, payloads)
 
 
@@ -305,12 +207,12 @@ def commit_save(root, step):
         names = sorted(os.listdir(tmp))
         sizes = {n: os.path.getsize(os.path.join(tmp, n)) for n in names}
         hashes = {n: file_sha256(os.path.join(tmp, n)) for n in names}
-        _write_file(os.path.join(tmp, MARKER), _write_json_file, {"step": step, "files": sizes, "sha256": hashes})
+        _write_file(os.path.join(tmp, MARKER), _json_writer({"step": step, "files": sizes, "sha256": hashes}))
         _fsync_dir(tmp)
         if os.path.exists(final):  # re-saving a step after a resume: move the old one out of the way
             os.rename(final, old)
             os.rename(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
+            remove_tree_quietly(old)
         else:
             os.rename(tmp, final)
         _fsync_dir(root)
@@ -330,7 +232,7 @@ def read_state_quietly(path):
         return {}
 
 
-def prune(root, keep_last, keep_steps=(), protect_last_finite=True):
+def prune(root, keep_last, keep_steps=(), protect_last_finite=True, warn=print):
     """Delete complete checkpoints except the newest `keep_last`, those in `keep_steps` (best) and,
     with `protect_last_finite`, the newest one whose trainer state does not say `loss_finite: false`
     (so a run that diverged keeps a checkpoint to go back to). Incomplete ones older than the newest
@@ -347,7 +249,20 @@ def prune(root, keep_last, keep_steps=(), protect_last_finite=True):
     for s, path in found:
         # complete ones beyond the last K (not kept), and incomplete ones older than the newest
         if (s in valid and s not in keep) or (s not in valid and s < newest):
-            shutil.rmtree(path, ignore_errors=True)
+            _prune_one(path, warn)
+
+
+def _prune_one(path, warn):
+    """Delete one checkpoint, whole or not at all: a symlinked step_<N> loses the link, never its
+    target; one that cannot be deleted completely (read-only, permissions) is kept, with a warning."""
+    problems = removal_blockers([path])
+    if problems:
+        warn(f"warning: keeping {path} (pruning cannot delete it: {'; '.join(problems)})")
+        return
+    try:
+        remove(path)
+    except OSError as err:
+        warn(f"warning: pruning {path} failed part-way ({err.strerror or err}); it is no longer a valid checkpoint")
 
 
 # ----------------------------------------------------------------------------- stale temporary files
@@ -361,7 +276,7 @@ def _recover_or_remove(root, name, say):
         os.rename(path, final)
         say(f"recovered checkpoint {final} (its save was interrupted just before the final rename)")
         return None
-    shutil.rmtree(path, ignore_errors=True)
+    remove_tree_quietly(path)
     return path
 
 
@@ -372,39 +287,29 @@ def clean_stale_temp(run_dir, warn=print, require_lock=True):
 
     `require_lock`: refuse (RuntimeError, a programming error) unless this process holds the run
     lock (engine/runlock.py), so another live run's temporary files are never deleted."""
-    if require_lock:
-        from engine.runlock import held_by_this_process
-
-        if not held_by_this_process(run_dir):
-            raise RuntimeError(f"clean_stale_temp({run_dir!r}) needs this process to hold the run lock")
-    removed = []
-    root = os.path.join(run_dir, CHECKPOINT_SUBDIR)
-    for folder in (run_dir, root):
-        if not os.path.isdir(folder):
-            continue
-        for name in sorted(os.listdir(folder)):
-            path = os.path.join(folder, name)
-            if folder == root and name.startswith(".tmp-") and os.path.isdir(path):
+    if require_lock and not held_by_this_process(run_dir):
+        raise RuntimeError(f"clean_stale_temp({run_dir!r}) needs this process to hold the run lock")
+    root = rundir.checkpoints_dir(run_dir)
+    removed = remove_stale_temp(run_dir)
+    if os.path.isdir(root):
+        for name in sorted(os.listdir(root)):
+            path = os.path.join(root, name)
+            if name.startswith(".tmp-") and os.path.isdir(path) and not os.path.islink(path):
                 gone = _recover_or_remove(root, name, warn)
                 if gone:
                     removed.append(gone)
-            elif _TMP_FILE.match(name) and os.path.isfile(path):
-                _remove_quietly(path)
-                removed.append(path)
+        removed += remove_stale_temp(root)
     if removed:
         warn(f"removed {len(removed)} temporary file(s) left by an interrupted run: "
              + ", ".join(os.path.relpath(p, run_dir) for p in removed[:5]) + (" ..." if len(removed) > 5 else ""))
     return removed
 
 
-RUN_ARTEFACTS = ("model.safetensors", "model_ema.safetensors", "summary.json", "metrics.jsonl", "epochs.csv",
-                 CHECKPOINT_SUBDIR)
-
-
 def run_artefacts(run_dir):
-    """Names of the training artefacts present in `run_dir` (weights, logs, summary, checkpoints/),
-    for a 'this directory holds a run' refusal before a destructive fresh start."""
-    return [n for n in RUN_ARTEFACTS if os.path.exists(os.path.join(run_dir, n))]
+    """Names of the training artefacts present in `run_dir` (weights, logs, summary, checkpoints/;
+    a symlink counts, even a dangling one), for a 'this directory holds a run' refusal before a
+    destructive fresh start."""
+    return [n for n in rundir.RUN_ARTEFACTS if os.path.lexists(os.path.join(run_dir, n))]
 
 
 # ----------------------------------------------------------------------------- finding / validating
@@ -420,11 +325,6 @@ def list_checkpoints(root):
     return sorted(out)
 
 
-def _first_line(err):
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
-
-
 def _structural_error(path, name):
     """Legacy checkpoints (no checksums): does the file at least parse?"""
     p = os.path.join(path, name)
@@ -434,12 +334,12 @@ def _structural_error(path, name):
                 for key in f.keys():
                     f.get_slice(key)
         elif name.endswith(".pt"):
-            torch.load(p, map_location="cpu", weights_only=True)
+            read_torch(p)
         elif name.endswith(".json"):
             with open(p) as f:
                 json.load(f)
     except Exception as err:  # noqa: BLE001 - any parse failure means a damaged file
-        return f"checkpoint file {p} is unreadable ({_first_line(err)})"
+        return f"checkpoint file {p} is unreadable ({first_line(err)})"
     return None
 
 
@@ -551,44 +451,14 @@ def read_trainer_state(path):
         raise UserError(f"checkpoint {path}: cannot read {STATE_FILE} ({err})") from None
 
 
-def load_weights(path):
-    try:
-        return load_file(path)
-    except (SafetensorError, OSError, ValueError, RuntimeError) as err:
-        raise UserError(f"weights file {path} is truncated or corrupt: {_first_line(err)}") from None
-
-
 def load_torch(path):
-    if not os.path.isfile(path):
-        return None
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - any unpickling failure means a damaged file
-        raise UserError(f"checkpoint file {path} is truncated or corrupt: {_first_line(err)}") from None
+    """A checkpoint's torch file (weights_only=True), None when the checkpoint has none."""
+    return read_torch(path) if os.path.isfile(path) else None
 
 
 def load_rng(path, rank):
-    p = os.path.join(path, f"rng_{rank}.json")
+    p = os.path.join(path, rundir.rng_file(rank))
     if not os.path.isfile(p):
         return None
     with open(p) as f:
         return json.load(f)
-
-
-def check_fingerprint(saved, current, path):
-    """A checkpoint only resumes the same model/head/classes; otherwise one clear line."""
-    for key in sorted(set(saved) | set(current)):
-        if saved.get(key) != current.get(key):
-            raise UserError(
-                f"checkpoint {path} was trained with {key}={saved.get(key)!r} but the config has "
-                f"{key}={current.get(key)!r}; resume with the same model/head configuration or start "
-                f"a new run in another train.output_dir"
-            )
-
-
-def load_state_dict_strict(module, state, path):
-    try:
-        module.load_state_dict(state, strict=True)
-    except RuntimeError as err:
-        first = str(err).splitlines()[1].strip() if len(str(err).splitlines()) > 1 else str(err)
-        raise UserError(f"checkpoint {path} does not match the model: {first}") from None

@@ -9,10 +9,11 @@ import json
 import os
 import sys
 
-from common.io import atomic_write_text, json_text
+from common import rundir
+from common.io import atomic_write_text, json_text, writing
 
-METRICS_FILE = "metrics.jsonl"
-EPOCHS_FILE = "epochs.csv"
+METRICS_FILE = rundir.METRICS
+EPOCHS_FILE = rundir.EPOCHS
 
 
 def _rewrite(path, lines):
@@ -29,7 +30,7 @@ class MetricsLog:
     def write(self, **row):
         if not self.enabled:
             return
-        with open(self.path, "a") as f:
+        with writing(self.path), open(self.path, "a") as f:  # appended: a line cut by a kill is skipped on read
             f.write(json_text(row) + "\n")
             f.flush()
 

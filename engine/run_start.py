@@ -12,54 +12,60 @@ directory changes:
 4. starting fresh: a directory holding a run (engine.checkpoint.run_artefacts: weights, logs,
    summary, checkpoints) is refused in one line naming what is there and the two ways on
    (`--resume auto`, `--overwrite`); `--resume auto` without a complete checkpoint refuses the
-   same way unless the directory holds no run; `--overwrite` lists what it deletes, then deletes it;
+   same way unless the directory holds no run; `--overwrite` lists what it deletes, checks that all
+   of it can be deleted (else one line, nothing deleted) and deletes it, symlinks themselves and
+   never their targets (common/removal.py);
 5. write config.yaml (with its history when resuming) and classes.json.
 The other ranks receive the decision (one broadcast) or, after a refusal, exit with the same code
-without printing it again.
+without printing it again. The checkpoint's trainer_state.json is read once, here, and travels with
+the decision to `restore`.
 """
 import os
-import shutil
 import sys
 
+from accelerate.utils import broadcast_object_list
+
+from common import rundir
 from common.errors import UserError
-from configs.loader import RUN_CONFIG_NAME, config_to_dict
-from data.classes import CLASSES_FILE, class_mismatch, class_names, load_class_names, save_class_names
+from common.removal import remove_all
+from configs.loader import config_to_dict
+from data.classes import class_mismatch, class_names, load_class_names, save_class_names
 
 from . import checkpoint as ck
 from . import resume_policy as rp
 from .logging import console
 
 # What --overwrite deletes besides the run artefacts: the TensorBoard logs of the old run.
-OVERWRITE_EXTRA = ("tensorboard",)
+OVERWRITE_EXTRA = (rundir.TENSORBOARD,)
 
 
 def prepare_run_dir(cfg, resume, overwrite, accept_changes, accelerator, lock, fp):
     """The main process locks the run directory, decides how the run starts (`decide_start`) and
     writes config.yaml and classes.json; the other ranks receive its decision (or its refusal, and
-    exit with the same code, silently). -> (checkpoint to resume from or None, accepted changes)."""
-    decision = {"ckpt": None, "changes": [], "error": None}
+    exit with the same code, silently). -> (checkpoint to resume from or None, its trainer state
+    (None with no checkpoint), accepted changes)."""
+    decision = {"ckpt": None, "saved": None, "changes": [], "error": None}
     if accelerator.is_main_process:
         try:
-            decision["ckpt"], decision["changes"] = decide_start(cfg, resume, overwrite, accept_changes, lock, fp)
+            decision["ckpt"], decision["saved"], decision["changes"] = decide_start(
+                cfg, resume, overwrite, accept_changes, lock, fp)
         except UserError as err:
             if accelerator.num_processes == 1:
                 raise
             decision["error"] = getattr(err, "exit_code", 2)
             print(f"error: {err}", file=sys.stderr, flush=True)
     if accelerator.num_processes > 1:
-        from accelerate.utils import broadcast_object_list
-
         decision = broadcast_object_list([decision])[0]
         if decision["error"] is not None:
             raise SystemExit(decision["error"])
-    return decision["ckpt"], decision["changes"]
+    return decision["ckpt"], decision["saved"], decision["changes"]
 
 
 def decide_start(cfg, resume, overwrite, accept_changes, lock, fp):
     """Main process, under the run lock: clean what killed saves left, resolve the checkpoint (invalid
     ones skipped with a warning), refuse config changes or a destructive fresh start, and on a fresh
     start with --overwrite delete the old run (listing it). Nothing in the directory is changed
-    before every check has passed."""
+    before every check has passed. -> (checkpoint or None, its trainer state or None, changes)."""
     run_dir = cfg.train.output_dir
     say = console
     if resume is not None and overwrite:
@@ -68,7 +74,7 @@ def decide_start(cfg, resume, overwrite, accept_changes, lock, fp):
     lock.acquire()
     ck.clean_stale_temp(run_dir, warn=say)
     ckpt = ck.resolve_resume(resume, run_dir, warn=say)
-    changes, history = [], None
+    changes, history, saved = [], None, None
     names = class_names(cfg.data)
     if ckpt is not None:
         saved = ck.read_trainer_state(ckpt)
@@ -80,7 +86,7 @@ def decide_start(cfg, resume, overwrite, accept_changes, lock, fp):
                                           accept_changes=accept_changes)
         if changes:
             history = rp.history_entry(changes, step=saved.get("step", 0), checkpoint=ckpt)
-        if os.path.isfile(os.path.join(run_dir, CLASSES_FILE)):  # data.root may move, the classes may not
+        if os.path.isfile(os.path.join(run_dir, rundir.CLASSES)):  # data.root may move, the classes may not
             diff = class_mismatch(load_class_names(run_dir), names)
             if diff:
                 raise UserError(f"the dataset's classes differ from the ones {run_dir} was trained on ({diff}); resume "
@@ -95,16 +101,16 @@ def decide_start(cfg, resume, overwrite, accept_changes, lock, fp):
                                 f"train.output_dir")
             raise UserError(f"{run_dir} already holds a run ({listing}): pass --resume auto to continue it, or "
                             f"--overwrite to delete it and start over (or set another train.output_dir)")
-        doomed = present + [n for n in OVERWRITE_EXTRA if overwrite and os.path.exists(os.path.join(run_dir, n))]
-        if doomed:
-            say(f"--overwrite: deleting {', '.join(doomed)} in {run_dir}")
-        for name in doomed:
-            path = os.path.join(run_dir, name)
-            if os.path.isdir(path):
-                shutil.rmtree(path)
-            else:
-                os.remove(path)
-    rp.save_config_with_history(os.path.join(run_dir, RUN_CONFIG_NAME), config_to_dict(cfg), history,
+        delete_old_run(run_dir, present + [n for n in OVERWRITE_EXTRA
+                                           if overwrite and os.path.lexists(os.path.join(run_dir, n))], say)
+    rp.save_config_with_history(os.path.join(run_dir, rundir.CONFIG), config_to_dict(cfg), history,
                                 keep_history=ckpt is not None)
     save_class_names(run_dir, names)
-    return ckpt, changes
+    return ckpt, saved, changes
+
+
+def delete_old_run(run_dir, names, say):
+    """--overwrite: list, then delete `names` of run_dir, all or nothing, links never followed."""
+    if names:
+        remove_all([os.path.join(run_dir, n) for n in names], why=f"--overwrite in {run_dir}",
+                   before=lambda: say(f"--overwrite: deleting {', '.join(names)} in {run_dir}"))

@@ -12,7 +12,8 @@ process (its start time differs, e.g. a container restarted with the same pid), 
 rebooted since (boot id differs). A lock held on another host is never taken over automatically
 (its pid cannot be checked from here): the message says to delete the file if that run is gone.
 Takeovers are serialised with flock on the directory, so two processes cleaning the same stale
-lock cannot delete each other's fresh one.
+lock cannot delete each other's fresh one. A folder the lock cannot be written in (read-only
+filesystem, a path through a file, permissions, full disk) is one line (common.io.WriteError, exit 74).
 
 The lock is released by `release()`, on leaving the `with` block (exceptions included) and at
 interpreter exit (atexit); a process killed hard (SIGKILL, os._exit) leaves a stale lock that the
@@ -32,9 +33,11 @@ import socket
 import time
 import uuid
 
+from common import rundir
 from common.errors import UserError
+from common.io import through_file, write_error, write_file
 
-LOCK_NAME = "run.lock"
+LOCK_NAME = rundir.LOCK
 _UNREADABLE_GRACE_S = 10.0  # an unparsable lock younger than this may be mid-creation (O_EXCL fallback)
 
 
@@ -160,10 +163,7 @@ class RunLock:
         """True when this process created the lock file; False when it already exists."""
         data = json.dumps(record, indent=1).encode()
         private = os.path.join(self.run_dir, f".{LOCK_NAME}.{record['token']}")
-        with open(private, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        write_file(private, through_file(lambda f: f.write(data)))
         try:
             os.link(private, self.path)
             return True
@@ -209,8 +209,17 @@ class RunLock:
         self.warn(f"warning: taking over the stale lock {self.path} ({who}): {reason}")
 
     def acquire(self):
+        """Take the lock (see the module docstring); RunLockHeld while another live process holds
+        it, WriteError when the folder cannot hold a lock file."""
         if not self.enabled or self.held:
             return self
+        try:
+            return self._acquire()
+        except OSError as err:
+            raise write_error(self.path, err, hint=f"{self.purpose} needs a writable folder: choose another "
+                                                   "path, or fix its permissions or filesystem") from None
+
+    def _acquire(self):
         os.makedirs(self.run_dir, exist_ok=True)
         record = self._new_record()
         for _ in range(50):

@@ -15,9 +15,11 @@ import json
 import os
 import statistics
 
-from common.io import write_json
+from common import rundir
+from common.io import atomic_write_text, read_json, write_json
 
 from . import metrics, ood_report, paired, plots, report, selective_report
+from .examples import load_examples
 
 TRAIN_COLUMNS = [
     ("train_time_s", "train time (s)", "f1"),
@@ -46,21 +48,17 @@ def read_jsonl(path):
 def load_run(run_dir, eval_file, weights="raw", seed=None):
     """One finished run: eval result + training summary + validation curve + per-example records
     (numpy arrays, None when the run's eval wrote none)."""
-    from .examples import examples_path, load_examples
-
-    with open(os.path.join(run_dir, eval_file)) as f:
-        result = json.load(f)
-    with open(os.path.join(run_dir, "summary.json")) as f:
-        summary = json.load(f)
+    result = read_json(os.path.join(run_dir, eval_file))
+    summary = read_json(os.path.join(run_dir, rundir.SUMMARY))
     flat = report.flatten_metrics(result)
     flat["train_time_s"] = summary.get("train_time_s")
     flat["train_img_per_s"] = summary.get("img_per_s")
     curve = {}
-    for row in read_jsonl(os.path.join(run_dir, "metrics.jsonl")):
+    for row in read_jsonl(os.path.join(run_dir, rundir.METRICS)):
         if row.get("kind") == "eval" and row.get("weights", "raw") == weights and "top1" in row:
             curve[row["epoch"]] = row["top1"]  # last one wins (a resumed run may re-log an epoch)
     records = None
-    path = examples_path(os.path.join(run_dir, eval_file))
+    path = rundir.examples_path(os.path.join(run_dir, eval_file))
     if os.path.isfile(path):
         records = {k: v.numpy() for k, v in load_examples(path)[0].items()}
     return {"run_dir": run_dir, "seed": seed, "result": result, "flat": flat, "curve": sorted(curve.items()),
@@ -343,7 +341,6 @@ def write_report(variants, report_dir, title, command, weights="raw", notes=(), 
         lines += ["", "## Missing runs", "", "Planned but not finished (no results yet); the numbers above "
                   "leave them out:", ""] + [f"- `{m}`" for m in missing]
     path = os.path.join(report_dir, "report.md")
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    atomic_write_text(path, "\n".join(lines) + "\n")
     return report.text_table(header, rows), path, paired_results
 

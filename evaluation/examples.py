@@ -13,18 +13,13 @@ same order for every checkpoint evaluated on it, so files of two heads pair samp
 
 Metadata (strings): head, split, dataset, weights, checkpoint, n. safetensors: no pickle on load.
 """
-import os
-
-from safetensors.torch import load_file, safe_open, save_file
+from common import rundir
+from common.weights import read_safetensors, read_safetensors_metadata, save_safetensors
 
 from .metrics import RECORD_FIELDS
 
-SUFFIX = ".examples.safetensors"
-
-
-def examples_path(output_json):
-    """Where the records of an eval result saved at `output_json` go."""
-    return os.path.splitext(output_json)[0] + SUFFIX
+SUFFIX = rundir.EXAMPLES_SUFFIX
+examples_path = rundir.examples_path  # where the records of an eval result saved at OUTPUT.json go
 
 
 def save_examples(records, path, **metadata):
@@ -32,13 +27,9 @@ def save_examples(records, path, **metadata):
     tensors = {k: records[k].detach().cpu().contiguous() for k in RECORD_FIELDS}
     meta = {k: str(v) for k, v in metadata.items()}
     meta["n"] = str(int(tensors["label"].numel()))
-    tmp = f"{path}.tmp{os.getpid()}"
-    save_file(tensors, tmp, metadata=meta)
-    os.replace(tmp, path)
+    save_safetensors(tensors, path, metadata=meta)
 
 
 def load_examples(path):
     """-> (records dict of CPU tensors, metadata dict of strings)."""
-    with safe_open(path, framework="pt") as f:
-        meta = f.metadata() or {}
-    return load_file(path), meta
+    return read_safetensors(path), read_safetensors_metadata(path)

@@ -5,6 +5,15 @@ head × norm × α combination), already aggregated over seeds.
 """
 import math
 
+import matplotlib
+
+from common.io import atomic_write, through_file
+
+matplotlib.use("Agg", force=True)  # before pyplot: no display needed
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
 PLOT_FILES = {
     "accuracy": "val_accuracy.png",
     "support": "support_hist.png",
@@ -20,24 +29,17 @@ OVERCONFIDENT_COLOR = "#e8837f"   # confidence above accuracy: from the accuracy
 UNDERCONFIDENT_COLOR = "#82c982"  # confidence below accuracy: from the confidence up to the accuracy
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _save(fig, path):
+    """The figure as a PNG, written atomically (common.io: a failure is one line, no temp file left)."""
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    _plt().close(fig)
+    try:
+        atomic_write(path, through_file(lambda f: fig.savefig(f, format="png", dpi=110)))
+    finally:
+        plt.close(fig)
 
 
 def plot_accuracy_curves(curves, path, weights="raw"):
     """curves: {variant: [(epoch, mean top1, std top1), ...]} -> validation top-1 vs epoch."""
-    plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 4))
     for variant, points in curves.items():
         if not points:
@@ -46,7 +48,6 @@ def plot_accuracy_curves(curves, path, weights="raw"):
         ax.plot(ep, [100 * m for m in mean], marker="o", ms=3, label=variant)
         ax.fill_between(ep, [100 * (m - s) for m, s in zip(mean, std)],
                         [100 * (m + s) for m, s in zip(mean, std)], alpha=0.15)
-    from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole numbers
     ax.set_xlabel("epoch")
@@ -59,7 +60,6 @@ def plot_accuracy_curves(curves, path, weights="raw"):
 
 def plot_support_histograms(hists, path):
     """hists: {variant: counts per support size 1..K (summed over seeds)} -> fraction of samples."""
-    plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 4))
     n_var = max(len(hists), 1)
     width = 0.8 / n_var
@@ -83,9 +83,6 @@ def plot_reliability(diagrams, path):
     seeds), "ece_pooled", "ece_mean"}}: per confidence bin, a bar up to the lower of accuracy and mean
     confidence, and above it the gap up to the higher one in the colour of its sign (opaque, as in
     the legend), with the bin's sample count."""
-    from matplotlib.patches import Patch
-
-    plt = _plt()
     n = max(len(diagrams), 1)
     cols = min(n, 3)
     rows = math.ceil(n / cols)
@@ -125,7 +122,6 @@ def plot_coverage_vs_set_size(curves, points, path, epsilons=(0.1, 0.05)):
     The sparse supports' own curves are drawn last, with large outlined markers: when calibration
     degenerates (T = 0 at every ε) the whole curve is one point, which would otherwise hide under
     the other curves' markers."""
-    plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.8))
     styles = {"support": "-", "lac": "--", "aps": ":"}
     markers = {"support": "D", "lac": "o", "aps": "s"}
@@ -164,7 +160,6 @@ RISK_CONFIDENCE_LABELS = {"max_prob": "max prob", "support": "1/support size"}
 
 def plot_risk_coverage(curves, path):
     """curves: {(variant, confidence label): [(coverage, mean selective risk over seeds), ...]}."""
-    plt = _plt()
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     colors = {}
     for (variant, confidence), pts in curves.items():
@@ -185,7 +180,6 @@ def plot_risk_coverage(curves, path):
 def plot_ood_histograms(hists, path, ood_name):
     """hists: {variant: {score: {"edges", "in", "out"}}} pooled over seeds -> one row per variant,
     one column per score (max probability, entropy, support size), densities in-distribution vs OOD."""
-    plt = _plt()
     scores = [s for s in ("max_prob", "entropy", "support") if any(s in h for h in hists.values())]
     titles = {"max_prob": "max probability", "entropy": "entropy (nats)", "support": "support size"}
     rows, cols = max(len(hists), 1), max(len(scores), 1)

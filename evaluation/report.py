@@ -3,9 +3,11 @@
 Shared by eval.py (one checkpoint) and scripts/compare_heads.py (mean ± std over seeds).
 """
 import csv
+import io
 import math
-import os
 import statistics
+
+from common.io import atomic_write_text
 
 # Scalar metrics in display order: (key in the flattened dict, label, format).
 METRIC_COLUMNS = [
@@ -34,9 +36,6 @@ SELECTIVE_COLUMNS = [
     ("sel_support_e_aurc", "E-AURC (1/support)", "f4"),
 ]
 OOD_SCORE_NAMES = {"max_prob": "max prob", "neg_entropy": "entropy", "neg_support": "support size"}
-OOD_COLUMNS = [(f"ood_{key}_{stat}", f"OOD {label} {title}", fmt)
-               for key, label in OOD_SCORE_NAMES.items()
-               for stat, title, fmt in (("auroc", "AUROC", "pct"), ("fpr95", "FPR@95%TPR", "pct"))]
 
 
 def prediction_set_columns(methods, epsilons):
@@ -87,17 +86,22 @@ def flatten_metrics(result):
     return flat
 
 
-def write_csv(rows, path):
-    """Rows (dicts) -> CSV with the union of their keys as header, in first-seen order."""
+def csv_text(rows):
+    """Rows (dicts) -> CSV text with the union of their keys as header, in first-seen order."""
     header = []
     for row in rows:
         header.extend(k for k in row if k not in header)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=header)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
+    buf = io.StringIO(newline="")
+    writer = csv.DictWriter(buf, fieldnames=header)
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
+    return buf.getvalue()
+
+
+def write_csv(rows, path):
+    """csv_text(rows) -> `path` atomically (a kill mid-write leaves the old file, never a header alone)."""
+    atomic_write_text(path, csv_text(rows))
 
 
 def format_temperature(values):

@@ -32,6 +32,9 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from common import rundir  # noqa: E402
+from common.io import write_json  # noqa: E402
+
 # Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s, from the vendors' data sheets.
 PEAK_BF16_TFLOPS = {
     "H200": 989.4, "H100 SXM": 989.4, "H100 NVL": 835.5, "H100 PCIe": 756.5, "H100": 989.4,
@@ -167,7 +170,7 @@ def bench_training(out, seconds, ips_guess, timeout):
             "train.tensorboard=false", "train.save_every=100000", "train.log_every=50",
             "train.sync_debug=true", f"train.output_dir={run_dir}"]
     rc, wall = run_script(args, timeout, os.path.join(out, "train_sync_debug.log"))
-    summary = read_json(os.path.join(run_dir, "summary.json")) or {}
+    summary = read_json(os.path.join(run_dir, rundir.SUMMARY)) or {}
     return {"exit_code": rc, "wall_s": wall, "epochs": epochs, "steps": summary.get("steps"),
             "steps_per_s": (summary["steps"] / summary["train_time_s"]) if summary.get("train_time_s") else None,
             "img_per_s": summary.get("img_per_s"),
@@ -217,8 +220,7 @@ def main(argv=None):
     json_path = os.path.join(args.out, "bench_gpu.json")
 
     def save():  # after every part: a time limit that stops the script keeps what was measured
-        with open(json_path, "w") as f:
-            json.dump(res, f, indent=2)
+        write_json(res, json_path)
 
     dev = device.type
     if "model" not in args.skip:

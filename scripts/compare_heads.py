@@ -47,12 +47,13 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from engine.cli import run_cli  # noqa: E402
+from common import rundir  # noqa: E402
 from common.errors import UserError  # noqa: E402
 from common.io import atomic_write_text, json_text, write_json  # noqa: E402
 from engine.runlock import RunLock  # noqa: E402
 
-REQUEST_FILE = "compare_request.json"  # what this script asked train.py for, to detect clashes
-LOG_FILE = "compare.log"  # a run's train + eval output under --jobs N > 1
+REQUEST_FILE = rundir.COMPARE_REQUEST  # what this script asked train.py for, to detect clashes
+LOG_FILE = rundir.COMPARE_LOG  # a run's train + eval output under --jobs N > 1
 
 
 def parse_args(argv=None):
@@ -177,7 +178,7 @@ class Commands:
     def __init__(self, args, config, ood):
         self.config, self.ood, self.ood_root = config, ood, args.ood_root
         self.ema = args.ema
-        self.eval_file = "eval_ema.json" if args.ema else "eval.json"
+        self.eval_file = rundir.eval_result_name(args.ema)
         self.launcher = shlex.split(args.launcher) if args.launcher else [sys.executable]
         if args.launcher and not any(os.path.basename(c).startswith("python") for c in self.launcher) \
                 and "launch" not in self.launcher:
@@ -203,11 +204,9 @@ class Commands:
 
 def run_status(run_dir, commands):
     """(trained, evaluated): summary.json; eval JSON + per-example records (+ the asked OOD results)."""
-    from evaluation.examples import examples_path
-
-    trained = os.path.isfile(os.path.join(run_dir, "summary.json"))
+    trained = os.path.isfile(os.path.join(run_dir, rundir.SUMMARY))
     path = os.path.join(run_dir, commands.eval_file)
-    evaluated = os.path.isfile(path) and os.path.isfile(examples_path(path))
+    evaluated = os.path.isfile(path) and os.path.isfile(rundir.examples_path(path))
     if evaluated and commands.ood:
         try:
             with open(path) as f:
@@ -325,7 +324,7 @@ def run_parallel(todo, commands, jobs):
                         with lock:
                             failures.append(f"{run_dir} ({what} exit {status}; see {log})")
                         return
-                    if what == "training" and not os.path.isfile(os.path.join(run_dir, "summary.json")):
+                    if what == "training" and not os.path.isfile(os.path.join(run_dir, rundir.SUMMARY)):
                         with lock:
                             failures.append(f"{run_dir} (train.py wrote no summary.json; see {log})")
                         return
@@ -533,7 +532,7 @@ def run_todo(todo, commands, requests, jobs):
             print(f"{tag}: training", flush=True)
             _run(commands.train(ov), f"training {run_dir}")
             trained_now += 1
-            if not os.path.isfile(os.path.join(run_dir, "summary.json")):
+            if not os.path.isfile(os.path.join(run_dir, rundir.SUMMARY)):
                 raise UserError(f"train.py finished without writing {run_dir}/summary.json")
         print(f"{tag}: evaluating", flush=True)
         _run(commands.evaluate(run_dir), f"evaluating {run_dir}")

@@ -12,7 +12,11 @@ import pytest
 import torch
 from safetensors import SafetensorError
 
+from common import io as common_io
+from common import rundir
+from common import weights as common_weights
 from common.errors import UserError
+from common.weights import read_safetensors
 from engine import checkpoint as ck
 from engine.cli import run_cli
 from engine.runlock import RunLock
@@ -68,7 +72,7 @@ CORRUPTIONS = {
     "flipped_tensor_bytes": lambda p: _flip_tensor_byte(os.path.join(p, "model.safetensors")),
     "unreadable_optimizer": lambda p: _same_size_garbage(os.path.join(p, "optimizer.pt")),
     "garbage_state_file": lambda p: _same_size_garbage(os.path.join(p, ck.STATE_FILE)),
-    "truncated_ema": lambda p: os.truncate(os.path.join(p, "ema.safetensors"), 100),
+    "truncated_ema": lambda p: os.truncate(os.path.join(p, rundir.EMA_WEIGHTS), 100),
     "missing_rng": lambda p: os.remove(os.path.join(p, "rng_0.json")),
 }
 
@@ -78,7 +82,7 @@ def test_marker_records_sha256_of_every_file(tmp_path):
     meta = json.load(open(os.path.join(path, ck.MARKER)))
     on_disk = sorted(n for n in os.listdir(path) if n != ck.MARKER)
     assert sorted(meta["sha256"]) == sorted(meta["files"]) == on_disk
-    assert {"model.safetensors", "ema.safetensors", "optimizer.pt", "rng_0.json", "rng_1.json"} <= set(on_disk)
+    assert {"model.safetensors", rundir.EMA_WEIGHTS, "optimizer.pt", "rng_0.json", "rng_1.json"} <= set(on_disk)
     for name, digest in meta["sha256"].items():
         assert hashlib.sha256(open(os.path.join(path, name), "rb").read()).hexdigest() == digest
     assert ck.validation_error(path) is None
@@ -106,7 +110,7 @@ def test_flipped_tensor_bytes_need_the_checksum(tmp_path):
     path = save_checkpoint(str(tmp_path), 5)
     _flip_tensor_byte(os.path.join(path, "model.safetensors"))
     assert ck.validation_error(path, verify=False) is None
-    ck.load_weights(os.path.join(path, "model.safetensors"))  # still loads: nothing but the hash notices
+    read_safetensors(os.path.join(path, "model.safetensors"))  # still loads: nothing but the hash notices
     assert "sha256" in ck.validation_error(path)
 
 
@@ -213,8 +217,8 @@ def test_disk_full_during_save_is_one_line_and_keeps_the_previous_checkpoint(tmp
     """The disk fills while torch.save writes optimizer.pt (torch reports that as 'unexpected pos')."""
     run = str(tmp_path)
     previous = save_checkpoint(run, 5)
-    real_open = ck._open_for_write
-    monkeypatch.setattr(ck, "_open_for_write", lambda p: _DiskFullAfter(p, 100) if p.endswith("optimizer.pt")
+    real_open = common_io._open_for_write
+    monkeypatch.setattr(common_io, "_open_for_write", lambda p: _DiskFullAfter(p, 100) if p.endswith("optimizer.pt")
                         else real_open(p))
     with pytest.raises(ck.CheckpointWriteError) as err:
         save_checkpoint(run, 10)
@@ -236,16 +240,16 @@ def test_export_weights_failure_leaves_previous_file_and_no_tmp(tmp_path, monkey
     path = str(tmp_path / "model.safetensors")
     ck.save_weights({"w": torch.ones(3)}, path)
 
-    def broken(tensors, filename):  # how safetensors reports a failed write
+    def broken(tensors, filename, metadata=None):  # how safetensors reports a failed write
         open(filename, "wb").write(b"partial")
         raise SafetensorError("Error while serializing: I/O error: Input/output error (os error 5)")
 
-    monkeypatch.setattr(ck, "save_file", broken)
+    monkeypatch.setattr(common_weights, "save_file", broken)
     with pytest.raises(ck.CheckpointWriteError) as err:
         ck.save_weights({"w": torch.zeros(3)}, path)
     assert "Input/output error" in str(err.value) and path in str(err.value)
     assert sorted(os.listdir(tmp_path)) == ["model.safetensors"]
-    assert torch.equal(ck.load_weights(path)["w"], torch.ones(3))
+    assert torch.equal(read_safetensors(path)["w"], torch.ones(3))
 
 
 @pytest.fixture
@@ -272,7 +276,7 @@ def test_disk_full_on_a_real_small_filesystem(small_tmpfs):
     with pytest.raises(ck.CheckpointWriteError) as err:
         save_checkpoint(run, 10, width=256)
     msg = str(err.value)
-    assert any(name in msg for name in ("model.safetensors", "ema.safetensors", "optimizer.pt"))
+    assert any(name in msg for name in ("model.safetensors", rundir.EMA_WEIGHTS, "optimizer.pt"))
     _assert_clean_failure(err, run, previous, ".tmp-" + ck.checkpoint_name(10))
     # the weight export onto the full disk fails the same way, leaving no model.safetensors.tmp<pid>
     big = {"w": torch.zeros(1024, 1024)}

@@ -14,6 +14,7 @@ import pytest
 import torch
 import yaml
 
+from common import io as common_io
 from common.errors import UserError
 from configs import load_run_config
 from engine import checkpoint as ck
@@ -171,14 +172,14 @@ def test_corrupt_newest_checkpoint_falls_back_and_none_valid_names_resume_path(f
 def test_disk_full_during_a_save_is_one_line_exit_74_and_keeps_the_previous_checkpoint(tmp_path, capsys, monkeypatch):
     run = str(tmp_path / "run")
     cfg = tiny_cfg(run, "optim.epochs=2", "train.save_every=5")  # checkpoints at 5, 8, then 10 fails
-    real_open = ck._open_for_write
+    real_open = common_io._open_for_write
 
     def full_disk(path):
         if ck.checkpoint_name(10) in path and path.endswith("optimizer.pt"):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
         return real_open(path)
 
-    monkeypatch.setattr(ck, "_open_for_write", full_disk)
+    monkeypatch.setattr(common_io, "_open_for_write", full_disk)
     code, _, err = _cli(capsys, cfg, tmp_path=tmp_path)
     assert code == ck.EXIT_WRITE_FAILED == 74
     assert err.count("\n") == 1 and "optimizer.pt" in err and "No space left" in err and "free" in err

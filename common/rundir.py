@@ -1,0 +1,105 @@
+"""The names of every file of a run directory and of its checkpoints: the one place they are spelled.
+
+    RUN_DIR/
+        config.yaml              the resolved config (configs/loader.py)
+        classes.json             the training data's class names (data/classes.py)
+        run.lock                 one writer at a time (engine/runlock.py)
+        metrics.jsonl            one row per logged step, eval and accepted config change
+        epochs.csv               one row per epoch (engine/logging.py)
+        model.safetensors        exported raw weights, after every epoch
+        model_ema.safetensors    exported EMA weights (train.ema)
+        summary.json             written last by a finished training
+        tensorboard/             TensorBoard logs (Accelerate's project dir)
+        eval.json, eval_ema.json eval results scripts/compare_heads.py asks eval.py for (with the
+                                 .csv row and .examples.safetensors records beside, see below)
+        compare_request.json     the settings compare_heads trained the run with
+        compare.log              the run's output under compare_heads --jobs N > 1
+        checkpoints/step_<N>/    one checkpoint (engine/checkpoint.py):
+            model.safetensors, model_ema.safetensors, optimizer.pt, scheduler.pt, scaler.pt,
+            trainer_state.json, rng_<rank>.json, COMPLETE.json (written last)
+
+One EMA name in both places: model_ema.safetensors. Checkpoints written before it call the EMA
+weights ema.safetensors; `ema_weights` finds either, so they still resume.
+
+An eval result OUTPUT.json has its CSV row at OUTPUT.csv and its per-example records at
+OUTPUT.examples.safetensors (`eval_csv_path`, `examples_path`).
+"""
+import os
+
+# ----------------------------------------------------------------------------- a run directory
+CONFIG = "config.yaml"
+CLASSES = "classes.json"
+LOCK = "run.lock"
+METRICS = "metrics.jsonl"
+EPOCHS = "epochs.csv"
+WEIGHTS = "model.safetensors"
+EMA_WEIGHTS = "model_ema.safetensors"
+SUMMARY = "summary.json"
+TENSORBOARD = "tensorboard"
+CHECKPOINTS = "checkpoints"
+EVAL_RESULT = "eval.json"
+EVAL_EMA_RESULT = "eval_ema.json"
+COMPARE_REQUEST = "compare_request.json"  # what scripts/compare_heads.py asked train.py for
+COMPARE_LOG = "compare.log"  # a run's train + eval output under compare_heads --jobs N > 1
+
+# What marks a directory as holding a run (a fresh start there needs --overwrite), in listing order.
+RUN_ARTEFACTS = (WEIGHTS, EMA_WEIGHTS, SUMMARY, METRICS, EPOCHS, CHECKPOINTS)
+
+# ----------------------------------------------------------------------------- a checkpoint directory
+MARKER = "COMPLETE.json"
+TRAINER_STATE = "trainer_state.json"
+OPTIMIZER = "optimizer.pt"
+SCHEDULER = "scheduler.pt"
+SCALER = "scaler.pt"
+LEGACY_EMA_WEIGHTS = "ema.safetensors"  # the EMA weights of checkpoints saved before the one EMA name
+
+# ----------------------------------------------------------------------------- eval outputs
+EVAL_CSV_SUFFIX = ".csv"
+EXAMPLES_SUFFIX = ".examples.safetensors"
+
+
+def checkpoint_name(step):
+    return f"step_{step:09d}"
+
+
+def rng_file(rank):
+    """Checkpoint file of one rank's RNG states."""
+    return f"rng_{rank}.json"
+
+
+def checkpoints_dir(run_dir):
+    return os.path.join(run_dir, CHECKPOINTS)
+
+
+def ema_weights(folder):
+    """Path of the EMA weights in a run or checkpoint directory: model_ema.safetensors, or the
+    legacy ema.safetensors of an older checkpoint; None when neither exists."""
+    for name in (EMA_WEIGHTS, LEGACY_EMA_WEIGHTS):
+        path = os.path.join(folder, name)
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def eval_result_name(ema=False):
+    """The eval result a comparison keeps in each run directory (raw or EMA weights)."""
+    return EVAL_EMA_RESULT if ema else EVAL_RESULT
+
+
+def _stem(output_json):
+    return os.path.splitext(output_json)[0]
+
+
+def eval_csv_path(output_json):
+    """Where the CSV row of an eval result saved at `output_json` goes."""
+    return _stem(output_json) + EVAL_CSV_SUFFIX
+
+
+def examples_path(output_json):
+    """Where the per-example records of an eval result saved at `output_json` go."""
+    return _stem(output_json) + EXAMPLES_SUFFIX
+
+
+def eval_outputs(output_json):
+    """Every file eval.py writes for `--output output_json`."""
+    return [output_json, eval_csv_path(output_json), examples_path(output_json)]
