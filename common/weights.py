@@ -11,7 +11,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from .errors import UserError
-from .io import atomic_write, write_file
+from .io import atomic_write
 
 
 def first_line(err):
@@ -44,11 +44,6 @@ def safetensors_writer(state_dict, metadata=None):
 def save_safetensors(state_dict, path, metadata=None, **describe):
     """Atomic safetensors file; WriteError (one line) on failure, the previous `path` intact."""
     atomic_write(path, safetensors_writer(state_dict, metadata), needed=tensors_nbytes(state_dict), **describe)
-
-
-def write_safetensors_file(path, state_dict):
-    """Non-atomic variant for a file inside a temporary folder (common.io.write_file)."""
-    write_file(path, safetensors_writer(state_dict))
 
 
 def read_safetensors(path):

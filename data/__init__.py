@@ -16,6 +16,10 @@ semantics at every world size (with one process the 3 views of an image share a 
 the "union over ranks == 1-process batch" property. ImageFolder skips (skip_corrupt) are counted
 in `dataset.skipped` and logged as warnings on the "data" logger.
 """
+from timm.data import Mixup
+
+from common.errors import UserError
+
 from .names import DATASET_NAMES
 from .classes import class_names
 from .datasets import build_dataset, calib_indices, num_classes
@@ -47,11 +51,7 @@ def build_mixup(cfg, num_classes):
     (label smoothing alone is then applied by the loss). Needs an even batch size."""
     if cfg.mixup <= 0 and cfg.cutmix <= 0:
         return None
-    from timm.data import Mixup
-
     if cfg.batch_size % 2:
-        from common.errors import UserError
-
         raise UserError(f"Mixup/CutMix needs an even data.batch_size, got {cfg.batch_size}")
     return Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, prob=cfg.mixup_prob,
                  switch_prob=cfg.mixup_switch_prob, mode="batch", label_smoothing=cfg.label_smoothing,

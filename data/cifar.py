@@ -16,6 +16,7 @@ import tarfile
 
 import numpy as np
 import torch
+import torchvision
 
 from common.errors import UserError
 
@@ -93,8 +94,6 @@ def _ensure_folder(name, root, download):
         except Exception as e:
             raise UserError(f"cannot extract {archive} ({_one_line(e)}); {hint}") from None
     elif download:
-        import torchvision
-
         os.makedirs(root, exist_ok=True)
         try:  # torchvision prints its progress to stdout; keep that off our single error line
             with contextlib.redirect_stdout(io.StringIO()):

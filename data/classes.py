@@ -16,7 +16,7 @@ from common import rundir
 from common.errors import UserError
 from common.io import atomic_write_text
 
-from . import builtin, cifar, imagefolder
+from . import builtin, cifar, imagefolder, shards
 from .names import DATASET_NAMES
 
 CLASSES_FILE = rundir.CLASSES
@@ -33,8 +33,6 @@ def class_names(data_cfg):
     if data_cfg.dataset == "imagefolder":
         return imagefolder.find_classes(data_cfg.root)
     if data_cfg.dataset == "shards":
-        from . import shards
-
         return list(shards.read_index(data_cfg.root)["classes"])
     raise UserError(f"unknown data.dataset '{data_cfg.dataset}'; valid: {', '.join(DATASET_NAMES)}")
 

@@ -6,10 +6,14 @@ flip with probability `hflip`, then (x/255 - mean)/std, then optional timm Rando
 The DeiT recipe (RandomResizedCrop, RandAugment, colour jitter) exists only in the per-sample
 path; `uses_memory_path` sends those configs there automatically.
 """
+import random
+
 import numpy as np
 import torch
 import torch.nn.functional as F
+from PIL import Image
 from timm.data import create_transform
+from timm.data.auto_augment import posterize
 from timm.data.random_erasing import RandomErasing
 from torchvision import transforms as T
 
@@ -36,9 +40,6 @@ def uses_memory_path(cfg, dataset):
 def _posterize_zero_safe(img, bits_to_keep, **kw):
     """timm's posterize, but bits_to_keep=0 gives the black image older Pillow produced (Pillow
     >= 11 raises ValueError for 0 bits, which timm's 'inc1' RandAugment can ask for at level 10)."""
-    from PIL import Image
-    from timm.data.auto_augment import posterize
-
     if bits_to_keep <= 0:
         return Image.new(img.mode, img.size)
     return posterize(img, bits_to_keep, **kw)
@@ -143,8 +144,6 @@ class BatchAugment:
         return out.contiguous()
 
     def _erase(self, out, seeds):
-        import random
-
         devices = [out.device] if out.device.type == "cuda" else []
         state = random.getstate()
         try:

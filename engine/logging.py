@@ -9,6 +9,8 @@ import json
 import os
 import sys
 
+from tqdm import tqdm
+
 from common import rundir
 from common.io import atomic_write_text, json_text, writing
 
@@ -108,12 +110,7 @@ def console(msg, enabled=True):
     """Print a line on the main process without breaking the tqdm bar."""
     if not enabled:
         return
-    try:
-        from tqdm import tqdm
-
-        tqdm.write(msg, file=sys.stdout)
-    except ImportError:
-        print(msg, flush=True)
+    tqdm.write(msg, file=sys.stdout)
     sys.stdout.flush()
 
 

@@ -154,6 +154,7 @@ def gloo_reduce_max(group=None):
     """A `reduce_max` for `PreemptionGuard.should_stop` that all-reduces a CPU int64 over
     `group` (create one with `torch.distributed.new_group(backend="gloo")` on every rank, once):
     the host never waits for the GPU stream. Requires torch.distributed to be initialised."""
+    # torch only here: launchers (scripts/compare_heads.py) use the guard without paying torch's import
     import torch
     import torch.distributed as dist
 
@@ -164,16 +165,3 @@ def gloo_reduce_max(group=None):
 
     return reduce_max
 
-
-def device_reduce_max(accelerator):
-    """A `reduce_max` over the accelerator's own backend (NCCL on GPUs): one tiny all-reduce plus a
-    host read, i.e. a GPU synchronisation; call `should_stop` with it only at log steps."""
-    import torch
-    import torch.distributed as dist
-
-    def reduce_max(flag):
-        t = torch.tensor([int(flag)], dtype=torch.int64, device=accelerator.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return int(t.item())
-
-    return reduce_max

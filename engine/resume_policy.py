@@ -32,6 +32,8 @@ import yaml
 from common.errors import UserError
 from common.io import atomic_write_text
 
+from .optim import build_scheduler
+
 # Keys that may differ between the checkpoint and the resuming config without any flag.
 RESUME_ALLOWLIST = frozenset({
     "name",                 # the config's name (train.output_dir is already resolved)
@@ -168,8 +170,6 @@ def rebuild_schedule(optimizer, fresh_hparams, optim_cfg, updates_per_epoch, ste
     continues on the schedule it would have followed had it used the new settings from the start.
     Do NOT load the checkpoint's scheduler state afterwards. The optimizer's moment estimates are
     kept."""
-    from engine.optim import build_scheduler
-
     groups = optimizer.param_groups
     if len(groups) != len(fresh_hparams):
         raise UserError(

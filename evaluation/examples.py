@@ -18,7 +18,6 @@ from common.weights import read_safetensors, read_safetensors_metadata, save_saf
 
 from .metrics import RECORD_FIELDS
 
-SUFFIX = rundir.EXAMPLES_SUFFIX
 examples_path = rundir.examples_path  # where the records of an eval result saved at OUTPUT.json go
 
 

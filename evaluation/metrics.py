@@ -19,27 +19,6 @@ import torch
 ECE_BINS = 15
 
 
-def topk_accuracy(logits, labels, ks=(1, 5)):
-    """Fraction of samples whose label is among the k highest logits, for each k in `ks`.
-
-    Logits rather than probabilities: every head's mapping is order-preserving, and logits break
-    the ties that sparse heads create among zero-probability classes. k is capped at the number of
-    classes (top-5 on 3 classes is top-3).
-    """
-    n, num_classes = logits.shape
-    if n == 0:
-        return {k: float("nan") for k in ks}
-    kmax = min(max(ks), num_classes)
-    top = logits.topk(kmax, dim=1).indices
-    hits = top == labels.view(-1, 1)
-    return {k: hits[:, : min(k, num_classes)].any(dim=1).double().mean().item() for k in ks}
-
-
-def nll_where_finite(probs, labels):
-    """nll_of_true_class of probabilities (N, K) and labels (N,)."""
-    return nll_of_true_class(probs.gather(1, labels.view(-1, 1)).squeeze(1))
-
-
 def nll_of_true_class(p_true):
     """Mean −log p_y over samples with p_y > 0, the count of those, and the zero-probability fraction.
 
@@ -53,13 +32,6 @@ def nll_of_true_class(p_true):
     nll = (-p_true[finite].log()).mean().item() if n_finite else float("nan")
     zero_frac = (n - n_finite) / n if n else float("nan")
     return {"nll": nll, "nll_n": n_finite, "zero_prob_frac": zero_frac}
-
-
-def calibration(probs, labels, n_bins=ECE_BINS):
-    """Expected calibration error (Guo et al. 2017) and the reliability-diagram data of
-    probabilities (N, K): confidence = the max probability, correct = (argmax == label)."""
-    conf, pred = probs.double().max(dim=1)
-    return calibration_from_confidence(conf, pred == labels, n_bins)
 
 
 def calibration_from_confidence(conf, correct, n_bins=ECE_BINS):
@@ -98,13 +70,6 @@ def calibration_from_bins(count, conf_sum, acc_sum):
     return {"ece": ece, "reliability": rel}
 
 
-def support_stats(probs, labels):
-    """support_stats_of_sizes of probabilities (N, K) and labels (N,)."""
-    support = probs > 0
-    return support_stats_of_sizes(support.sum(dim=1), support.gather(1, labels.view(-1, 1)).squeeze(1),
-                                  probs.shape[1])
-
-
 def support_stats_of_sizes(size, covered, num_classes):
     """Support (non-zero set) size per sample: mean, median, histogram; and true-class coverage.
 
@@ -125,11 +90,6 @@ def support_stats_of_sizes(size, covered, num_classes):
         "support_hist": hist.tolist(),
         "support_coverage": covered.double().mean().item(),
     }
-
-
-def per_class_accuracy(logits, labels, num_classes):
-    """class_accuracy of the logits' top-1 predictions."""
-    return class_accuracy(logits.argmax(dim=1), labels, num_classes)
 
 
 def class_accuracy(pred, labels, num_classes):
@@ -206,7 +166,3 @@ def metrics_from_records(records, num_classes, n_bins=ECE_BINS):
     out.update(class_accuracy(pred, label, num_classes))
     return out
 
-
-def classification_metrics(logits, labels, head, n_bins=ECE_BINS):
-    """metrics_from_records of gathered logits (N, K) and labels (N,) under the model's OutputHead."""
-    return metrics_from_records(example_records(logits, labels, head), logits.shape[1], n_bins=n_bins)

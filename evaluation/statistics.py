@@ -12,7 +12,7 @@ interval). Each replicate resamples rows with replacement and evaluates BOTH hea
 resampled rows (that is what makes it paired: the example-to-example variation common to both heads
 cancels in the difference). Top-1 and FY loss are means of per-example values; ECE is not, so each
 replicate recomputes ECE (15 equal-width bins over the max-probability confidence, exactly as
-`evaluation.metrics.calibration` bins it) from the resampled (confidence, correct) pairs of each head.
+`evaluation.metrics.calibration_from_confidence` bins it) from the resampled (confidence, correct) pairs of each head.
 The interval is the (α/2, 1 − α/2) percentile interval of the replicate differences A − B, and a
 difference is called significant when that interval excludes 0.
 
@@ -58,23 +58,10 @@ _MAX_GATHERED = 4_000_000  # rows x replicates per chunk: bounds memory for larg
 
 # ---- ECE ---------------------------------------------------------------------------------------------
 def ece_bin_index(confidence, n_bins=ECE_BINS):
-    """Bin of each confidence, as evaluation.metrics.calibration: (b/B, (b+1)/B] -> b, 0 -> bin 0."""
+    """Bin of each confidence, as in evaluation.metrics.calibration_from_confidence: (b/B, (b+1)/B] -> b,
+    0 -> bin 0."""
     confidence = np.asarray(confidence, dtype=np.float64)
     return np.clip(np.ceil(confidence * n_bins) - 1, 0, n_bins - 1).astype(np.int64)
-
-
-def ece_from_confidence(confidence, correct, n_bins=ECE_BINS):
-    """Expected calibration error (Guo et al., ICML 2017) of (confidence, correct) pairs.
-
-    ECE = Σ_b (n_b / n) |acc_b − conf_b| = (1/n) Σ_b |Σ_{i in b} (correct_i − confidence_i)|,
-    with the bins of evaluation.metrics.calibration (equal to its "ece" up to float64 rounding).
-    """
-    confidence = np.asarray(confidence, dtype=np.float64)
-    gap = np.asarray(correct, dtype=np.float64) - confidence
-    if gap.size == 0:
-        return float("nan")
-    sums = np.bincount(ece_bin_index(confidence, n_bins), weights=gap, minlength=n_bins)
-    return float(np.abs(sums).sum() / gap.size)
 
 
 # ---- resampling ----------------------------------------------------------------------------------------

@@ -29,11 +29,15 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+import timm  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
+import models  # noqa: E402,F401  (registers resmlp_* with timm)
 from common import rundir  # noqa: E402
 from common.io import write_json  # noqa: E402
+from models.convert import convert_state_dict  # noqa: E402
 
 # Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s, from the vendors' data sheets.
 PEAK_BF16_TFLOPS = {
@@ -59,11 +63,6 @@ def sync(device):
 
 def model_pair(device):
     """(ours, timm's) ResMLP-S12/224 with identical weights (timm's converted into ours)."""
-    import timm
-
-    import models  # noqa: F401  (registers resmlp_* with timm)
-    from models.convert import convert_state_dict
-
     ref = timm.create_model("resmlp_12_224", num_classes=1000)
     ours = timm.create_model("resmlp_s12", num_classes=1000)
     ours.load_state_dict(convert_state_dict(ref.state_dict(), ours))
@@ -84,8 +83,6 @@ def train_step_fn(model, x, y, device):
 
 
 def step_flops(model, x, y, device):
-    from torch.utils.flop_counter import FlopCounterMode
-
     counter = FlopCounterMode(display=False)
     with counter, torch.autocast(device.type, dtype=torch.bfloat16):
         F.cross_entropy(model(x).float(), y).backward()

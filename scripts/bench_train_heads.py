@@ -20,15 +20,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
+import configs  # noqa: E402
 from engine.cli import run_cli  # noqa: E402
+from engine.optim import build_optimizer  # noqa: E402
+from models import create_classifier  # noqa: E402
 from models.heads import HEAD_NAMES  # noqa: E402
 
 
 
 def build(cfg, head, num_classes, device):
-    from engine.optim import build_optimizer
-    from models import create_classifier
-
     cfg.head.name = head
     torch.manual_seed(0)
     model = create_classifier(cfg.model, cfg.head, num_classes).to(device).train()
@@ -55,8 +55,6 @@ def sync(device):
 
 
 def main(argv=None):
-    import configs
-
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default=os.path.join(configs.CONFIG_DIR, "quickstart.yaml"))
     p.add_argument("--classes", type=int, default=1000)

@@ -13,8 +13,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from engine.cli import run_cli  # noqa: E402
 from common.errors import UserError  # noqa: E402
+from data.shards import INDEX_NAME, write_shards  # noqa: E402
+from engine.cli import run_cli  # noqa: E402
 
 
 def main(argv=None):
@@ -24,12 +25,10 @@ def main(argv=None):
     p.add_argument("--max-count", type=int, default=5000, help="images per shard at most (default 5000)")
     p.add_argument("--max-gb", type=float, default=1.0, help="shard size in GB at most (default 1.0)")
     args = p.parse_args(argv)
-    from data.shards import write_shards
-
     if args.max_count < 1 or args.max_gb <= 0:
         raise UserError("--max-count must be >= 1 and --max-gb > 0")
     write_shards(args.src, args.dst, max_count=args.max_count, max_bytes=int(args.max_gb * (1 << 30)))
-    print(f"wrote {os.path.join(args.dst, 'classes.json')}")
+    print(f"wrote {os.path.join(args.dst, INDEX_NAME)}")
     return 0
 
 

@@ -1,4 +1,5 @@
-"""evaluation.metrics on hand-built probabilities with known answers."""
+"""evaluation.metrics on hand-built probabilities with known answers (through the functions
+evaluation uses: example records, then metrics of them)."""
 import math
 
 import pytest
@@ -7,20 +8,40 @@ import torch
 from evaluation import metrics
 
 
-def test_topk_accuracy_caps_k_and_uses_logits_for_ties():
+def _calibration(probs, labels):
+    conf, pred = probs.double().max(dim=1)
+    return metrics.calibration_from_confidence(conf, pred == labels)
+
+
+def _support_stats(probs, labels):
+    support = probs > 0
+    return metrics.support_stats_of_sizes(support.sum(dim=1), support.gather(1, labels.view(-1, 1)).squeeze(1),
+                                          probs.shape[1])
+
+
+def _nll(probs, labels):
+    return metrics.nll_of_true_class(probs.gather(1, labels.view(-1, 1)).squeeze(1))
+
+
+def _all_metrics(logits, labels, head):
+    return metrics.metrics_from_records(metrics.example_records(logits, labels, head), logits.shape[1])
+
+
+def test_top1_and_top5_cap_k_and_use_logits_for_ties():
     logits = torch.tensor([[3.0, 2.0, 1.0], [1.0, 2.0, 3.0], [0.0, 5.0, 1.0], [2.0, 1.0, 0.5]])
     labels = torch.tensor([0, 1, 2, 2])
-    acc = metrics.topk_accuracy(logits, labels, ks=(1, 2, 5))
-    assert acc[1] == pytest.approx(1 / 4)
-    assert acc[2] == pytest.approx(3 / 4)
-    assert acc[5] == pytest.approx(1.0)  # k capped at 3 classes
+    out = _all_metrics(logits, labels, _SoftmaxStub())
+    assert out["top1"] == pytest.approx(1 / 4)
+    assert out["top5"] == pytest.approx(1.0)  # k capped at 3 classes
+    records = metrics.example_records(logits, labels, _SoftmaxStub())
+    assert records["pred"].tolist() == [0, 2, 1, 0]
 
 
 def test_ece_and_reliability_known_values():
     # conf 0.9 (right), 0.9 (wrong), 0.62 (right), 0.7 (right): bins 13, 13, 9, 10 of 15.
     probs = torch.tensor([[0.9, 0.1], [0.9, 0.1], [0.62, 0.38], [0.3, 0.7]])
     labels = torch.tensor([0, 1, 0, 1])
-    cal = metrics.calibration(probs, labels)
+    cal = _calibration(probs, labels)
     expected = 2 / 4 * abs(0.5 - 0.9) + 1 / 4 * abs(1 - 0.62) + 1 / 4 * abs(1 - 0.7)
     assert cal["ece"] == pytest.approx(expected, abs=1e-6)
     rel = cal["reliability"]
@@ -36,18 +57,18 @@ def test_perfect_calibration_has_zero_ece():
     # 10 samples at confidence 0.7 with exactly 7 right.
     probs = torch.tensor([[0.7, 0.3]] * 10)
     labels = torch.tensor([0] * 7 + [1] * 3)
-    assert metrics.calibration(probs, labels)["ece"] == pytest.approx(0.0, abs=1e-6)
+    assert _calibration(probs, labels)["ece"] == pytest.approx(0.0, abs=1e-6)
 
 
 def test_support_stats_and_nll_with_zero_probabilities():
     probs = torch.tensor([[0.5, 0.5, 0.0], [1.0, 0.0, 0.0], [0.2, 0.3, 0.5], [0.0, 0.6, 0.4]])
     labels = torch.tensor([2, 0, 1, 1])
-    s = metrics.support_stats(probs, labels)
+    s = _support_stats(probs, labels)
     assert s["support_mean"] == pytest.approx(2.0)
     assert s["support_median"] == pytest.approx(2.0)
     assert s["support_hist"] == [1, 2, 1]  # sizes 1, 2, 3
     assert s["support_coverage"] == pytest.approx(3 / 4)
-    nll = metrics.nll_where_finite(probs, labels)
+    nll = _nll(probs, labels)
     assert nll["zero_prob_frac"] == pytest.approx(1 / 4)
     assert nll["nll_n"] == 3
     assert nll["nll"] == pytest.approx((0 - math.log(0.3) - math.log(0.6)) / 3, rel=1e-5)
@@ -55,14 +76,14 @@ def test_support_stats_and_nll_with_zero_probabilities():
 
 def test_support_median_is_the_usual_median():
     probs = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0], [0.25] * 4, [0.25] * 4])
-    s = metrics.support_stats(probs, torch.zeros(4, dtype=torch.long))
+    s = _support_stats(probs, torch.zeros(4, dtype=torch.long))
     assert s["support_median"] == pytest.approx(3.0)  # (2 + 4) / 2
 
 
 def test_per_class_accuracy_and_missing_class():
     logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 2.0, 0.0], [2.0, 0.0, 0.0], [0.0, 2.0, 0.0]])
     labels = torch.tensor([0, 0, 0, 1])
-    out = metrics.per_class_accuracy(logits, labels, 3)
+    out = metrics.class_accuracy(logits.argmax(dim=1), labels, 3)
     assert out["per_class_accuracy"][0] == pytest.approx(2 / 3)
     assert out["per_class_accuracy"][1] == pytest.approx(1.0)
     assert out["per_class_accuracy"][2] is None
@@ -81,11 +102,11 @@ class _SoftmaxStub(torch.nn.Module):
         return torch.nn.functional.cross_entropy(logits, target, reduction=reduction)
 
 
-def test_classification_metrics_softmax_matches_cross_entropy():
+def test_metrics_from_records_softmax_matches_cross_entropy():
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(300, 7, generator=g) * 3
     labels = torch.randint(0, 7, (300,), generator=g)
-    out = metrics.classification_metrics(logits, labels, _SoftmaxStub())
+    out = _all_metrics(logits, labels, _SoftmaxStub())
     ce = torch.nn.functional.cross_entropy(logits.double(), labels).item()
     assert out["n"] == 300 and out["num_classes"] == 7
     assert out["loss"] == pytest.approx(ce, rel=1e-5)
@@ -95,12 +116,12 @@ def test_classification_metrics_softmax_matches_cross_entropy():
     assert out["top1"] == pytest.approx((logits.argmax(1) == labels).double().mean().item())
 
 
-def test_classification_metrics_with_real_sparse_head():
+def test_metrics_from_records_with_real_sparse_head():
     heads = pytest.importorskip("models.heads")
     head = heads.build_output_head("sparsemax")
     logits = torch.tensor([[3.0, 0.0, -1.0], [1.0, 0.9, 0.8], [0.0, 2.0, 0.0]])
     labels = torch.tensor([1, 2, 1])
-    out = metrics.classification_metrics(logits, labels, head)
+    out = _all_metrics(logits, labels, head)
     # sparsemax: row 0 -> [1,0,0]; row 1 -> all three; row 2 -> [0,1,0]
     assert out["support_hist"] == [2, 0, 1]
     assert out["support_coverage"] == pytest.approx(2 / 3)

@@ -6,8 +6,21 @@ import numpy as np
 import pytest
 import torch
 
-from evaluation.metrics import calibration
 from evaluation import statistics as st
+from evaluation.metrics import calibration_from_confidence
+
+
+def _ece(confidence, correct):
+    """The ECE evaluation reports (evaluation.metrics, torch float64): the reference here."""
+    return calibration_from_confidence(torch.as_tensor(np.asarray(confidence, dtype=np.float64)),
+                                       torch.as_tensor(np.asarray(correct)))["ece"]
+
+
+def _bootstrap_ece(confidence, correct):
+    """statistics' own ECE (the one every bootstrap replicate uses), on the rows as given."""
+    rows = np.arange(len(confidence))[None]
+    return float(st.metric_on_rows({"confidence": confidence, "correct": correct}, "ece", rows,
+                                   np.zeros(len(confidence), dtype=np.int64))[0])
 
 
 def _two_heads(rng, n_seeds=3, n=400):
@@ -34,8 +47,8 @@ def test_ece_matches_engine_calibration_including_bin_edges():
     probs[8, 2:] = 0
     labels = torch.randint(0, 9, (600,), generator=gen)
     confidence, pred = probs.max(dim=1)
-    expected = calibration(probs, labels)["ece"]
-    assert st.ece_from_confidence(confidence.numpy(), (pred == labels).numpy()) == pytest.approx(expected, abs=1e-12)
+    expected = _ece(confidence, pred == labels)
+    assert _bootstrap_ece(confidence.numpy(), (pred == labels).numpy()) == pytest.approx(expected, abs=1e-12)
     assert expected > 0.01  # a real, non-trivial ECE
 
 
@@ -51,12 +64,11 @@ def test_replicate_metrics_match_brute_force_per_seed_and_pooled():
         loss = st.metric_on_rows(a, "loss", rows, column_group)
         for r in range(5):
             picked = rows[r]
-            per_seed_ref = np.mean([st.ece_from_confidence(a["confidence"][picked[column_group == g]],
-                                                           a["correct"][picked[column_group == g]])
+            per_seed_ref = np.mean([_ece(a["confidence"][picked[column_group == g]],
+                                         a["correct"][picked[column_group == g]])
                                     for g in range(3)])
             assert per_seed[r] == pytest.approx(per_seed_ref, abs=1e-12)
-            assert pooled[r] == pytest.approx(st.ece_from_confidence(a["confidence"][picked],
-                                                                     a["correct"][picked]), abs=1e-12)
+            assert pooled[r] == pytest.approx(_ece(a["confidence"][picked], a["correct"][picked]), abs=1e-12)
             assert top1[r] == pytest.approx(a["correct"][picked].mean(), abs=1e-12)
             assert loss[r] == pytest.approx(a["loss"][picked].mean(), abs=1e-12)
 
@@ -85,7 +97,7 @@ def test_paired_bootstrap_point_values_and_determinism():
     assert set(out) == {"top1", "loss", "ece"}
     assert out["top1"]["a"] == pytest.approx(a["correct"].mean())
     assert out["loss"]["difference"] == pytest.approx(a["loss"].mean() - b["loss"].mean())
-    seed_ece = [st.ece_from_confidence(a["confidence"][groups == g], a["correct"][groups == g]) for g in (11, 5, 7)]
+    seed_ece = [_ece(a["confidence"][groups == g], a["correct"][groups == g]) for g in (11, 5, 7)]
     assert out["ece"]["a"] == pytest.approx(np.mean(seed_ece), abs=1e-12)
     for r in out.values():
         assert r["ci_low"] <= r["ci_high"] and r["n_groups"] == 3 and r["resampling"] == "shared_examples"
