@@ -564,8 +564,9 @@ def save_checkpoint(run, epoch, batch):
         if run.main_proc:
             trainer_state = asdict(state)
             del trainer_state["last_ckpt"]
+            # the whole config once (its name is config["name"]); global_batch stays for older readers
             trainer_state.update(epoch=epoch, batch=batch, config=run.fingerprint, global_batch=run.global_batch,
-                                 world_size=run.world, config_name=run.cfg.name, epoch_loss=epoch_loss)
+                                 world_size=run.world, epoch_loss=epoch_loss)
             # False when an update was skipped for a non-finite loss since the previous checkpoint:
             # pruning then keeps an older checkpoint saved with finite losses
             trainer_state[ck.LOSS_FINITE_KEY] = state.skipped == run.skipped_at_save

@@ -139,6 +139,14 @@ def remove_quietly(path):
         pass
 
 
+def ensure_folder(path):
+    """os.makedirs(path, exist_ok=True), where a file in the way is ENOTDIR (makedirs says EEXIST)."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except FileExistsError:
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path) from None
+
+
 def through_file(write_to):
     """A `write(path)` that opens `path` (through the seam) and calls write_to(file object)."""
     def write(path):
@@ -170,7 +178,7 @@ def atomic_write(path, write, *, needed=None, kept=None, hint=None):
     folder. Any OSError -> WriteError naming `path`; no temporary file is left, the old `path` is intact."""
     tmp = temp_path(path)
     try:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        ensure_folder(os.path.dirname(os.path.abspath(path)))
         write_file(tmp, write)
         os.replace(tmp, path)
     except OSError as err:

@@ -35,7 +35,7 @@ import uuid
 
 from common import rundir
 from common.errors import UserError
-from common.io import through_file, write_error, write_file
+from common.io import ensure_folder, through_file, write_error, write_file
 
 LOCK_NAME = rundir.LOCK
 _UNREADABLE_GRACE_S = 10.0  # an unparsable lock younger than this may be mid-creation (O_EXCL fallback)
@@ -220,7 +220,7 @@ class RunLock:
                                                    "path, or fix its permissions or filesystem") from None
 
     def _acquire(self):
-        os.makedirs(self.run_dir, exist_ok=True)
+        ensure_folder(self.run_dir)
         record = self._new_record()
         for _ in range(50):
             if self._try_create(record):

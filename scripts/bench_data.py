@@ -29,12 +29,14 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
+import timm  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from PIL import Image  # noqa: E402
 
 import data  # noqa: E402
 from configs.schema import DataConfig  # noqa: E402
+from data.dali_pipeline import dali_available  # noqa: E402  (DALI itself stays optional: imported inside)
 
 
 def write_cifar_fixture(root, n):
@@ -97,8 +99,6 @@ def per_core_throughput(ds, cfg, max_batches, max_s, device="cpu"):
 
 def dali_rows(tmp, quick, workers):
     """PIL vs DALI-CPU per core (and DALI-GPU) for decode + DeiT augmentation at 224 px."""
-    from data.dali_pipeline import dali_available
-
     if not dali_available():
         print("(DALI rows skipped: NVIDIA DALI not installed; pip install -r requirements-dali.txt)")
         return
@@ -170,8 +170,6 @@ def gpu_train_throughput(batch, steps):
 def dali_gpu_check(quick, threads):
     """The gpu_check.sh step: DALI-GPU loader img/s at 224 px with RandAugment, <= 8 CPU threads,
     and loader img/s / ResMLP-S12 train img/s (targets: >= 10,000 img/s and >= 1.5)."""
-    from data.dali_pipeline import dali_available
-
     if not torch.cuda.is_available():
         print("dali-gpu: SKIPPED (no CUDA GPU)")
         return 0
@@ -215,8 +213,6 @@ def loader_throughput(ds, cfg, max_batches, max_s):
 
 
 def make_model(name, num_classes, fallback):
-    import timm
-
     try:
         from models import resmlp  # noqa: F401  (registers the project's resmlp_* names)
 

@@ -14,6 +14,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from common.errors import UserError  # noqa: E402
+from common.io import writing  # noqa: E402
 from data.shards import INDEX_NAME, write_shards  # noqa: E402
 from engine.cli import run_cli  # noqa: E402
 
@@ -27,7 +28,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.max_count < 1 or args.max_gb <= 0:
         raise UserError("--max-count must be >= 1 and --max-gb > 0")
-    write_shards(args.src, args.dst, max_count=args.max_count, max_bytes=int(args.max_gb * (1 << 30)))
+    with writing(args.dst):  # a full disk or read-only folder: one line, exit 74
+        write_shards(args.src, args.dst, max_count=args.max_count, max_bytes=int(args.max_gb * (1 << 30)))
     print(f"wrote {os.path.join(args.dst, INDEX_NAME)}")
     return 0
 

@@ -227,7 +227,7 @@ def test_a_refused_overwrite_leaves_the_run_directory_exactly_as_it_was(tmp_path
     assert run_inprocess(cfg) == 0
     saved = str(tmp_path / "saved_ckpts")
     shutil.move(os.path.join(run, rundir.CHECKPOINTS), saved)
-    ro = tmpfs(os.path.join(run, rundir.CHECKPOINTS))  # checkpoints on a filesystem of their own, read-only
+    ro = tmpfs(os.path.join(run, rundir.CHECKPOINTS), "64m")  # checkpoints on a filesystem of their own, read-only
     shutil.copytree(saved, ro, dirs_exist_ok=True)
     _remount_read_only(ro)
     before = _snapshot(run)
@@ -307,11 +307,10 @@ def test_eval_output_unwritable_is_one_line_exit_74(trained, tmp_path, tmpfs, ca
 
     full = tmpfs(tmp_path / "full", "256k")
     filler = os.path.join(full, "filler")
-    with open(filler, "wb") as f:  # fill it up
+    with open(filler, "wb", buffering=0) as f:  # fill it up
         try:
             while True:
                 f.write(b"\0" * 4096)
-                f.flush()
         except OSError as e:
             assert e.errno == errno.ENOSPC
     os.truncate(filler, os.path.getsize(filler) - 4096)  # one page left: the lock fits, eval.json does not
