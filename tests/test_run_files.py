@@ -30,6 +30,7 @@ from evaluation.metrics import RECORD_FIELDS
 from test_train_helpers import ROOT, reset_accelerate_state, run_inprocess, tiny_cfg, write_cfg
 
 RUN_FILES = (rundir.WEIGHTS, rundir.SUMMARY, rundir.METRICS, rundir.EPOCHS)
+TRAINED = ("optim.epochs=1", "train.save_every=100")  # 8 updates, one checkpoint (step 8)
 
 
 def _snapshot(root):
@@ -48,6 +49,20 @@ def _snapshot(root):
     return found
 
 
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    run = str(tmp_path_factory.mktemp("trained") / "run")
+    assert run_inprocess(tiny_cfg(run, *TRAINED)) == 0
+    return run
+
+
+def _copy(trained, tmp_path):
+    """A copy of the finished one-epoch run (EMA on, one checkpoint: step 8) and its config."""
+    run = str(tmp_path / "run")
+    shutil.copytree(trained, run, symlinks=True)
+    return run, tiny_cfg(run, *TRAINED)
+
+
 def _fake_run(run):
     """A run directory's artefacts (contents do not matter to deleting them)."""
     os.makedirs(run, exist_ok=True)
@@ -62,8 +77,13 @@ def _train_cli(capsys, cfg, *args, tmp_path):
 
     reset_accelerate_state()
     capsys.readouterr()
-    with pytest.raises(SystemExit) as exc:
-        run_cli(train.main, ["--config", write_cfg(cfg, tmp_path / f"cli-{uuid.uuid4().hex[:6]}.yaml"), *args])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the machine is shared: one thread is faster than two contended ones
+    try:
+        with pytest.raises(SystemExit) as exc:
+            run_cli(train.main, ["--config", write_cfg(cfg, tmp_path / f"cli-{uuid.uuid4().hex[:6]}.yaml"), *args])
+    finally:
+        torch.set_num_threads(threads)
     out = capsys.readouterr()
     return exc.value.code, out.out, out.err
 
@@ -115,10 +135,8 @@ def test_one_ema_name_and_the_old_one_still_read(tmp_path):
     assert rundir.eval_outputs("out/e.json") == ["out/e.json", "out/e.csv", "out/e.examples.safetensors"]
 
 
-def test_a_checkpoint_with_the_old_ema_name_resumes_with_its_ema(tmp_path):
-    run = str(tmp_path / "run")
-    cfg = tiny_cfg(run, "optim.epochs=1", "train.save_every=4", "train.ema=true")
-    assert run_inprocess(cfg) == 0
+def test_a_checkpoint_with_the_old_ema_name_resumes_with_its_ema(trained, tmp_path):
+    run, cfg = _copy(trained, tmp_path)
     ckpt = os.path.join(run, rundir.CHECKPOINTS, rundir.checkpoint_name(8))
     # rewrite the newest checkpoint as an older version saved it: EMA as ema.safetensors
     os.rename(os.path.join(ckpt, rundir.EMA_WEIGHTS), os.path.join(ckpt, rundir.LEGACY_EMA_WEIGHTS))
@@ -164,10 +182,8 @@ def test_overwrite_removes_symlinks_themselves_and_keeps_their_targets(tmp_path)
     assert len(said) == 1 and said[0].startswith("--overwrite: deleting")
 
 
-def test_overwrite_with_a_symlinked_checkpoints_folder_starts_a_new_run(tmp_path, capsys):
-    run = str(tmp_path / "run")
-    cfg = tiny_cfg(run, "optim.epochs=1", "train.save_every=100")
-    assert run_inprocess(cfg) == 0
+def test_overwrite_with_a_symlinked_checkpoints_folder_starts_a_new_run(trained, tmp_path, capsys):
+    run, cfg = _copy(trained, tmp_path)
     outside = str(tmp_path / "elsewhere")
     shutil.move(os.path.join(run, rundir.CHECKPOINTS), outside)  # the user keeps checkpoints on another disk
     os.symlink(outside, os.path.join(run, rundir.CHECKPOINTS))
@@ -221,10 +237,8 @@ def test_remove_unlinks_links_and_never_follows_them_inside_folders(tmp_path):
     assert not os.path.lexists(link) and (target / "keep.txt").exists()
 
 
-def test_a_refused_overwrite_leaves_the_run_directory_exactly_as_it_was(tmp_path, tmpfs, capsys):
-    run = str(tmp_path / "run")
-    cfg = tiny_cfg(run, "optim.epochs=1", "train.save_every=100")
-    assert run_inprocess(cfg) == 0
+def test_a_refused_overwrite_leaves_the_run_directory_exactly_as_it_was(trained, tmp_path, tmpfs, capsys):
+    run, cfg = _copy(trained, tmp_path)
     saved = str(tmp_path / "saved_ckpts")
     shutil.move(os.path.join(run, rundir.CHECKPOINTS), saved)
     ro = tmpfs(os.path.join(run, rundir.CHECKPOINTS), "64m")  # checkpoints on a filesystem of their own, read-only
@@ -275,13 +289,6 @@ def test_read_only_output_dir_is_one_line_exit_74(tmp_path, tmpfs, capsys):
     _assert_one_line_74(code, err, os.path.join(ro, "run"), "Read-only file system")
     code, _, err = _train_cli(capsys, tiny_cfg(os.path.join(ro, "new_run"), "optim.epochs=1"), tmp_path=tmp_path)
     _assert_one_line_74(code, err, os.path.join(ro, "new_run"), "Read-only file system")
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    run = str(tmp_path_factory.mktemp("trained") / "run")
-    assert run_inprocess(tiny_cfg(run, "optim.epochs=1", "train.save_every=100")) == 0
-    return run
 
 
 def _eval_cli(capsys, run, output):
