@@ -88,6 +88,7 @@ from data.samplers import num_train_batches  # noqa: E402
 from engine import checkpoint as ck  # noqa: E402
 from engine import resume_policy as rp  # noqa: E402
 from engine.cli import run_cli  # noqa: E402
+from engine.launch import launch_lines  # noqa: E402
 from engine.logging import EpochCSV, MetricsLog, console, format_eval, tensorboard_available  # noqa: E402
 from engine.optim import build_optimizer, build_scheduler  # noqa: E402
 from engine.preemption import PreemptionGuard, gloo_reduce_max  # noqa: E402
@@ -523,6 +524,8 @@ def write_summary(run):
         "epochs": run.cfg.optim.epochs, "steps": state.step, "skipped_steps": state.skipped,
         "best": {"top1": state.best_top1, "step": state.best_step},
         "global_batch": run.global_batch, "num_processes": run.world,
+        "precision": run.accelerator.mixed_precision,
+        "data_backend": data_lib.explain_backend(run.cfg.data, run.accelerator.device)[0],
     }
     write_json(summary, os.path.join(run_dir, rundir.SUMMARY))
     raw_top1 = 100 * state.last_eval.get("raw", {}).get("top1", math.nan)
@@ -674,6 +677,11 @@ def build_run(cfg, resume, overwrite, accept_changes, accelerator, use_tb, lock)
     num_classes = data_lib.num_classes(cfg.data)
     fp = rp.resume_fingerprint(configs.config_to_dict(cfg), num_classes=num_classes, global_batch=global_batch)
     ckpt, saved, changes = prepare_run_dir(cfg, resume, overwrite, accept_changes, accelerator, lock, fp)
+    backend, backend_why = data_lib.explain_backend(cfg.data, device)
+    for line in launch_lines(num_processes=world, device=device, configured_precision=cfg.train.mixed_precision,
+                             used_precision=accelerator.mixed_precision, backend=backend, backend_why=backend_why,
+                             tensorboard_wanted=cfg.train.tensorboard, tensorboard_available=tensorboard_available()):
+        console(line, main_proc)
 
     with accelerator.main_process_first():  # downloads / dataset caches are written once
         train_set = data_lib.build_dataset(cfg.data, "train")

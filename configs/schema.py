@@ -25,7 +25,7 @@ class DataConfig:
     # pil: timm/PIL per-sample transforms (and the in-memory path); dali: NVIDIA DALI decode + DeiT
     # augmentation (imagefolder/shards; GPU when training on one, else CPU threads = num_workers);
     # auto: dali when DALI is installed, the dataset is imagefolder/shards and training runs on CUDA.
-    backend: str = "pil"
+    backend: str = "auto"
     image_size: int = 32
     batch_size: int = 128  # per process
     eval_batch_size: int = 256  # per process

@@ -23,7 +23,7 @@ from common.errors import UserError
 from .names import DATASET_NAMES
 from .classes import class_names
 from .datasets import build_dataset, calib_indices, num_classes
-from .dali_loader import resolve_backend
+from .dali_loader import explain_backend, resolve_backend
 from .loaders import EvalLoader, TrainLoader
 
 
@@ -59,4 +59,5 @@ def build_mixup(cfg, num_classes):
 
 
 __all__ = ["DATASET_NAMES", "build_dataset", "num_classes", "class_names", "calib_indices",
-           "build_train_loader", "build_eval_loader", "build_mixup", "TrainLoader", "EvalLoader"]
+           "build_train_loader", "build_eval_loader", "build_mixup", "TrainLoader", "EvalLoader",
+           "explain_backend", "resolve_backend"]

@@ -60,20 +60,31 @@ def check_dali_config(cfg):
 
 
 def resolve_backend(cfg, device=None):
-    """'pil' or 'dali' for cfg.backend pil | dali | auto (auto: dali when it is installed, the dataset
-    is a folder or shards, and the training device is a CUDA GPU)."""
+    """'pil' or 'dali' for cfg.backend pil | dali | auto (see `explain_backend`)."""
+    return explain_backend(cfg, device)[0]
+
+
+def explain_backend(cfg, device=None):
+    """(backend, why): the backend data.backend=pil | dali | auto gives on this machine, and one
+    phrase saying why, for the run's first log lines. auto takes DALI when it is installed, the
+    dataset is a folder or shards, the training device is a CUDA GPU and every data option is one
+    the DALI path implements; otherwise PIL, never an error."""
     from .dali_pipeline import dali_available
 
-    if cfg.backend == "dali":
-        return "dali"
-    if cfg.backend == "auto" and cfg.dataset in DALI_DATASETS and torch.cuda.is_available() and dali_available():
-        if device is None or torch.device(device).type == "cuda":
-            try:
-                check_dali_config(cfg)
-            except UserError:
-                return "pil"  # auto never fails over an option only the PIL path implements
-            return "dali"
-    return "pil"
+    if cfg.backend != "auto":
+        return cfg.backend, f"data.backend={cfg.backend}"
+    if cfg.dataset not in DALI_DATASETS:
+        return "pil", f"data.backend=auto: DALI serves {' and '.join(DALI_DATASETS)} only, not '{cfg.dataset}'"
+    on_cuda = torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda")
+    if not on_cuda:
+        return "pil", "data.backend=auto: no CUDA device (DALI decodes on the GPU)"
+    if not dali_available():
+        return "pil", "data.backend=auto: DALI is not installed (pip install -r requirements-dali.txt)"
+    try:
+        check_dali_config(cfg)
+    except UserError as e:  # auto never fails over an option only the PIL path implements
+        return "pil", f"data.backend=auto: {e}"
+    return "dali", "data.backend=auto: DALI installed, CUDA device, folder/shards data"
 
 
 def _bad_set(dataset):

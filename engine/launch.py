@@ -1,0 +1,57 @@
+"""What the launch actually gave this run, said in the run's first log lines.
+
+A launch can quietly differ from what the user asked for: `accelerate launch --num_processes 2`
+without `--multi_gpu` on a CPU machine starts one process (with twice the steps), and `accelerate
+launch` prints "`--mixed_precision` was set to a value of 'no'" although the config's
+`train.mixed_precision` is what the Accelerator uses. These lines say what runs, and why.
+"""
+import os
+
+# Set by `accelerate launch` for every script it starts (accelerate/utils/launch.py).
+LAUNCH_PRECISION_ENV = "ACCELERATE_MIXED_PRECISION"
+
+
+def single_process_warning(num_processes, env=None):
+    """One warning line when `accelerate launch` was asked for several processes but this run got
+    one; None otherwise. The launcher sets MASTER_PORT only when it was asked for more than one
+    process, and WORLD_SIZE only when it actually started several."""
+    env = os.environ if env is None else env
+    asked_several = LAUNCH_PRECISION_ENV in env and "MASTER_PORT" in env and "WORLD_SIZE" not in env
+    if num_processes > 1 or not asked_several:
+        return None
+    return ("warning: accelerate launch was asked for several processes but started one (each epoch runs all "
+            "its steps here); on a CPU machine or a single GPU add --multi_gpu: accelerate launch --multi_gpu "
+            "--num_processes N train.py ...")
+
+
+def precision_line(configured, used, env=None):
+    """'precision: bf16 (train.mixed_precision)', noting when accelerate launch said otherwise."""
+    env = os.environ if env is None else env
+    line = f"precision: {used} (train.mixed_precision={configured})"
+    launched = env.get(LAUNCH_PRECISION_ENV)
+    if launched is not None and launched != used:
+        line += (f"; accelerate launch's mixed_precision '{launched}' does not apply: the config's setting wins "
+                 f"(the launcher's 'was set to a value of' notice can be ignored)")
+    return line
+
+
+def tensorboard_warning(wanted, available):
+    """One line when train.tensorboard=true but TensorBoard is missing, so no tensorboard/ folder appears."""
+    if wanted and not available:
+        return ("warning: train.tensorboard=true but TensorBoard is not installed, so no tensorboard/ folder is "
+                "written (metrics.jsonl and epochs.csv still are): pip install tensorboard, or set "
+                "train.tensorboard=false")
+    return None
+
+
+def launch_lines(*, num_processes, device, configured_precision, used_precision, backend, backend_why,
+                 tensorboard_wanted, tensorboard_available, env=None):
+    """The run's first log lines: processes and device, precision, data backend, and any warning."""
+    lines = [f"launch: {num_processes} process(es) on {device.type}; "
+             + precision_line(configured_precision, used_precision, env),
+             f"data backend: {backend} ({backend_why})"]
+    for warning in (single_process_warning(num_processes, env),
+                    tensorboard_warning(tensorboard_wanted, tensorboard_available)):
+        if warning:
+            lines.append(warning)
+    return lines

@@ -1,0 +1,66 @@
+"""The run's first log lines say what the launch gave it: processes, precision, data backend, and a
+warning when `accelerate launch --num_processes N` (N > 1) silently started one process, or when
+TensorBoard logging was asked for but cannot happen."""
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import torch
+
+from data import explain_backend
+from engine.launch import launch_lines, precision_line, single_process_warning, tensorboard_warning
+from test_train_helpers import ROOT, TRAIN_PY, subprocess_env, tiny_cfg, write_cfg
+
+# What `accelerate launch --num_processes 2` without --multi_gpu leaves a single process (simple launcher).
+ASKED_TWO_GOT_ONE = {"ACCELERATE_MIXED_PRECISION": "no", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+
+
+def test_single_process_warning_only_when_several_were_asked_for():
+    assert "--multi_gpu" in single_process_warning(1, ASKED_TWO_GOT_ONE)
+    assert single_process_warning(2, {**ASKED_TWO_GOT_ONE, "WORLD_SIZE": "2"}) is None
+    assert single_process_warning(1, {"ACCELERATE_MIXED_PRECISION": "no"}) is None  # plain accelerate launch
+    assert single_process_warning(1, {}) is None  # python train.py
+
+
+def test_precision_line_explains_the_launchers_contradicting_notice():
+    line = precision_line("bf16", "bf16", {"ACCELERATE_MIXED_PRECISION": "no"})
+    assert line.startswith("precision: bf16") and "does not apply" in line
+    assert "does not apply" not in precision_line("bf16", "bf16", {"ACCELERATE_MIXED_PRECISION": "bf16"})
+    assert "does not apply" not in precision_line("no", "no", {})
+
+
+def test_tensorboard_warning_names_both_fixes():
+    line = tensorboard_warning(True, False)
+    assert "pip install tensorboard" in line and "train.tensorboard=false" in line
+    assert tensorboard_warning(True, True) is None and tensorboard_warning(False, False) is None
+
+
+def test_backend_reason_for_each_auto_outcome():
+    cfg = SimpleNamespace(backend="auto", dataset="builtin10")
+    backend, why = explain_backend(cfg, "cpu")
+    assert backend == "pil" and "not 'builtin10'" in why
+    cfg.dataset = "imagefolder"
+    if not torch.cuda.is_available():
+        backend, why = explain_backend(cfg, "cpu")
+        assert backend == "pil" and "no CUDA device" in why
+    cfg.backend = "pil"
+    assert explain_backend(cfg, "cpu") == ("pil", "data.backend=pil")
+
+
+def test_lines_list_every_warning():
+    lines = launch_lines(num_processes=1, device=torch.device("cpu"), configured_precision="bf16",
+                         used_precision="bf16", backend="pil", backend_why="data.backend=pil",
+                         tensorboard_wanted=True, tensorboard_available=False, env=ASKED_TWO_GOT_ONE)
+    assert lines[0].startswith("launch: 1 process(es) on cpu; precision: bf16")
+    assert lines[1] == "data backend: pil (data.backend=pil)"
+    assert any("--multi_gpu" in line for line in lines) and any("pip install tensorboard" in line for line in lines)
+
+
+def test_accelerate_launch_without_multi_gpu_warns(tmp_path):
+    cfg = tiny_cfg(str(tmp_path / "run"), "optim.epochs=1", "data.builtin_train_size=64", "data.batch_size=32")
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", TRAIN_PY, "--config", write_cfg(cfg, tmp_path / "c.yaml")]
+    p = subprocess.run(cmd, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "started one" in p.stdout and "--multi_gpu" in p.stdout
+    assert "launch: 1 process(es) on cpu" in p.stdout
