@@ -8,12 +8,13 @@ directory changes:
    in COMPLETE.json); none valid: one line naming --resume PATH;
 3. resuming: the checkpoint's whole config against this one (engine/resume_policy.py): a change
    outside RESUME_ALLOWLIST is refused in one line unless --resume-with-changes, which records it
-   in config.yaml's `history`; the run's classes.json must match the dataset's class names;
+   in the run's config history (config_history.yaml); the run's classes.json must match the
+   dataset's class names;
 4. starting fresh: a directory holding a run (engine.checkpoint.run_artefacts: weights, logs,
    summary, checkpoints) is refused in one line naming what is there and the two ways on
    (`--resume auto`, `--overwrite`); `--resume auto` without a complete checkpoint refuses the
    same way unless the directory holds no run; `--overwrite` lists what it deletes, then deletes it;
-5. write config.yaml (with its history when resuming) and classes.json.
+5. write config.yaml (a plain config, valid for --config), its history when resuming, and classes.json.
 The other ranks receive the decision (one broadcast) or, after a refusal, exit with the same code
 without printing it again.
 """
@@ -22,15 +23,15 @@ import shutil
 import sys
 
 from common.errors import UserError
-from configs.loader import RUN_CONFIG_NAME, config_to_dict
+from configs.loader import RUN_CONFIG_NAME
 from data.classes import CLASSES_FILE, class_mismatch, class_names, load_class_names, save_class_names
 
 from . import checkpoint as ck
 from . import resume_policy as rp
 from .logging import console
 
-# What --overwrite deletes besides the run artefacts: the TensorBoard logs of the old run.
-OVERWRITE_EXTRA = ("tensorboard",)
+# What --overwrite deletes besides the run artefacts: the TensorBoard logs and config history of the old run.
+OVERWRITE_EXTRA = ("tensorboard", rp.CONFIG_HISTORY_NAME)
 
 
 def prepare_run_dir(cfg, resume, overwrite, accept_changes, accelerator, lock, fp):
@@ -104,7 +105,6 @@ def decide_start(cfg, resume, overwrite, accept_changes, lock, fp):
                 shutil.rmtree(path)
             else:
                 os.remove(path)
-    rp.save_config_with_history(os.path.join(run_dir, RUN_CONFIG_NAME), config_to_dict(cfg), history,
-                                keep_history=ckpt is not None)
+    rp.save_config_with_history(os.path.join(run_dir, RUN_CONFIG_NAME), cfg, history, keep_history=ckpt is not None)
     save_class_names(run_dir, names)
     return ckpt, changes

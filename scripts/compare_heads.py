@@ -50,6 +50,7 @@ from engine.cli import run_cli  # noqa: E402
 from common.errors import UserError  # noqa: E402
 from common.io import atomic_write_text, json_text, write_json  # noqa: E402
 from engine.runlock import RunLock  # noqa: E402
+from models.heads import HEAD_NAMES  # noqa: E402
 
 REQUEST_FILE = "compare_request.json"  # what this script asked train.py for, to detect clashes
 LOG_FILE = "compare.log"  # a run's train + eval output under --jobs N > 1
@@ -61,7 +62,7 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="base training config (YAML)")
     p.add_argument("--heads", nargs="+", default=["softmax", "sparsemax", "entmax15"],
-                   help="output heads to compare (models.heads.HEAD_NAMES)")
+                   help=f"output heads to compare: {' '.join(HEAD_NAMES)}")
     p.add_argument("--norms", nargs="+", default=None, help="also vary model.norm (affine layernorm batchnorm)")
     p.add_argument("--alphas", nargs="+", type=float, default=None,
                    help="alpha values for entmax_bisect (one variant each)")
@@ -106,7 +107,6 @@ def parse_args(argv=None):
 def _variants(args):
     """[(variant name, variant stem without the norm, norm, head, alpha)] in plan order."""
     from configs.loader import check_alpha
-    from models.heads import HEAD_NAMES
 
     for head in args.heads:
         if head not in HEAD_NAMES:
