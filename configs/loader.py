@@ -249,15 +249,15 @@ def suggest_key(full_key):
     better than a wrong one. Keys added to the schema are candidates as soon as they exist."""
     leaf = full_key.rsplit(".", 1)[-1]
     section = full_key.rsplit(".", 1)[0] if "." in full_key else ""
+    keys = schema_fields()
 
     def score(candidate):
         whole = difflib.SequenceMatcher(None, full_key, candidate).ratio()
-        last = (difflib.SequenceMatcher(None, leaf, candidate.rsplit(".", 1)[-1]).ratio()
-                if candidate in schema_fields() else 0.0)
+        last = difflib.SequenceMatcher(None, leaf, candidate.rsplit(".", 1)[-1]).ratio() if candidate in keys else 0.0
         same_section = candidate.startswith(section + ".") if section else "." not in candidate
         return max(whole, last), same_section
 
-    best = max(list(schema_fields()) + list(section_names()), key=score)
+    best = max(list(keys) + list(section_names()), key=score)
     return best if score(best)[0] >= SUGGEST_CUTOFF else None
 
 

@@ -238,7 +238,7 @@ def _check_request(run_dir, request, create=True):
     request = json.loads(json_text(request))  # tuples -> lists, as stored
     if os.path.isfile(path):
         with open(path) as f:
-            previous = json.load(f)
+            previous = _in_todays_schema(json.load(f))
         if previous != request:
             diff = _first_difference(previous.get("resolved", {}), request.get("resolved", {})) \
                 or " ".join(previous.get("overrides", []))
@@ -247,6 +247,21 @@ def _check_request(run_dir, request, create=True):
     elif create:
         with RunLock(run_dir, purpose="compare_heads"):  # not while another process trains or evaluates there
             write_json(request, path)
+
+
+def _in_todays_schema(request):
+    """A stored request with its resolved config read by today's loader: older key names (e.g.
+    model.img_size, now data.image_size) as they are now, keys added since at their defaults, so an
+    older comparison continues. A resolved config today's loader refuses is compared as stored."""
+    import configs
+
+    if not isinstance(request.get("resolved"), dict):
+        return request
+    try:
+        resolved = configs.config_to_dict(configs.config_from_dict(request["resolved"]))
+    except UserError:
+        return request
+    return {**request, "resolved": json.loads(json_text(resolved))}
 
 
 def _request(configs, config, overrides):

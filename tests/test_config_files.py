@@ -281,6 +281,24 @@ def test_an_older_runs_config_yaml_loads_as_a_config(tmp_path):
     assert "unknown config key 'history'" in _load_error(_write(tmp_path / "h.yaml", "history: 3\n"))
 
 
+def test_a_comparison_recorded_before_the_one_image_key_continues(tmp_path):
+    """compare_heads compares each run's recorded resolved config with today's: an older record (with
+    model.img_size) is read as today's loader reads it, and a real difference is still refused."""
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import compare_heads
+
+    cfg_path = _write(tmp_path / "c.yaml", "data: {image_size: 16}\n")
+    request = {"config": cfg_path, "overrides": [], "resolved": configs.config_to_dict(load_config(cfg_path))}
+    old = json.loads(json.dumps(request))
+    old["resolved"]["model"]["img_size"] = 16
+    (tmp_path / compare_heads.REQUEST_FILE).write_text(json.dumps(old))
+    compare_heads._check_request(str(tmp_path), request)  # no refusal
+    old["resolved"]["optim"]["lr"] = 1.0
+    (tmp_path / compare_heads.REQUEST_FILE).write_text(json.dumps(old))
+    with pytest.raises(UserError, match="optim.lr: 1.0 -> 0.005"):
+        compare_heads._check_request(str(tmp_path), request)
+
+
 # ----------------------------------------------------------------------------- a run's own files
 @pytest.fixture(scope="module")
 def resumed_run(tmp_path_factory):
