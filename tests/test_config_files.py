@@ -23,7 +23,7 @@ import configs
 from common.errors import UserError
 from configs import config_from_dict, load_config, load_run_config
 from configs.loader import suggest_key
-from configs.schema import ALIASES, CHOICES, RANGES, Config, schema_fields
+from configs.schema import ALIASES, CHOICES, RANGES, schema_fields
 from engine import resume_policy as rp
 from test_train_helpers import ROOT, reset_accelerate_state, run_inprocess, subprocess_env, tiny_cfg, write_cfg
 
@@ -77,7 +77,7 @@ def test_empty_config_file_is_refused(tmp_path, text):
 @pytest.mark.parametrize("text,kind", [("- optim\n- head\n", "list"), ("3\n", "int"), ("just words\n", "str")])
 def test_non_mapping_config_file_is_refused(tmp_path, text, kind):
     path = _write(tmp_path / "c.yaml", text)
-    assert f"a config must be a mapping of sections" in _load_error(path) and kind in _load_error(path)
+    assert "a config must be a mapping of sections" in _load_error(path) and kind in _load_error(path)
 
 
 def test_empty_base_file_is_refused_too(tmp_path):
