@@ -2,12 +2,14 @@
 
     python eval.py --checkpoint runs/quickstart                      # a train.py run directory
     python eval.py --checkpoint runs/quickstart --ema --output m.json
+    python eval.py --checkpoint runs/quickstart/checkpoints/step_000000780   # one checkpoint of a run
     python eval.py --checkpoint resmlp_12_no_dist.pth --model resmlp_s12 \\
         --dataset imagefolder --data-root datasets/imagenet          # timm / FB ImageNet weights
     accelerate launch --multi_gpu --num_processes 2 eval.py --checkpoint runs/quickstart
 
 A run directory gives the resolved config (config.yaml) and weights (model.safetensors, or
-model_ema.safetensors with --ema); a weights file (.safetensors/.pth, this project's, timm's or the
+model_ema.safetensors with --ema); a checkpoint directory of a run (RUN/checkpoints/step_N) gives
+its weights (ema.safetensors with --ema) and the config that trained it; a weights file (.safetensors/.pth, this project's, timm's or the
 original FB/DeiT ResMLP format) needs --config or --model/--dataset to say what to build.
 Extra `key.sub=value` arguments (or `--data.root X`) override the config, as for train.py.
 
@@ -47,6 +49,8 @@ from common.seeding import mix_seed
 from common.weights import load_into, read_state_dict
 from configs.loader import apply_overrides, config_to_dict
 from data.classes import check_class_names, load_class_names
+from engine import checkpoint as ck
+from engine import resume_policy as rp
 from engine.cli import run_cli
 from engine.runlock import RunLock
 from evaluation import conformal, ood_report, report, selective_report
@@ -65,7 +69,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n")[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True, metavar="RUN_DIR_OR_WEIGHTS",
-                   help="train.py run directory, or a .safetensors/.pth weights file")
+                   help="train.py run directory, one of its checkpoints (RUN/checkpoints/step_N), or a "
+                        ".safetensors/.pth weights file")
     p.add_argument("--config", help="YAML config (needed for a weights file unless --model is given; "
                                     "replaces a run directory's config.yaml)")
     p.add_argument("--model", help="model name for a weights file without --config (e.g. resmlp_s12)")
@@ -125,7 +130,7 @@ def _flag_overrides(args, default_img_size=None):
         out.append(f"head.name={args.head}")
     img = args.img_size or default_img_size
     if img:
-        out += [f"model.img_size={img}", f"data.image_size={img}"]
+        out.append(f"data.image_size={img}")
     if args.dataset:
         out.append(f"data.dataset={args.dataset}")
     if args.data_root:
@@ -140,6 +145,8 @@ def resolve(args):
     ckpt = args.checkpoint
     if not os.path.exists(ckpt):
         raise UserError(f"checkpoint not found: {ckpt} (give a train.py run directory or a weights file)")
+    if is_checkpoint_dir(ckpt):
+        return resolve_checkpoint_dir(args, ckpt)
     if os.path.isdir(ckpt):
         name = EMA_WEIGHTS if args.ema else RAW_WEIGHTS
         weights = os.path.join(ckpt, name)
@@ -165,6 +172,34 @@ def resolve(args):
     overrides = _flag_overrides(args, default_img)
     cfg = configs.config_from_dict(apply_overrides(config_to_dict(cfg), overrides), default_name=cfg.name)
     return cfg, ckpt, "file"
+
+
+def is_checkpoint_dir(path):
+    """A checkpoint of a run (RUN/checkpoints/step_N) rather than the run directory itself."""
+    return os.path.isfile(os.path.join(path, ck.STATE_FILE))
+
+
+def run_dir_of(path):
+    """The run directory of --checkpoint: itself, or the run a checkpoint directory belongs to."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(path))) if is_checkpoint_dir(path) else path
+
+
+def resolve_checkpoint_dir(args, ckpt):
+    """-> (cfg, weights, kind) for RUN/checkpoints/step_N: its weights, with the config that trained
+    it (the fingerprint in its trainer_state; the run's config.yaml for older checkpoints)."""
+    weights = rundir.ema_weights(ckpt) if args.ema else os.path.join(ckpt, RAW_WEIGHTS)
+    if weights is None or not os.path.isfile(weights):
+        why = " (trained with train.ema=false?); drop --ema" if args.ema else ""
+        raise UserError(f"checkpoint {ckpt} has no {EMA_WEIGHTS if args.ema else RAW_WEIGHTS}{why}")
+    overrides = _flag_overrides(args)
+    saved = ck.read_trainer_state(ckpt).get("config")
+    if args.config:
+        cfg = configs.load_config(args.config, overrides)
+    elif isinstance(saved, dict):
+        cfg = configs.config_from_dict(apply_overrides(rp.fingerprint_config(saved), overrides))
+    else:
+        cfg = configs.load_run_config(run_dir_of(ckpt), overrides)
+    return cfg, weights, "ema" if args.ema else "raw"
 
 
 def build_model(cfg, weights, num_classes):
@@ -271,7 +306,8 @@ def main(argv=None):
     ood_dataset = data.build_dataset(ood_cfg, "val") if ood_cfg is not None else None
     model = build_model(cfg, weights, num_classes)
     if os.path.isdir(args.checkpoint):  # a run stores its class names: labels must mean the same classes
-        check_class_names(load_class_names(args.checkpoint), data.class_names(cfg.data), run_dir=args.checkpoint,
+        run_dir = run_dir_of(args.checkpoint)
+        check_class_names(load_class_names(run_dir), data.class_names(cfg.data), run_dir=run_dir,
                           allow_mismatch=args.allow_class_mismatch, warn=lambda m: print(m, file=sys.stderr))
     head = model.output_head
 

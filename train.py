@@ -1,6 +1,7 @@
 """Train a ResMLP classifier with a swappable output head (softmax / sparsemax / entmax).
 
     python train.py --config configs/quickstart.yaml [key.sub=value ...] [--resume auto|PATH] [--overwrite]
+    python train.py --help-config [--config FILE] [key.sub=value ...]   # every config key, or FILE resolved
     accelerate launch --multi_gpu --num_processes 8 train.py --config configs/imagenet/resmlp_s12.yaml
     accelerate launch --num_machines 2 --machine_rank R --main_process_ip HOST ... train.py ...
 
@@ -37,7 +38,7 @@ Run safety (the run directory is never lost or mixed):
 - Resume: the checkpoint stores the whole resolved config; any change outside
   engine.resume_policy.RESUME_ALLOWLIST is refused in one line, or applied for real with
   --resume-with-changes (a new lr/epochs rebuilds the schedule from the current update; the change
-  is recorded in metrics.jsonl and in config.yaml's `history`). Invalid checkpoints are skipped
+  is recorded in metrics.jsonl and in config_history.yaml beside config.yaml). Invalid checkpoints are skipped
   with a warning (sha256 in COMPLETE.json). The epoch's partial loss sums travel in the
   checkpoint, so epochs.csv is exact after a mid-epoch resume.
 - Preemption (engine/preemption.py): SIGTERM / SIGINT / SIGUSR1 stop the run at the next agreed
@@ -109,9 +110,13 @@ WARMUP_UPDATES = 2
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
-        epilog="Overrides: key.sub=value (value parsed as YAML), e.g. optim.lr=1e-3 head.name=sparsemax",
+        epilog="Overrides: key.sub=value (value parsed as YAML), e.g. optim.lr=1e-3 head.name=sparsemax; "
+               "python train.py --help-config lists every key",
     )
-    parser.add_argument("--config", required=True, help="YAML config (may extend another with base:)")
+    parser.add_argument("--config", help="YAML config (may extend another with base:); a run's config.yaml works")
+    parser.add_argument("--help-config", action="store_true",
+                        help="print every config key with its type, default, range or choices and meaning (with "
+                             "--config: that config resolved) and exit")
     parser.add_argument("--resume", default=None, metavar="auto|PATH",
                         help="'auto': newest valid checkpoint of the run directory (a fresh start only when the "
                              "directory holds no run); or a checkpoint path")
@@ -125,12 +130,17 @@ def parse_args(argv=None):
     if bad:
         raise UserError(f"unexpected argument '{bad[0]}': overrides look like key.sub=value, options are "
                         f"--config/--resume/{rp.RESUME_FLAG}/--overwrite")
+    if args.config is None and not args.help_config:
+        parser.error("the following arguments are required: --config")
     args.overrides = rest
     return args
 
 
 def main(argv=None, hooks=None):
     args = parse_args(argv)
+    if args.help_config:
+        print(configs.config_help(args.config, args.overrides))
+        return 0
     cfg = configs.load_config(args.config, args.overrides)
     return train(cfg, resume=args.resume, overwrite=args.overwrite, hooks=hooks,
                  accept_changes=args.resume_with_changes)
@@ -675,7 +685,7 @@ def build_run(cfg, resume, overwrite, accept_changes, accelerator, use_tb, lock)
     world, device, main_proc = accelerator.num_processes, accelerator.device, accelerator.is_main_process
     global_batch = cfg.data.batch_size * world * cfg.train.grad_accum
     num_classes = data_lib.num_classes(cfg.data)
-    fp = rp.resume_fingerprint(configs.config_to_dict(cfg), num_classes=num_classes, global_batch=global_batch)
+    fp = rp.resume_fingerprint(cfg, num_classes=num_classes, global_batch=global_batch)
     ckpt, saved, changes = prepare_run_dir(cfg, resume, overwrite, accept_changes, accelerator, lock, fp)
     backend, backend_why = data_lib.explain_backend(cfg.data, device)
     for line in launch_lines(num_processes=world, device=device, configured_precision=cfg.train.mixed_precision,

@@ -28,6 +28,7 @@ import os
 
 # ----------------------------------------------------------------------------- a run directory
 CONFIG = "config.yaml"
+CONFIG_HISTORY = "config_history.yaml"  # --resume-with-changes records, beside config.yaml
 CLASSES = "classes.json"
 LOCK = "run.lock"
 METRICS = "metrics.jsonl"

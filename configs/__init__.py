@@ -4,6 +4,7 @@
 """
 import os
 
+from .describe import config_help, describe_config
 from .loader import config_from_dict, config_to_dict, load_config, load_run_config, parse_override, save_config
 from .schema import Config, DataConfig, HeadConfig, ModelConfig, OptimConfig, TrainConfig
 
@@ -12,5 +13,5 @@ CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))
 __all__ = [
     "Config", "DataConfig", "HeadConfig", "ModelConfig", "OptimConfig", "TrainConfig",
     "load_config", "load_run_config", "save_config", "config_from_dict", "config_to_dict",
-    "parse_override", "CONFIG_DIR",
+    "parse_override", "config_help", "describe_config", "CONFIG_DIR",
 ]

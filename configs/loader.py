@@ -4,10 +4,15 @@ YAML files may extend another with `base: relative/path.yaml` (relative to the f
 sections are merged key by key, the child wins). Command-line overrides `key.sub=value` parse the
 value as a YAML scalar (`optim.lr=1e-3`, `train.ema=false`, `model.init_values=null`).
 
-Every mistake is a one-line `UserError`: unknown key (closest valid key suggested), wrong type
-(key and expected type named), malformed YAML (file and line), missing file, bad choice, a number
-that is not finite or outside its range (schema.RANGES), a YAML alias, an override into a key
-that holds a value rather than a section. Values quoted in errors are cut short.
+Every mistake is a one-line `UserError`: unknown key (file and line named; a valid key suggested
+only when it is close: `suggest_key`), wrong type (key and expected type named), malformed YAML
+(file and line), missing file, an empty or non-mapping file, a file that is not UTF-8 (byte offset
+named), a key given twice in one mapping at any depth (both lines named), bad choice, a number
+that is not finite or outside its range (the schema's metadata), a YAML alias, an override into a
+key that holds a value rather than a section. Values quoted in errors are cut short.
+
+Old keys (schema.ALIASES: `model.img_size`, now data.image_size) are still read, so the config.yaml
+of an older run loads; a file that sets both to different values is refused.
 
 Why not OmegaConf: its structured configs coerce where this loader must refuse (a bool key takes
 3, "no" or "yes"; a str key takes 3), and its YAML and override parsers read `no` as False.
@@ -31,27 +36,67 @@ from models.normmax import check_gamma
 from models.taylor_softmax import check_order
 from models.topk_softmax import check_k
 
-from .schema import CHOICES, RANGES, Config
+from .schema import ALIASES, CHOICES, RANGES, Config, is_key, schema_fields, section_names
 
 RUN_CONFIG_NAME = rundir.CONFIG
+# Keys a run's config.yaml held before the change history moved beside it
+# (engine/resume_policy.py CONFIG_HISTORY_NAME): read and ignored.
+LEGACY_RUN_KEYS = ("history",)
+# How close an unknown key must be to a valid one (difflib ratio) to be suggested: below it, a
+# suggestion is more often wrong than right (learning_rate is not optim.clip_grad).
+SUGGEST_CUTOFF = 0.8
 
 
 class _SafeLoaderYaml12Bools(yaml.SafeLoader):
     """yaml.SafeLoader (no object construction) whose booleans are YAML 1.2's: only true/false,
-    and which refuses aliases.
+    and which refuses aliases and duplicate keys.
 
     PyYAML follows YAML 1.1, where `no`, `yes`, `on`, `off` are booleans, so
     `train.mixed_precision=no` (Accelerate's own spelling) would arrive as False.
     Aliases (`*name`) are refused where they are met, before anything is expanded: a few hundred
     bytes of nested aliases expand to billions of nodes ("billion laughs"), and a config has no
     need for them (`base:` shares settings between files).
+
+    Keys given twice in one mapping (at any depth) are refused (`DuplicateKeyError`), where
+    yaml.safe_load silently keeps the last one: `optim: {lr: 1.0e-4, lr: 5.0e-2}` is a mistake.
     """
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._paths = {}  # id(mapping node) -> its dotted key, for duplicate-key messages
 
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
             raise yaml.composer.ComposerError(None, None, "YAML aliases (*name) are not allowed in a config; "
                                               "write the value out or share it with base:", self.peek_event().start_mark)
         return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            self._check_duplicates(node)
+        return super().construct_mapping(node, deep=deep)
+
+    def _check_duplicates(self, node):
+        prefix = self._paths.get(id(node), "")
+        first_line = {}
+        for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # complex keys are refused by the config's type checks; merge keys merge
+            key = self.construct_object(key_node)
+            line = key_node.start_mark.line + 1
+            if key in first_line:
+                raise DuplicateKeyError(f"{prefix}{key}", first_line[key], line, key_node.start_mark)
+            first_line[key] = line
+            if isinstance(value_node, yaml.MappingNode):
+                self._paths[id(value_node)] = f"{prefix}{key}."
+
+
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A key given twice in one YAML mapping: names the dotted key and both lines."""
+
+    def __init__(self, key, first_line, line, mark):
+        super().__init__(None, None, f"duplicate key '{key}' (lines {first_line} and {line})", mark)
+        self.key, self.lines = key, (first_line, line)
 
 
 _BOOL_TAG = "tag:yaml.org,2002:bool"
@@ -75,22 +120,58 @@ def _show(value, limit=60):
 
 
 # ----------------------------------------------------------------------------- reading YAML
-def _read_yaml(path):
+def read_yaml_file(path, what="config file"):
+    """The YAML document in `path` (None when empty), read as UTF-8 with this module's loader; a
+    missing file, bytes that are not UTF-8, malformed YAML, an alias or a duplicate key is a
+    one-line UserError naming the file (and the byte offset or line). -> (data, {dotted key: line})."""
     if not os.path.isfile(path):
-        raise UserError(f"config file not found: {path}")
+        raise UserError(f"{what} not found: {path}")
+    with open(path, "rb") as f:
+        raw = f.read()
     try:
-        with open(path) as f:
-            data = safe_load(f)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UserError(f"{path} is not UTF-8 text (byte {err.start}: {raw[err.start:err.start + 1]!r} cannot be "
+                        f"decoded); save it as UTF-8") from None
+    loader = _SafeLoaderYaml12Bools(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    except DuplicateKeyError as err:
+        first, second = err.lines
+        raise UserError(f"{path}: key '{err.key}' is given twice (lines {first} and {second}); keep one") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else path
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise UserError(f"malformed YAML at {where}: {problem}") from None
+    finally:
+        loader.dispose()
+    return data, _key_lines(node)
+
+
+def _key_lines(node, prefix=""):
+    """{dotted key: line} of every scalar mapping key in a composed YAML node, at any depth."""
+    lines = {}
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            if isinstance(key_node, yaml.ScalarNode):
+                full = prefix + key_node.value
+                lines[full] = key_node.start_mark.line + 1
+                lines.update(_key_lines(value_node, full + "."))
+    return lines
+
+
+def _read_yaml(path):
+    """A config file's mapping and {dotted key: 'path:line'}; an empty or non-mapping file is refused."""
+    data, lines = read_yaml_file(path)
     if data is None:
-        return {}
+        raise UserError(f"{path} is empty: a config is a mapping of sections (model:, head:, data:, optim:, "
+                        f"train:); write {{}} for all defaults")
     if not isinstance(data, dict):
-        raise UserError(f"{path}: a config must be a mapping of sections (model:, head:, data:, optim:, train:)")
-    return data
+        raise UserError(f"{path}: a config must be a mapping of sections (model:, head:, data:, optim:, train:), "
+                        f"got {type(data).__name__}")
+    return data, {key: f"{path}:{line}" for key, line in lines.items()}
 
 
 def _merge(base, child):
@@ -105,22 +186,26 @@ def _merge(base, child):
 
 
 def _load_chain(path, seen=()):
-    path = os.path.abspath(path)
-    if path in seen:
-        raise UserError(f"config inheritance cycle: {' -> '.join(seen + (path,))}")
-    data = _read_yaml(path)
+    """The merged mapping of `path` and its `base:` chain, and where each key was written (the
+    child's place wins, as its value does)."""
+    resolved = os.path.abspath(path)
+    if resolved in seen:
+        raise UserError(f"config inheritance cycle: {' -> '.join(seen + (resolved,))}")
+    data, where = _read_yaml(path)
     bases = data.pop("base", None)
+    where.pop("base", None)
     if bases is None:
-        return data
+        return data, where
     if isinstance(bases, str):
         bases = [bases]
     if not isinstance(bases, list) or not all(isinstance(b, str) for b in bases):
         raise UserError(f"{path}: 'base' must be a relative path (or a list of them)")
-    merged = {}
+    merged, merged_where = {}, {}
     for base in bases:
-        base_path = os.path.join(os.path.dirname(path), base)
-        merged = _merge(merged, _load_chain(base_path, seen + (path,)))
-    return _merge(merged, data)
+        base_data, base_where = _load_chain(os.path.join(os.path.dirname(path), base), seen + (resolved,))
+        merged = _merge(merged, base_data)
+        merged_where.update(base_where)
+    return _merge(merged, data), {**merged_where, **where}
 
 
 # ----------------------------------------------------------------------------- overrides
@@ -156,27 +241,33 @@ def apply_overrides(data, overrides):
 
 
 # ----------------------------------------------------------------------------- typed building
-def _all_keys(cls=Config, prefix=""):
-    keys = []
-    for f in dataclasses.fields(cls):
-        full = prefix + f.name
-        hint = typing.get_type_hints(cls)[f.name]
-        if dataclasses.is_dataclass(hint):
-            keys += _all_keys(hint, full + ".")
-        else:
-            keys.append(full)
-    return keys
+def suggest_key(full_key):
+    """The schema key closest to an unknown dotted key, or None when none is close enough.
+
+    A candidate scores the higher of two difflib ratios: whole dotted names ('optim.lrr' vs
+    'optim.lr'; sections too: 'modle' vs 'model') and last components ('lr' vs 'optim.lr',
+    'train.epochs' vs 'optim.epochs'). Only scores >= SUGGEST_CUTOFF are suggested: no suggestion is
+    better than a wrong one. Keys added to the schema are candidates as soon as they exist."""
+    leaf = full_key.rsplit(".", 1)[-1]
+    section = full_key.rsplit(".", 1)[0] if "." in full_key else ""
+    keys = schema_fields()
+
+    def score(candidate):
+        whole = difflib.SequenceMatcher(None, full_key, candidate).ratio()
+        last = difflib.SequenceMatcher(None, leaf, candidate.rsplit(".", 1)[-1]).ratio() if candidate in keys else 0.0
+        same_section = candidate.startswith(section + ".") if section else "." not in candidate
+        return max(whole, last), same_section
+
+    best = max(list(keys) + list(section_names()), key=score)
+    return best if score(best)[0] >= SUGGEST_CUTOFF else None
 
 
-def _suggest(full_key):
-    keys = _all_keys()
-    match = difflib.get_close_matches(full_key, keys, n=1, cutoff=0.6)
-    if not match:  # try the last component alone, e.g. 'lr' -> 'optim.lr'
-        leaf = full_key.rsplit(".", 1)[-1]
-        by_leaf = {k.rsplit(".", 1)[-1]: k for k in keys}
-        leaf_match = difflib.get_close_matches(leaf, list(by_leaf), n=1, cutoff=0.6)
-        match = [by_leaf[leaf_match[0]]] if leaf_match else []
-    return match[0] if match else None
+def _unknown_key(full, names, sources):
+    where = f" at {sources[full]}" if full in sources else ""
+    hint = suggest_key(full)
+    tip = (f"; did you mean '{hint}'?" if hint else
+           f"; valid keys here: {', '.join(sorted(names))} (python train.py --help-config lists every key)")
+    return UserError(f"unknown config key '{full}'{where}{tip}")
 
 
 def _type_name(tp):
@@ -244,33 +335,37 @@ def _coerce(value, tp):
     return value  # other annotations: accepted as given
 
 
-def _build(cls, data, prefix=""):
+def _build(cls, data, prefix="", sources=None):
+    """The dataclass `cls` from the nested dict `data`: unknown keys and wrong types refused in one
+    line (`sources`: {dotted key: 'file:line'} where the key was written, for the message)."""
+    sources = sources or {}
     if not isinstance(data, dict):
         raise UserError(f"'{prefix.rstrip('.')}' must be a mapping of keys, got {_show(data)} ({type(data).__name__})")
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
+    names = {f.name for f in dataclasses.fields(cls) if is_key(f)}
     kwargs = {}
     for key, value in data.items():
         full = prefix + str(key)
         if key not in names:
-            sibling = difflib.get_close_matches(str(key), sorted(names), n=1, cutoff=0.6)
-            hint = prefix + sibling[0] if sibling else _suggest(full)
-            tip = f"; did you mean '{hint}'?" if hint else f"; valid keys here: {', '.join(sorted(names))}"
-            raise UserError(f"unknown config key '{full}'{tip}")
+            raise _unknown_key(full, names, sources)
         tp = hints[key]
         if dataclasses.is_dataclass(tp):
-            kwargs[key] = _build(tp, value if value is not None else {}, full + ".")
+            kwargs[key] = _build(tp, value if value is not None else {}, full + ".", sources)
             continue
         try:
             kwargs[key] = _coerce(value, tp)
         except _TypeMismatch:
-            raise UserError(f"config key '{full}' expects {_type_name(tp)}, got {_show(value)} ({type(value).__name__})") from None
+            where = f" ({sources[full]})" if full in sources else ""
+            raise UserError(f"config key '{full}' expects {_type_name(tp)}, got {_show(value)} "
+                            f"({type(value).__name__}){where}") from None
     return cls(**kwargs)
 
 
 def _leaves(obj, prefix=""):
-    """(dotted key, value) of every field of a config dataclass, depth first."""
+    """(dotted key, value) of every key of a config dataclass, depth first (derived fields left out)."""
     for f in dataclasses.fields(obj):
+        if not is_key(f):
+            continue
         value = getattr(obj, f.name)
         if dataclasses.is_dataclass(value):
             yield from _leaves(value, prefix + f.name + ".")
@@ -302,18 +397,13 @@ def _check_numbers(cfg):
 
 
 def _check(cfg):
+    values = dict(_leaves(cfg))
     for key, choices in CHOICES.items():
-        section, name = key.split(".")
-        value = getattr(getattr(cfg, section), name)
-        if value not in choices:
-            raise UserError(f"config key '{key}' must be one of {', '.join(choices)}; got {_show(value)}")
+        if values[key] not in choices:
+            raise UserError(f"config key '{key}' must be one of {', '.join(choices)}; got {_show(values[key])}")
     _check_numbers(cfg)
     check_alpha(cfg.head.alpha, cfg.head.learn_alpha, "config key 'head.alpha'")
     check_head_settings(cfg.head)
-    if cfg.model.img_size != cfg.data.image_size:
-        raise UserError(
-            f"model.img_size ({cfg.model.img_size}) differs from data.image_size ({cfg.data.image_size}); set both to the same value"
-        )
     return cfg
 
 
@@ -336,33 +426,69 @@ def check_head_settings(head):
             raise UserError(f"config key 'head.{key}': {err}") from None
 
 
-def config_from_dict(data, default_name="run"):
+def _fold_aliases(data):
+    """An old key (schema.ALIASES) moves to the key it now is: the config.yaml of an older run, or
+    an older config, that sets model.img_size loads with it as data.image_size. Both set and
+    different: refused. `data` is not changed (the sections touched are copied)."""
+    for old, new in ALIASES.items():
+        (old_section, old_key), (new_section, new_key) = old.split("."), new.split(".")
+        section = data.get(old_section)
+        if not isinstance(section, dict) or old_key not in section:
+            continue
+        data[old_section] = section = dict(section)
+        value = section.pop(old_key)
+        target = data.get(new_section)
+        target = {} if target is None else target
+        if not isinstance(target, dict):
+            continue  # _build names the section that is not a mapping
+        data[new_section] = target = dict(target)
+        if new_key in target and target[new_key] != value:
+            raise UserError(f"{old} ({_show(value)}) differs from {new} ({_show(target[new_key])}): {old} is the old "
+                            f"name of {new}; set {new} only")
+        target.setdefault(new_key, value)
+    return data
+
+
+def _is_legacy_history(value):
+    """The `history` list train.py wrote into config.yaml before it moved to its own file."""
+    return isinstance(value, list) and all(isinstance(e, dict) and "changes" in e for e in value)
+
+
+def config_from_dict(data, default_name="run", sources=None):
+    """Build and check a Config from a nested dict (a YAML file's, after overrides). `sources`:
+    {dotted key: 'file:line'}, so that an unknown key or a wrong type names where it was written."""
     data = dict(data)
+    for key in LEGACY_RUN_KEYS:  # an older run's config.yaml stays a valid --config
+        if key in data and _is_legacy_history(data[key]):
+            del data[key]
     data.setdefault("name", default_name)
-    cfg = _check(_build(Config, data))
+    cfg = _check(_build(Config, _fold_aliases(data), sources=sources))
     cfg.train.output_dir = cfg.train.output_dir.replace("{name}", cfg.name)
     return cfg
 
 
 def load_config(path, overrides=()):
     """Read `path` (following `base:` chains), apply `key.sub=value` overrides, validate."""
-    data = apply_overrides(_load_chain(path), overrides)
-    return config_from_dict(data, default_name=os.path.splitext(os.path.basename(path))[0])
+    data, sources = _load_chain(path)
+    for text in overrides or ():  # an overridden key is no longer the file's
+        sources.pop(".".join(parse_override(text)[0]), None)
+    data = apply_overrides(data, overrides)
+    return config_from_dict(data, default_name=os.path.splitext(os.path.basename(path))[0], sources=sources)
+
+
+def _plain(value):
+    return [_plain(v) for v in value] if isinstance(value, (list, tuple)) else value
 
 
 def config_to_dict(cfg):
-    def plain(x):
-        if isinstance(x, dict):
-            return {k: plain(v) for k, v in x.items()}
-        if isinstance(x, (list, tuple)):
-            return [plain(v) for v in x]
-        return x
-
-    return plain(dataclasses.asdict(cfg))
+    """The one conversion of a config (or a section of one) to plain nested dicts and lists: its
+    keys only (no derived field), tuples as lists. config.yaml and the resume fingerprint hold it."""
+    return {f.name: config_to_dict(getattr(cfg, f.name)) if dataclasses.is_dataclass(getattr(cfg, f.name))
+            else _plain(getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if is_key(f)}
 
 
 def save_config(cfg, path):
-    """Write the fully resolved config (every field) as YAML, atomically."""
+    """Write the fully resolved config (every key) as YAML, atomically: a valid `--config` file."""
     atomic_write_text(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
 
 
@@ -371,8 +497,8 @@ def load_run_config(run_dir, overrides=()):
     path = os.path.join(run_dir, RUN_CONFIG_NAME) if os.path.isdir(run_dir) else run_dir
     if not os.path.isfile(path):
         raise UserError(f"no {RUN_CONFIG_NAME} in {run_dir}: is it a run directory written by train.py?")
-    data = _read_yaml(path)
+    data, sources = _read_yaml(path)
     data.pop("base", None)
-    data.pop("history", None)  # the changes accepted on resume (engine/resume_policy.py), not a setting
     data = apply_overrides(data, overrides)
-    return config_from_dict(data, default_name=os.path.basename(os.path.abspath(os.path.dirname(path))))
+    return config_from_dict(data, default_name=os.path.basename(os.path.abspath(os.path.dirname(path))),
+                            sources=sources)

@@ -1,16 +1,53 @@
-"""Typed training configuration: one dataclass per section.
+"""Typed training configuration: one dataclass per section, and every fact about each key.
 
-Every YAML key maps onto a field here; `configs.loader` rejects unknown keys (suggesting the
-closest valid one) and wrong types (naming the key and the expected type).
+Every YAML key maps onto a field here; `configs.loader` rejects unknown keys (suggesting a close
+valid one) and wrong types (naming the key and the expected type). A field's metadata holds the rest
+of what is known about its key (`setting` writes it):
+
+- help: one line of meaning (`python train.py --help-config` prints it with type, default, range);
+- range: a numeric interval checked at load ("[0, 1)": [ ] closed, ( ) open, inf unbounded; a
+  tuple's every element; every float must also be finite);
+- choices: the closed vocabulary of a str key;
+- resume: what a resume may do with the key (engine/resume_policy.py): FREE (changes freely),
+  FROZEN (never: another model, dataset, sample order or optimizer), OPTIMIZER (with
+  --resume-with-changes, and the lr schedule is rebuilt); absent: changes with
+  --resume-with-changes only.
+
+RANGES, CHOICES and RESUME_CLASS below are derived from the metadata; nothing else lists them.
+
+The image size has one key, data.image_size. `model.img_size` (the model's copy, which the model
+builder reads) is derived from it; older configs and run directories that set `model.img_size`
+still load: the loader reads it as data.image_size (a one-line error when both are set and differ).
 """
-from dataclasses import dataclass, field
-from typing import Optional, Tuple
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from typing import Optional, Tuple, get_type_hints
 
+from data.names import BACKENDS, DATASET_NAMES
+from data.transforms import INTERPOLATIONS, TRAIN_CROPS
 from models.heads import HEAD_NAMES
-from models.resmlp import NORMS
+from models.resmlp import MODEL_NAMES, NORMS
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+
+# resume classes (field metadata "resume"; see the module docstring)
+FREE, FROZEN, OPTIMIZER = "free", "frozen", "optimizer"
+RESUME_CLASSES = (FREE, FROZEN, OPTIMIZER)
+
+
+def setting(default=MISSING, help="", *, range=None, choices=None, resume=None, factory=MISSING, **extra):
+    """A config field whose metadata holds its meaning and checks (see the module docstring)."""
+    meta = {"help": help, **extra}
+    if range is not None:
+        meta["range"] = range
+    if choices is not None:
+        meta["choices"] = tuple(choices)
+    if resume is not None:
+        assert resume in RESUME_CLASSES, resume
+        meta["resume"] = resume
+    if factory is not MISSING:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 # DataConfig: every data/augmentation choice is a config field.
@@ -20,60 +57,81 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 # mixup 0.8, cutmix 1.0, label smoothing 0.1, repeated augmentation, crop_pct 0.9).
 @dataclass
 class DataConfig:
-    dataset: str = "builtin10"  # any data.names.DATASET_NAMES entry
-    root: str = "datasets"  # where CIFAR/ImageNet live (cifar-10-batches-py/, train/ val/), or the shard folder
+    dataset: str = setting("builtin10", "which dataset (builtin*: generated offline; imagefolder: "
+                           "root/train|val/<class>/*; shards: scripts/make_shards.py output)",
+                           choices=DATASET_NAMES, resume=FROZEN)
+    root: str = setting("datasets", "where CIFAR/ImageNet live (cifar-10-batches-py/, train/ val/), or the shard "
+                        "folder", resume=FREE)
     # pil: timm/PIL per-sample transforms (and the in-memory path); dali: NVIDIA DALI decode + DeiT
     # augmentation (imagefolder/shards; GPU when training on one, else CPU threads = num_workers);
     # auto: dali when DALI is installed, the dataset is imagefolder/shards and training runs on CUDA.
-    backend: str = "auto"
-    image_size: int = 32
-    batch_size: int = 128  # per process
-    eval_batch_size: int = 256  # per process
-    num_workers: int = 2
-    in_memory: bool = True  # CIFAR/builtin: whole split as one uint8 tensor, batch aug on device
-    download: bool = True
-    auto_augment: Optional[str] = None  # e.g. "rand-m9-mstd0.5-inc1" (forces the per-sample path)
-    reprob: float = 0.0  # random erasing probability (timm RandomErasing, mode "pixel")
-    interpolation: str = "bicubic"
-    crop_pct: float = 0.875
-    hflip: float = 0.5
-    mixup: float = 0.0
-    cutmix: float = 0.0
-    mixup_prob: float = 1.0
-    mixup_switch_prob: float = 0.5
-    label_smoothing: float = 0.0
-    repeated_aug: bool = False
-    skip_corrupt: bool = False
-    calib_fraction: float = 0.0  # fraction of TRAIN held out (deterministically) as "calib" split
-    builtin_train_size: int = 20000
-    builtin_val_size: int = 2000
-    builtin_seed: int = 0
+    backend: str = setting("auto", "decoding/augmentation: pil (timm/PIL), dali (NVIDIA DALI), auto (dali when "
+                           "installed, on CUDA, for imagefolder/shards; else pil)", choices=BACKENDS)
+    image_size: int = setting(32, "side of the square images the model sees (the model's img_size too)",
+                              range="[1, inf)", resume=FROZEN)
+    batch_size: int = setting(128, "training batch per process", range="[1, inf)")
+    eval_batch_size: int = setting(256, "evaluation batch per process", range="[1, inf)", resume=FREE)
+    num_workers: int = setting(2, "data loader worker processes (DALI: CPU threads)", range="[0, inf)", resume=FREE)
+    in_memory: bool = setting(True, "CIFAR/builtin: whole split as one uint8 tensor, batch augmentation on "
+                              "the device")
+    download: bool = setting(True, "download CIFAR when it is missing", resume=FREE)
+    auto_augment: Optional[str] = setting(None, "timm RandAugment spec, e.g. rand-m9-mstd0.5-inc1 (forces the "
+                                          "per-sample path); null: none")
+    reprob: float = setting(0.0, "random erasing probability (timm RandomErasing, mode pixel)", range="[0, 1]")
+    interpolation: str = setting("bicubic", "resize interpolation", choices=INTERPOLATIONS)
+    crop_pct: float = setting(0.875, "eval centre-crop ratio: resize to image_size / crop_pct, then crop",
+                              range="(0, 1]")
+    hflip: float = setting(0.5, "horizontal flip probability", range="[0, 1]")
+    mixup: float = setting(0.0, "Mixup alpha (0: off)", range="[0, inf)")
+    cutmix: float = setting(0.0, "CutMix alpha (0: off)", range="[0, inf)")
+    mixup_prob: float = setting(1.0, "probability of applying Mixup/CutMix to a batch", range="[0, 1]")
+    mixup_switch_prob: float = setting(0.5, "probability of CutMix instead of Mixup when both are on",
+                                       range="[0, 1]")
+    label_smoothing: float = setting(0.0, "label smoothing (folded into Mixup's targets when Mixup is on)",
+                                     range="[0, 1]")
+    repeated_aug: bool = setting(False, "repeated augmentation sampler (DeiT)", resume=FROZEN)
+    skip_corrupt: bool = setting(False, "skip undecodable images (counted) instead of stopping")
+    calib_fraction: float = setting(0.0, "fraction of TRAIN held out (deterministically) as the calib split "
+                                    "for prediction sets", range="[0, 1)", resume=FROZEN)
+    builtin_train_size: int = setting(20000, "built-in dataset: training images", range="[1, inf)", resume=FROZEN)
+    builtin_val_size: int = setting(2000, "built-in dataset: validation images", range="[1, inf)")
+    builtin_seed: int = setting(0, "built-in dataset: generator seed", resume=FROZEN)
     # ---- extra fields (all optional) ----
     # "pad": random crop with `crop_padding` (CIFAR style); "rrc": RandomResizedCrop (DeiT);
     # "auto": pad for builtin*/cifar*, rrc for imagefolder.
-    train_crop: str = "auto"
-    crop_padding: int = 4
-    color_jitter: float = 0.0  # timm colour jitter (only used when auto_augment is None; per-sample path)
-    mean: Tuple[float, float, float] = IMAGENET_MEAN
-    std: Tuple[float, float, float] = IMAGENET_STD
-    repeated_aug_repeats: int = 3  # timm RepeatAugSampler num_repeats
-    cache_dir: Optional[str] = None  # built-in dataset cache; None -> $XDG_CACHE_HOME or ~/.cache /resmlp-data
+    train_crop: str = setting("auto", "training crop: pad (CIFAR style, crop_padding), rrc (RandomResizedCrop), "
+                              "auto (pad for builtin/cifar, rrc for imagefolder/shards)", choices=TRAIN_CROPS)
+    crop_padding: int = setting(4, "zero padding before the pad-mode random crop", range="[0, inf)")
+    color_jitter: float = setting(0.0, "timm colour jitter (only without auto_augment; per-sample path)",
+                                  range="[0, inf)")
+    mean: Tuple[float, float, float] = setting(IMAGENET_MEAN, "normalisation mean (RGB)")
+    std: Tuple[float, float, float] = setting(IMAGENET_STD, "normalisation std (RGB)", range="(0, inf)")
+    repeated_aug_repeats: int = setting(3, "repeated augmentation: repeats per sample (timm RepeatAugSampler)",
+                                        range="[1, inf)", resume=FROZEN)
+    cache_dir: Optional[str] = setting(None, "built-in dataset cache; null: $XDG_CACHE_HOME or ~/.cache "
+                                       "/resmlp-data", resume=FREE)
 
 
 @dataclass
 class ModelConfig:
-    name: str = "resmlp_tiny"  # any models.resmlp.MODEL_NAMES entry
-    norm: str = "affine"  # models.resmlp.NORMS: affine (the paper) | layernorm (baseline) | batchnorm
-    drop_path: float = 0.0  # stochastic depth rate, uniform over blocks as in the paper
-    init_values: Optional[float] = None  # LayerScale init; None -> depth rule (0.1 / 1e-5 / 1e-6)
-    img_size: int = 32
+    name: str = setting("resmlp_tiny", "the ResMLP variant (models/resmlp.py VARIANTS)", choices=MODEL_NAMES,
+                        resume=FROZEN)
+    norm: str = setting("affine", "block normalisation: affine (the paper), layernorm (baseline), batchnorm",
+                        choices=NORMS, resume=FROZEN)
+    drop_path: float = setting(0.0, "stochastic depth rate, uniform over blocks as in the paper", range="[0, 1)")
+    init_values: Optional[float] = setting(None, "LayerScale init; null: by depth (0.1 / 1e-5 / 1e-6)",
+                                           range="(0, inf)", resume=FROZEN)
+    # Not a key: data.image_size, copied here by Config for the model builder. An old config's
+    # `model.img_size` is read as data.image_size (configs/loader.py).
+    img_size: int = field(default=32, init=False, metadata={"derived_from": "data.image_size"})
 
 
 @dataclass
 class HeadConfig:
-    name: str = "softmax"  # any models.heads.HEAD_NAMES entry
+    name: str = setting("softmax", "the output head (models/heads.py)", choices=HEAD_NAMES, resume=FROZEN)
     alpha: float = 1.5  # entmax_bisect only: in [1, 2], strictly inside when learned (models/heads.py)
-    learn_alpha: bool = False  # entmax_bisect only: alpha = 1 + sigmoid(alpha_logit) is trained
+    learn_alpha: bool = setting(False, "entmax_bisect only: alpha = 1 + sigmoid(alpha_logit) is trained",
+                                resume=FROZEN)
     gamma: float = 2.0  # normmax only: gamma > 1 (Santos et al. 2024 use 2)
     k: int = 5  # sparse_softmax only: classes kept, 1 <= k <= num_classes (5: the top-5 metric)
     order: int = 2  # taylor_softmax only: even order >= 2 (2: 1 + x + x^2/2)
@@ -83,81 +141,109 @@ class HeadConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = "lamb"  # lamb | adamw | sgd (timm.optim.create_optimizer_v2)
+    name: str = setting("lamb", "optimizer (timm.optim.create_optimizer_v2)", choices=("lamb", "adamw", "sgd"),
+                        resume=FROZEN)
     # Linear scaling rule (Goyal et al. 2017): the lr actually used is
     # lr * global_batch / lr_base_batch, global_batch = batch_size * processes * grad_accum.
-    lr: float = 5e-3
-    lr_base_batch: int = 2048
-    weight_decay: float = 0.2  # not applied to biases, Affine/norm params, LayerScale, alpha (1-D)
-    betas: Tuple[float, float] = (0.9, 0.999)
-    momentum: float = 0.9  # sgd only
-    clip_grad: Optional[float] = None  # max global grad norm; None = no clipping
-    epochs: int = 400
-    warmup_epochs: float = 5
-    min_lr: float = 1e-5
-    warmup_lr: float = 1e-6
+    lr: float = setting(5e-3, "peak learning rate at a global batch of lr_base_batch (scaled linearly)",
+                        range="(0, inf)", resume=OPTIMIZER)
+    lr_base_batch: int = setting(2048, "global batch at which lr applies unscaled", range="[1, inf)",
+                                 resume=OPTIMIZER)
+    weight_decay: float = setting(0.2, "weight decay (not on biases, Affine/norm parameters, LayerScale, alpha)",
+                                  range="[0, inf)", resume=OPTIMIZER)
+    betas: Tuple[float, float] = setting((0.9, 0.999), "Adam/LAMB betas", range="[0, 1)", resume=OPTIMIZER)
+    momentum: float = setting(0.9, "sgd only: momentum", range="[0, 1)", resume=OPTIMIZER)
+    clip_grad: Optional[float] = setting(None, "max global gradient norm; null: no clipping", range="(0, inf)")
+    epochs: int = setting(400, "training epochs (the cosine schedule's length)", range="[1, inf)",
+                          resume=OPTIMIZER)
+    warmup_epochs: float = setting(5, "linear warmup from warmup_lr, in epochs", range="[0, inf)",
+                                   resume=OPTIMIZER)
+    min_lr: float = setting(1e-5, "learning rate at the end of the cosine schedule", range="[0, inf)",
+                            resume=OPTIMIZER)
+    warmup_lr: float = setting(1e-6, "learning rate at the start of the warmup", range="[0, inf)",
+                               resume=OPTIMIZER)
 
 
 @dataclass
 class TrainConfig:
-    seed: int = 0
-    mixed_precision: str = "no"  # no | bf16 | fp16
-    grad_accum: int = 1  # micro-batches per optimizer update
-    eval_every: int = 1  # epochs (and always after the last one)
-    log_every: int = 10  # optimizer updates
-    save_every: int = 500  # optimizer updates (and always at each epoch end)
-    keep_last: int = 2  # checkpoints kept besides the best one
-    output_dir: str = "runs/{name}"  # "{name}" is replaced by the config name
-    ema: bool = True
-    ema_decay: float = 0.99996
-    nonfinite: str = "stop"  # stop | skip
+    seed: int = setting(0, "seed of initialisation, sample order and augmentation", resume=FROZEN)
+    mixed_precision: str = setting("no", "autocast precision (fp16: CUDA only)", choices=("no", "bf16", "fp16"))
+    grad_accum: int = setting(1, "micro-batches per optimizer update", range="[1, inf)")
+    eval_every: int = setting(1, "evaluate every N epochs (and after the last one)", range="[1, inf)", resume=FREE)
+    log_every: int = setting(10, "log every N optimizer updates", range="[1, inf)", resume=FREE)
+    save_every: int = setting(500, "checkpoint every N optimizer updates (and at each epoch end)",
+                              range="[1, inf)", resume=FREE)
+    keep_last: int = setting(2, "checkpoints kept besides the best one", range="[1, inf)", resume=FREE)
+    output_dir: str = setting("runs/{name}", "the run directory; {name} is replaced by the config's name",
+                              resume=FREE)
+    ema: bool = setting(True, "keep an exponential moving average of the weights (model_ema.safetensors)")
+    ema_decay: float = setting(0.99996, "EMA decay per update", range="[0, 1)")
+    nonfinite: str = setting("stop", "a non-finite loss: stop (exit 3) or skip the update",
+                             choices=("stop", "skip"), resume=FREE)
     # nonfinite=skip only: stop (exit 3, as `stop` does) once more than this fraction of the last 100
     # updates were skipped (0.1: an 11th skip within 100 updates); 1 never stops.
-    max_skipped_fraction: float = 0.1
+    max_skipped_fraction: float = setting(0.1, "nonfinite=skip: stop once more than this fraction of the last "
+                                          "100 updates were skipped (1: never)", range="[0, 1]", resume=FREE)
     # torch.compile the forward together with the loss: auto = on for CUDA, off for CPU | true | false
-    compile: str = "auto"
+    compile: str = setting("auto", "torch.compile the forward and loss (auto: on CUDA)",
+                           choices=("auto", "true", "false"), resume=FREE)
     # CUDA only: torch.cuda.set_sync_debug_mode("error") around every update that is not a log step
     # (after the warm-up updates), so a host sync in the training step fails loudly.
-    sync_debug: bool = False
-    tensorboard: bool = True  # TensorBoard through Accelerate's trackers, when installed
-    progress: bool = True  # tqdm bar on the main process
+    sync_debug: bool = setting(False, "CUDA only: fail on any host sync inside a training step")
+    tensorboard: bool = setting(True, "TensorBoard logs through Accelerate's trackers, when installed",
+                                resume=FREE)
+    progress: bool = setting(True, "tqdm progress bar on the main process", resume=FREE)
 
 
 @dataclass
 class Config:
-    name: str = "run"
+    name: str = setting("run", "the config's name (default: the file name); fills train.output_dir's {name}",
+                        resume=FREE)
     model: ModelConfig = field(default_factory=ModelConfig)
     head: HeadConfig = field(default_factory=HeadConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
 
+    def __post_init__(self):
+        self.model.img_size = self.data.image_size  # one key: data.image_size (see the module docstring)
 
-# Numeric ranges checked at load time (every float must also be finite); a tuple's every element.
-# Intervals in the usual notation: [ ] closed, ( ) open; "inf" is unbounded.
-RANGES = {
-    "data.image_size": "[1, inf)", "data.batch_size": "[1, inf)", "data.eval_batch_size": "[1, inf)",
-    "data.num_workers": "[0, inf)", "data.reprob": "[0, 1]", "data.crop_pct": "(0, 1]", "data.hflip": "[0, 1]",
-    "data.mixup": "[0, inf)", "data.cutmix": "[0, inf)", "data.mixup_prob": "[0, 1]",
-    "data.mixup_switch_prob": "[0, 1]", "data.label_smoothing": "[0, 1]", "data.calib_fraction": "[0, 1)",
-    "data.builtin_train_size": "[1, inf)", "data.builtin_val_size": "[1, inf)", "data.crop_padding": "[0, inf)",
-    "data.color_jitter": "[0, inf)", "data.std": "(0, inf)", "data.repeated_aug_repeats": "[1, inf)",
-    "model.drop_path": "[0, 1)", "model.init_values": "(0, inf)", "model.img_size": "[1, inf)",
-    "optim.lr": "(0, inf)", "optim.lr_base_batch": "[1, inf)", "optim.weight_decay": "[0, inf)",
-    "optim.betas": "[0, 1)", "optim.momentum": "[0, 1)", "optim.clip_grad": "(0, inf)", "optim.epochs": "[1, inf)",
-    "optim.warmup_epochs": "[0, inf)", "optim.min_lr": "[0, inf)", "optim.warmup_lr": "[0, inf)",
-    "train.grad_accum": "[1, inf)", "train.eval_every": "[1, inf)", "train.log_every": "[1, inf)",
-    "train.save_every": "[1, inf)", "train.keep_last": "[1, inf)", "train.ema_decay": "[0, 1)",
-    "train.max_skipped_fraction": "[0, 1]",
-}
 
-# Closed vocabularies checked at load time (the model/head/dataset names are checked by their
-# owners' builders, which list the valid names).
-CHOICES = {
-    "model.norm": NORMS,
-    "head.name": HEAD_NAMES,
-    "optim.name": ("lamb", "adamw", "sgd"),
-    "train.mixed_precision": ("no", "bf16", "fp16"),
-    "train.nonfinite": ("stop", "skip"),
-    "train.compile": ("auto", "true", "false"),
-}
+# ----------------------------------------------------------------------------- derived tables
+def is_key(f):
+    """False for a field that is derived, not set by a config (ModelConfig.img_size)."""
+    return f.init
+
+
+def schema_fields(cls=Config, prefix=""):
+    """{dotted key: (dataclasses.Field, type)} of every config key, in declaration order."""
+    out = {}
+    hints = get_type_hints(cls)
+    for f in fields(cls):
+        if not is_key(f):
+            continue
+        if is_dataclass(hints[f.name]):
+            out.update(schema_fields(hints[f.name], prefix + f.name + "."))
+        else:
+            out[prefix + f.name] = (f, hints[f.name])
+    return out
+
+
+def section_names(cls=Config):
+    """The sections (nested dataclasses) of the config: model, head, data, optim, train."""
+    hints = get_type_hints(cls)
+    return tuple(f.name for f in fields(cls) if is_dataclass(hints[f.name]))
+
+
+def _metadata_table(name):
+    return {key: f.metadata[name] for key, (f, _) in schema_fields().items() if name in f.metadata}
+
+
+# Numeric intervals checked at load time, e.g. {"optim.lr": "(0, inf)"}.
+RANGES = _metadata_table("range")
+# Closed vocabularies checked at load time, e.g. {"model.norm": NORMS}.
+CHOICES = _metadata_table("choices")
+# What a resume may do with each key: FREE, FROZEN, OPTIMIZER, or None (with --resume-with-changes).
+RESUME_CLASS = {key: f.metadata.get("resume") for key, (f, _) in schema_fields().items()}
+# Old keys still read, and the key each now is: {"model.img_size": "data.image_size"}.
+ALIASES = {f"model.{f.name}": f.metadata["derived_from"] for f in fields(ModelConfig) if "derived_from" in f.metadata}

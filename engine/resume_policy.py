@@ -2,21 +2,26 @@
 
 A checkpoint stores its run's resolved config as a flat dict of dotted keys (`flatten_config`)
 plus two derived values, `run.num_classes` and `run.global_batch` (`resume_fingerprint`). On
-resume, `check_resume_changes` compares it with the current config, key by key:
+resume, `check_resume_changes` compares it with the current config, key by key. What each key may
+do is its resume class in the schema's field metadata (configs/schema.py); the tables here are
+derived from it:
 
-- RESUME_ALLOWLIST: may change freely (where the run writes, how often it logs, evaluates and
+- RESUME_ALLOWLIST (class FREE): may change freely (where the run writes, how often it logs, evaluates and
   saves, how many checkpoints it keeps, how many loader workers or which eval batch size it uses,
   where the dataset lives, torch.compile, the non-finite policy). None of them changes what is
   trained.
-- FROZEN_KEYS: never (the checkpoint would mean something else: another model, head parameter set,
+- FROZEN_KEYS (class FROZEN, and the two derived values): never (the checkpoint would mean something else: another model, head parameter set,
   dataset/split, sampler order or optimizer type). Refused with one line; start a new run.
 - every other key (optim.lr, optim.epochs, weight decay, warmup, augmentation, EMA, precision, ...):
   refused with one line listing each change as `key=old -> new` and naming
   `--resume-with-changes`; with that flag the changes are returned so the caller applies them for
-  real: `rebuild_schedule` re-creates the warmup+cosine schedule for the new optim settings,
-  evaluated at the current update (so a new lr or epoch count takes effect from this step on),
-  `change_record` is the metrics.jsonl row and `save_config_with_history` appends the change to
-  config.yaml's `history` list.
+  real: `rebuild_schedule` re-creates the warmup+cosine schedule for the new optim settings
+  (OPTIM_KEYS, class OPTIMIZER), evaluated at the current update (so a new lr or epoch count takes
+  effect from this step on), `change_record` is the metrics.jsonl row and
+  `save_config_with_history` writes config.yaml (always a plain, valid `--config` file) and appends
+  the change to its history, RUN_DIR/config_history.yaml (CONFIG_HISTORY_NAME). Runs written
+  before kept the history inside config.yaml as a `history` key: it is read from there (and moved
+  to the history file at the next save), and the config loader ignores it.
 
 Keys present on only one side (added to the schema after the checkpoint was written) are not
 compared: the checkpoint cannot say what it used. Checkpoints written before this fingerprint
@@ -29,39 +34,31 @@ from collections.abc import Mapping, Sequence
 
 import yaml
 
+from common import rundir
 from common.errors import UserError
 from common.io import atomic_write_text
+from configs.loader import config_to_dict, read_yaml_file
+from configs.schema import FREE, FROZEN, OPTIMIZER, RESUME_CLASS
+
+# Values a checkpoint derives from the config and the launch (resume_fingerprint), not config keys.
+DERIVED_KEYS = ("run.num_classes", "run.global_batch")
+
+
+def keys_of_class(resume_class):
+    return frozenset(key for key, c in RESUME_CLASS.items() if c == resume_class)
+
 
 from .optim import build_scheduler
 
 # Keys that may differ between the checkpoint and the resuming config without any flag.
-RESUME_ALLOWLIST = frozenset({
-    "name",                 # the config's name (train.output_dir is already resolved)
-    "train.output_dir",     # the run directory may move
-    "train.log_every", "train.eval_every", "train.save_every", "train.keep_last",
-    "train.progress", "train.tensorboard",
-    "train.compile",        # how the same model is executed
-    "train.nonfinite",      # what to do if the loss turns non-finite (the error message suggests changing it)
-    "train.max_skipped_fraction",  # when train.nonfinite=skip gives up
-    "data.num_workers",     # the loaders give the same batches with any worker count
-    "data.eval_batch_size",  # evaluation sums are exact at any chunking
-    "data.root", "data.download", "data.cache_dir",  # where the data lives, not what it is
-})
-
+RESUME_ALLOWLIST = keys_of_class(FREE)
 # Keys a checkpoint cannot be resumed with a different value of, flag or not.
-FROZEN_KEYS = frozenset({
-    "model.name", "model.norm", "model.img_size", "model.init_values",
-    "head.name", "head.learn_alpha",
-    "data.dataset", "data.image_size", "data.builtin_train_size", "data.builtin_seed", "data.calib_fraction",
-    "data.repeated_aug", "data.repeated_aug_repeats",
-    "train.seed",           # the per-epoch sample order: a mid-epoch resume would repeat/skip samples
-    "optim.name",           # the optimizer state belongs to one optimizer type
-    "run.num_classes", "run.global_batch",
-})
-
+FROZEN_KEYS = keys_of_class(FROZEN) | frozenset(DERIVED_KEYS)
 # optim keys whose change needs the lr schedule rebuilt / the optimizer's groups updated
-OPTIM_KEYS = frozenset({"optim.lr", "optim.lr_base_batch", "optim.epochs", "optim.warmup_epochs", "optim.min_lr",
-                        "optim.warmup_lr", "optim.weight_decay", "optim.betas", "optim.momentum"})
+OPTIM_KEYS = keys_of_class(OPTIMIZER)
+
+# Beside config.yaml: the changes accepted on resume (--resume-with-changes), a YAML list.
+CONFIG_HISTORY_NAME = rundir.CONFIG_HISTORY
 
 RESUME_FLAG = "--resume-with-changes"
 _MISSING = object()
@@ -88,9 +85,10 @@ def _plain(value):
     return value
 
 
-def resume_fingerprint(cfg_dict, *, num_classes, global_batch):
-    """What a checkpoint stores (trainer_state["config"]) and a resume is compared against."""
-    flat = flatten_config(cfg_dict)
+def resume_fingerprint(cfg, *, num_classes, global_batch):
+    """What a checkpoint stores (trainer_state["config"]) and a resume is compared against. `cfg`:
+    a Config, or its nested dict."""
+    flat = flatten_config(cfg if isinstance(cfg, Mapping) else config_to_dict(cfg))
     flat["run.num_classes"] = int(num_classes)
     flat["run.global_batch"] = int(global_batch)
     return flat
@@ -106,6 +104,21 @@ def saved_fingerprint(trainer_state):
     if trainer_state.get("global_batch") is not None:
         legacy["run.global_batch"] = trainer_state["global_batch"]
     return legacy
+
+
+def fingerprint_config(flat):
+    """The nested config dict a fingerprint was flattened from (its derived values left out), e.g.
+    to evaluate a checkpoint with exactly the settings that trained it."""
+    nested = {}
+    for key, value in flat.items():
+        if key in DERIVED_KEYS:
+            continue
+        *sections, leaf = key.split(".")
+        node = nested
+        for section in sections:
+            node = node.setdefault(section, {})
+        node[leaf] = value
+    return nested
 
 
 def config_changes(saved, current, allowlist=RESUME_ALLOWLIST):
@@ -197,34 +210,50 @@ def change_record(changes, *, step, checkpoint):
 
 
 def history_entry(changes, *, step, checkpoint):
-    """One entry of config.yaml's `history` list."""
+    """One entry of the run's config history (CONFIG_HISTORY_NAME)."""
     return {"step": int(step), "checkpoint": checkpoint,
             "time": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
             "flag": RESUME_FLAG,
             "changes": {c.key: {"old": _jsonable(c.old), "new": _jsonable(c.new)} for c in changes}}
 
 
-def read_config_history(path):
-    """The `history` list of a run's config.yaml ([] when absent or unreadable)."""
-    try:
-        with open(path) as f:
-            data = yaml.safe_load(f)
-    except (OSError, yaml.YAMLError):
+def history_path(config_path):
+    """The history file beside a run's config.yaml."""
+    return os.path.join(os.path.dirname(os.path.abspath(config_path)), CONFIG_HISTORY_NAME)
+
+
+def read_config_history(config_path):
+    """The change history of the run whose config.yaml is `config_path`: its history file, or (a run
+    written before the file existed) config.yaml's own `history` key; [] when neither holds one.
+    A file that is not UTF-8, malformed or has duplicate keys is a one-line UserError."""
+    path = history_path(config_path)
+    if os.path.isfile(path):
+        history, _ = read_yaml_file(path, "config history")
+        if history is not None and not isinstance(history, list):
+            raise UserError(f"{path} must be a list of changes, got {type(history).__name__}; restore it or "
+                            f"delete it (the history is a record, not a setting)")
+        return list(history or [])
+    if not os.path.isfile(config_path):
         return []
-    history = data.get("history") if isinstance(data, dict) else None
-    return list(history) if isinstance(history, list) else []
+    data, _ = read_yaml_file(config_path, "run config")
+    legacy = data.get("history") if isinstance(data, dict) else None
+    return list(legacy) if isinstance(legacy, list) else []
 
 
-def save_config_with_history(path, cfg_dict, entry=None, keep_history=True):
-    """Write the resolved config (a plain nested dict, e.g. configs.config_to_dict(cfg)) to `path`
-    atomically, with a `history` list: the one already in `path` (when `keep_history`, i.e. on a
-    resume) plus `entry` (a `history_entry`, when changes were accepted). Without any history the
-    file is exactly the plain config. Readers of config.yaml must ignore the `history` key."""
-    history = read_config_history(path) if keep_history and os.path.isfile(path) else []
+def save_config_with_history(path, cfg, entry=None, keep_history=True):
+    """Write the resolved config (a Config, or its plain nested dict) to `path` atomically as a plain
+    config (a valid `--config` file), and its history beside it (CONFIG_HISTORY_NAME): the history
+    already recorded (when `keep_history`, i.e. on a resume) plus `entry` (a `history_entry`, when
+    changes were accepted). Without `keep_history` (a fresh start) an old history file is removed:
+    it belonged to the run this one replaces."""
+    history = read_config_history(path) if keep_history else []
     if entry is not None:
         history.append(entry)
-    data = dict(cfg_dict)
-    data.pop("history", None)
+    hist = history_path(path)
     if history:
-        data["history"] = history
+        atomic_write_text(hist, yaml.safe_dump(history, sort_keys=False))
+    elif os.path.isfile(hist):
+        os.remove(hist)
+    data = dict(cfg if isinstance(cfg, Mapping) else config_to_dict(cfg))
+    data.pop("history", None)  # a dict read from an older run's config.yaml
     atomic_write_text(path, yaml.safe_dump(data, sort_keys=False))

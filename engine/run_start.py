@@ -8,14 +8,15 @@ directory changes:
    in COMPLETE.json); none valid: one line naming --resume PATH;
 3. resuming: the checkpoint's whole config against this one (engine/resume_policy.py): a change
    outside RESUME_ALLOWLIST is refused in one line unless --resume-with-changes, which records it
-   in config.yaml's `history`; the run's classes.json must match the dataset's class names;
+   in the run's config history (config_history.yaml); the run's classes.json must match the
+   dataset's class names;
 4. starting fresh: a directory holding a run (engine.checkpoint.run_artefacts: weights, logs,
    summary, checkpoints) is refused in one line naming what is there and the two ways on
    (`--resume auto`, `--overwrite`); `--resume auto` without a complete checkpoint refuses the
    same way unless the directory holds no run; `--overwrite` lists what it deletes, checks that all
    of it can be deleted (else one line, nothing deleted) and deletes it, symlinks themselves and
    never their targets (common/removal.py);
-5. write config.yaml (with its history when resuming) and classes.json.
+5. write config.yaml (a plain config, valid for --config), its history when resuming, and classes.json.
 The other ranks receive the decision (one broadcast) or, after a refusal, exit with the same code
 without printing it again. The checkpoint's trainer_state.json is read once, here, and travels with
 the decision to `restore`.
@@ -28,15 +29,14 @@ from accelerate.utils import broadcast_object_list
 from common import rundir
 from common.errors import UserError
 from common.removal import remove_all
-from configs.loader import config_to_dict
 from data.classes import class_mismatch, class_names, load_class_names, save_class_names
 
 from . import checkpoint as ck
 from . import resume_policy as rp
 from .logging import console
 
-# What --overwrite deletes besides the run artefacts: the TensorBoard logs of the old run.
-OVERWRITE_EXTRA = (rundir.TENSORBOARD,)
+# What --overwrite deletes besides the run artefacts: the TensorBoard logs and config history of the old run.
+OVERWRITE_EXTRA = (rundir.TENSORBOARD, rundir.CONFIG_HISTORY)
 
 
 def prepare_run_dir(cfg, resume, overwrite, accept_changes, accelerator, lock, fp):
@@ -103,8 +103,7 @@ def decide_start(cfg, resume, overwrite, accept_changes, lock, fp):
                             f"--overwrite to delete it and start over (or set another train.output_dir)")
         delete_old_run(run_dir, present + [n for n in OVERWRITE_EXTRA
                                            if overwrite and os.path.lexists(os.path.join(run_dir, n))], say)
-    rp.save_config_with_history(os.path.join(run_dir, rundir.CONFIG), config_to_dict(cfg), history,
-                                keep_history=ckpt is not None)
+    rp.save_config_with_history(os.path.join(run_dir, rundir.CONFIG), cfg, history, keep_history=ckpt is not None)
     save_class_names(run_dir, names)
     return ckpt, saved, changes
 

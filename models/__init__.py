@@ -1,6 +1,5 @@
 """Models: the ResMLP family (models/resmlp.py) and the swappable output heads (models/heads.py)."""
 from .convert import convert_state_dict, load_pretrained
-from common.errors import UserError
 from .heads import (HEAD_NAMES, Entmax15Loss, EntmaxBisectLoss, OutputHead, SoftmaxLoss, SparsemaxLoss,
                     build_output_head, entmax15, entmax15_loss, entmax_bisect, entmax_bisect_loss, softmax,
                     softmax_loss, sparsemax, sparsemax_loss)
@@ -17,8 +16,8 @@ def create_classifier(model_cfg, head_cfg, num_classes):
     """
     import timm
 
-    if model_cfg.name not in MODEL_NAMES:
-        raise UserError(f"unknown model '{model_cfg.name}'; valid names: {', '.join(MODEL_NAMES)}")
+    # model_cfg.name was checked by the config loader (schema choices); timm.create_model reaches
+    # create_resmlp, which names the valid variants for a direct caller
     model = timm.create_model(
         model_cfg.name,
         num_classes=num_classes,

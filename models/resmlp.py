@@ -109,8 +109,6 @@ class ResMLP(nn.Module):
                  depth=12, mlp_ratio=4.0, norm="affine", init_values=None, drop_rate=0.0,
                  drop_path_rate=0.0, global_pool="avg"):
         super().__init__()
-        if norm not in NORMS:
-            raise UserError(f"unknown norm '{norm}'; valid norms: {', '.join(NORMS)}")
         if global_pool not in ("avg", ""):
             raise UserError(f"unknown global_pool '{global_pool}'; valid: 'avg', ''")
         if int(img_size) <= 0 or int(img_size) % int(patch_size):

@@ -51,6 +51,7 @@ from common import rundir  # noqa: E402
 from common.errors import UserError  # noqa: E402
 from common.io import atomic_write_text, json_text, write_json  # noqa: E402
 from engine.runlock import RunLock  # noqa: E402
+from models.heads import HEAD_NAMES  # noqa: E402
 
 REQUEST_FILE = rundir.COMPARE_REQUEST  # what this script asked train.py for, to detect clashes
 LOG_FILE = rundir.COMPARE_LOG  # a run's train + eval output under --jobs N > 1
@@ -62,7 +63,7 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="base training config (YAML)")
     p.add_argument("--heads", nargs="+", default=["softmax", "sparsemax", "entmax15"],
-                   help="output heads to compare (models.heads.HEAD_NAMES)")
+                   help=f"output heads to compare: {' '.join(HEAD_NAMES)}")
     p.add_argument("--norms", nargs="+", default=None, help="also vary model.norm (affine layernorm batchnorm)")
     p.add_argument("--alphas", nargs="+", type=float, default=None,
                    help="alpha values for entmax_bisect (one variant each)")
@@ -107,7 +108,6 @@ def parse_args(argv=None):
 def _variants(args):
     """[(variant name, variant stem without the norm, norm, head, alpha)] in plan order."""
     from configs.loader import check_alpha
-    from models.heads import HEAD_NAMES
 
     for head in args.heads:
         if head not in HEAD_NAMES:
@@ -237,7 +237,7 @@ def _check_request(run_dir, request, create=True):
     request = json.loads(json_text(request))  # tuples -> lists, as stored
     if os.path.isfile(path):
         with open(path) as f:
-            previous = json.load(f)
+            previous = _in_todays_schema(json.load(f))
         if previous != request:
             diff = _first_difference(previous.get("resolved", {}), request.get("resolved", {})) \
                 or " ".join(previous.get("overrides", []))
@@ -246,6 +246,21 @@ def _check_request(run_dir, request, create=True):
     elif create:
         with RunLock(run_dir, purpose="compare_heads"):  # not while another process trains or evaluates there
             write_json(request, path)
+
+
+def _in_todays_schema(request):
+    """A stored request with its resolved config read by today's loader: older key names (e.g.
+    model.img_size, now data.image_size) as they are now, keys added since at their defaults, so an
+    older comparison continues. A resolved config today's loader refuses is compared as stored."""
+    import configs
+
+    if not isinstance(request.get("resolved"), dict):
+        return request
+    try:
+        resolved = configs.config_to_dict(configs.config_from_dict(request["resolved"]))
+    except UserError:
+        return request
+    return {**request, "resolved": json.loads(json_text(resolved))}
 
 
 def _request(configs, config, overrides):

@@ -92,7 +92,7 @@ def test_mixed_precision_no_is_a_string_not_a_yaml11_boolean(tmp_path):
     ("head.nme=sparsemax", "head.name"),
 ])
 def test_unknown_key_suggests_closest(tmp_path, override, suggestion):
-    path = _write(tmp_path / "c.yaml", "")
+    path = _write(tmp_path / "c.yaml", "{}\n")
     with pytest.raises(UserError) as err:
         load_config(path, [override])
     msg = str(err.value)
@@ -113,7 +113,7 @@ def test_unknown_key_in_yaml_file(tmp_path):
     ("model.init_values=abc", "model.init_values", "float or null"),
 ])
 def test_wrong_type_names_key_and_type(tmp_path, override, key, expected):
-    path = _write(tmp_path / "c.yaml", "")
+    path = _write(tmp_path / "c.yaml", "{}\n")
     with pytest.raises(UserError) as err:
         load_config(path, [override])
     msg = str(err.value)
@@ -167,7 +167,7 @@ def test_train_cli_prints_one_line_and_exits_2(tmp_path):
                                       "data.mean=[.nan, 0.5, 0.5]", "model.init_values=nan"])
 def test_non_finite_numbers_are_refused(tmp_path, override):
     with pytest.raises(UserError) as err:
-        load_config(_write(tmp_path / "c.yaml", ""), [override])
+        load_config(_write(tmp_path / "c.yaml", "{}\n"), [override])
     msg = str(err.value)
     assert f"'{override.split('=')[0]}'" in msg and "finite" in msg and "\n" not in msg
 
@@ -184,14 +184,14 @@ def test_non_finite_numbers_are_refused(tmp_path, override):
 def test_out_of_range_numbers_are_refused(tmp_path, override, expected):
     key, value = override.split("=")
     with pytest.raises(UserError) as err:
-        load_config(_write(tmp_path / "c.yaml", ""), [override])
+        load_config(_write(tmp_path / "c.yaml", "{}\n"), [override])
     msg = str(err.value)
     assert msg.startswith(f"config key '{key}' must be {expected}, got ") and "\n" not in msg
     # the edges of each interval that are inside it load
     edge = {"optim.lr": "1e-9", "optim.weight_decay": "0", "optim.warmup_epochs": "0", "data.calib_fraction": "0.99",
             "train.ema_decay": "0", "data.reprob": "1", "data.label_smoothing": "1"}
     if key in edge:
-        load_config(_write(tmp_path / "c.yaml", ""), [f"{key}={edge[key]}"])
+        load_config(_write(tmp_path / "c.yaml", "{}\n"), [f"{key}={edge[key]}"])
 
 
 # 9 levels of 9 aliases each: ~400 bytes that a YAML loader expanding aliases would turn into 9**9
@@ -209,7 +209,7 @@ def test_yaml_aliases_are_refused_before_expansion(tmp_path):
     # an alias inside an override value: never expanded, the value is quoted cut short
     override = "optim.lr=[&a [lol, lol, lol, lol], [*a, *a, *a, *a], [*a, *a, *a, *a, *a, *a, *a, *a, *a]]"
     with pytest.raises(UserError) as err:
-        load_config(_write(tmp_path / "c.yaml", ""), [override])
+        load_config(_write(tmp_path / "c.yaml", "{}\n"), [override])
     assert "'optim.lr' expects float" in str(err.value) and len(str(err.value)) < 200
 
 
@@ -217,7 +217,7 @@ def test_long_values_are_cut_short_in_errors(tmp_path):
     huge = "[" + ", ".join(["1"] * 5000) + "]"
     for override in (f"optim.lr={huge}", f"train.mixed_precision={'x' * 5000}"):
         with pytest.raises(UserError) as err:
-            load_config(_write(tmp_path / "c.yaml", ""), [override])
+            load_config(_write(tmp_path / "c.yaml", "{}\n"), [override])
         msg = str(err.value)
         assert "optim.lr" in msg or "train.mixed_precision" in msg
         assert "..." in msg and len(msg) < 250 and "\n" not in msg

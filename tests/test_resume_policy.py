@@ -168,13 +168,67 @@ def test_change_record_and_config_history(tmp_path):
                                 rp.history_entry(second, step=40, checkpoint="checkpoints/step_000000040"))
     data = yaml.safe_load(open(path))
     assert data["optim"]["lr"] == 3e-2 and data["optim"]["epochs"] == 450
-    assert [h["step"] for h in data["history"]] == [16, 40]
-    assert data["history"][0]["changes"] == {"optim.lr": {"old": 5e-3, "new": 3e-2}}
-    assert data["history"][1]["changes"]["data.mean"] == {"old": [0.5] * 3, "new": [0.4] * 3}
-    assert rp.read_config_history(path) == data["history"]
+    # the history lives beside config.yaml (issue 16), which stays a plain config
+    assert "history" not in data and data == json.loads(json.dumps(_cfg_dict(optim={"lr": 3e-2, "epochs": 450})))
+    history = yaml.safe_load(open(tmp_path / rp.CONFIG_HISTORY_NAME))
+    assert [h["step"] for h in history] == [16, 40]
+    assert history[0]["changes"] == {"optim.lr": {"old": 5e-3, "new": 3e-2}}
+    assert history[1]["changes"]["data.mean"] == {"old": [0.5] * 3, "new": [0.4] * 3}
+    assert rp.read_config_history(path) == history
     rp.save_config_with_history(path, cfg, keep_history=False)  # a fresh start (--overwrite) drops it
-    assert "history" not in yaml.safe_load(open(path))
+    assert "history" not in yaml.safe_load(open(path)) and not (tmp_path / rp.CONFIG_HISTORY_NAME).exists()
+    assert rp.read_config_history(path) == []
 
     row = rp.change_record(first, step=16, checkpoint="c")
     assert json.loads(json.dumps(row)) == {"kind": "config_change", "step": 16, "checkpoint": "c",
                                            "changes": {"optim.lr": {"old": 5e-3, "new": 3e-2}}}
+
+
+def test_history_inside_an_older_runs_config_yaml_is_read_and_moved_beside_it(tmp_path):
+    """Runs written before config_history.yaml kept the history as a `history` key of config.yaml."""
+    path = str(tmp_path / "config.yaml")
+    old_entry = rp.history_entry([rp.Change("optim.lr", 5e-3, 3e-2)], step=16, checkpoint="c16")
+    with open(path, "w") as f:
+        yaml.safe_dump({**_cfg_dict(optim={"lr": 3e-2}), "history": [old_entry]}, f, sort_keys=False)
+    assert rp.read_config_history(path) == [old_entry]
+    new_entry = rp.history_entry([rp.Change("optim.epochs", 400, 450)], step=40, checkpoint="c40")
+    rp.save_config_with_history(path, _cfg_dict(optim={"lr": 3e-2, "epochs": 450}), new_entry)
+    assert "history" not in yaml.safe_load(open(path))
+    assert [h["step"] for h in yaml.safe_load(open(tmp_path / rp.CONFIG_HISTORY_NAME))] == [16, 40]
+
+
+def test_a_broken_history_is_one_line(tmp_path):
+    path = str(tmp_path / "config.yaml")
+    rp.save_config_with_history(path, _cfg_dict())
+    (tmp_path / rp.CONFIG_HISTORY_NAME).write_bytes(b"- step: 1\n  step: 2\n")
+    with pytest.raises(UserError) as err:
+        rp.read_config_history(path)
+    assert "step" in str(err.value) and "lines 1 and 2" in str(err.value) and "\n" not in str(err.value)
+    (tmp_path / rp.CONFIG_HISTORY_NAME).write_bytes(b"step: 1\n")
+    with pytest.raises(UserError, match="list of changes"):
+        rp.read_config_history(path)
+
+
+def test_resume_tables_are_the_schema_metadata():
+    """RESUME_ALLOWLIST / FROZEN_KEYS / OPTIM_KEYS come from the schema's field metadata (issue 16)."""
+    from configs.schema import FREE, FROZEN, OPTIMIZER, schema_fields
+
+    for key, (f, _) in schema_fields().items():
+        resume = f.metadata.get("resume")
+        assert (key in rp.RESUME_ALLOWLIST) == (resume == FREE), key
+        assert (key in rp.FROZEN_KEYS) == (resume == FROZEN), key
+        assert (key in rp.OPTIM_KEYS) == (resume == OPTIMIZER), key
+    assert rp.FROZEN_KEYS - set(schema_fields()) == {"run.num_classes", "run.global_batch"}
+    # the facts the tables held before they were derived
+    assert {"name", "train.output_dir", "train.compile", "data.root", "data.num_workers"} <= rp.RESUME_ALLOWLIST
+    assert {"model.name", "model.norm", "head.name", "data.image_size", "train.seed", "optim.name"} <= rp.FROZEN_KEYS
+    assert {"optim.lr", "optim.epochs", "optim.betas"} <= rp.OPTIM_KEYS and "data.mixup" not in rp.OPTIM_KEYS
+
+
+def test_a_checkpoint_fingerprint_gives_back_its_config():
+    from configs import config_from_dict, config_to_dict
+
+    cfg = config_from_dict(_cfg_dict(optim={"lr": 3e-2}, head={"name": "sparsemax"}))
+    fp = json.loads(json.dumps(_fp(config_to_dict(cfg))))  # as trainer_state.json holds it
+    assert config_from_dict(rp.fingerprint_config(fp)) == cfg
+    assert rp.resume_fingerprint(cfg, num_classes=10, global_batch=256) == _fp(config_to_dict(cfg))

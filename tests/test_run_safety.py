@@ -16,7 +16,7 @@ import yaml
 
 from common import io as common_io
 from common.errors import UserError
-from configs import load_run_config
+from configs import load_config, load_run_config
 from engine import checkpoint as ck
 from engine import resume_policy as rp
 from test_train_helpers import (ROOT, gated_train_cmd, read_metrics, reset_accelerate_state, run_inprocess,
@@ -128,11 +128,13 @@ def test_changed_lr_is_refused_then_applied_for_real_with_the_flag(finished, tmp
     change = [r for r in rows if r["kind"] == "config_change"]
     assert len(change) == 1 and change[0]["step"] == 8
     assert change[0]["changes"]["optim.lr"] == {"old": 5e-3, "new": 2e-2}
-    with open(os.path.join(run, "config.yaml")) as f:
-        history = yaml.safe_load(f)["history"]
+    with open(os.path.join(run, rp.CONFIG_HISTORY_NAME)) as f:  # beside config.yaml (issue 16)
+        history = yaml.safe_load(f)
     assert len(history) == 1 and history[0]["changes"]["optim.epochs"] == {"old": 1, "new": 2}
     assert history[0]["step"] == 8 and history[0]["flag"] == rp.RESUME_FLAG
-    assert load_run_config(run).optim.lr == 2e-2  # the history key is no config key
+    assert load_run_config(run).optim.lr == 2e-2
+    # config.yaml stays a valid --config for train.py and eval.py after --resume-with-changes
+    assert load_config(os.path.join(run, "config.yaml")) == load_run_config(run) == changed
     assert json.load(open(os.path.join(run, "summary.json")))["steps"] == 16
 
 
