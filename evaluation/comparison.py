@@ -303,8 +303,8 @@ def _points(x):
 
 
 def coverage_lines(variants, level=sanity.BAND_LEVEL):
-    """Conformal coverages below 1 − ε: flagged when below their finite-sample band, explained when
-    inside it; one line per (method, ε, n_cal, n_test)."""
+    """Conformal coverages below 1 − ε: one flag line per (method, ε) below its finite-sample band,
+    and one line explaining those inside it, per calibration/test size."""
     groups = {}
     for variant, runs in variants.items():
         for run in runs:
@@ -317,28 +317,31 @@ def coverage_lines(variants, level=sanity.BAND_LEVEL):
                 for eps, r in res["eps"].items():
                     status, band = sanity.coverage_check(r["coverage"], n_cal, n_test, float(eps), level)
                     if status in ("within band", "below band"):
-                        groups.setdefault((method, eps, n_cal, n_test, band), []).append(
+                        groups.setdefault((n_cal, n_test), {}).setdefault((method, eps, band), []).append(
                             (variant, run["seed"], r["coverage"], status))
     lines = []
-    for (method, eps, n_cal, n_test, band), hits in groups.items():
-        target = f"{100 * (1 - float(eps)):g}%"
-        band_text = (f"its {100 * level:g}% finite-sample band [{100 * band[0]:.1f}%, {100 * band[1]:.1f}%] for "
-                     f"n_cal={n_cal}, n_test={n_test}")
-        low = [h for h in hits if h[3] == "below band"]
-        inside = [h for h in hits if h[3] == "within band"]
-        if low:
-            runs = ", ".join(f"{v} seed {seed} {100 * c:.1f}%" for v, seed, c, _ in low)
-            lines.append(f"Coverage FLAG: {method} at ε={eps} covers below {target} and below {band_text} ({runs}): "
-                         f"more than sampling spread; check that the calibration and validation images are "
-                         f"exchangeable (same distribution, no shift between the splits).")
+    for (n_cal, n_test), by_method in groups.items():
+        sizes = f"n_cal={n_cal}, n_test={n_test}"
+        inside = []
+        for (method, eps, band), hits in by_method.items():
+            target = f"{100 * (1 - float(eps)):g}%"
+            band_text = f"[{100 * band[0]:.1f}%, {100 * band[1]:.1f}%]"
+            low = [h for h in hits if h[3] == "below band"]
+            if low:
+                runs = ", ".join(f"{v} seed {seed} {100 * c:.1f}%" for v, seed, c, _ in low)
+                lines.append(f"Coverage FLAG: {method} at ε={eps} covers below {target} and below its "
+                             f"{100 * level:g}% finite-sample band {band_text} for {sizes} ({runs}): more than "
+                             f"sampling spread; check that the calibration and validation images are exchangeable "
+                             f"(same distribution, no shift between the splits).")
+            covs = [c for _, _, c, status in hits if status == "within band"]
+            if covs:
+                low_text, high_text = f"{100 * min(covs):.1f}%", f"{100 * max(covs):.1f}%"
+                span = low_text if low_text == high_text else f"{low_text[:-1]}–{high_text}"
+                inside.append(f"{method} ε={eps} {span} in {len(covs)} run(s), band {band_text}")
         if inside:
-            covs = [c for _, _, c, _ in inside]
-            heads = sorted({v for v, _, _, _ in inside}, key=list(variants).index)
-            span = f"{100 * min(covs):.1f}%" if len(covs) == 1 else f"{100 * min(covs):.1f}–{100 * max(covs):.1f}%"
-            lines.append(f"Coverage: {method} at ε={eps} covers {span} ({', '.join(heads)}; {len(inside)} run(s)), "
-                         f"under {target} but inside {band_text}: split-conformal coverage is Beta-distributed "
-                         f"around {100 * band[2]:.1f}% (Vovk 2012; Angelopoulos & Bates 2021), so this is sampling "
-                         f"spread, not a failure.")
+            lines.append(f"Coverage: below 1 − ε but inside the {100 * level:g}% finite-sample band for {sizes}: "
+                         f"{'; '.join(inside)}. Split-conformal coverage is Beta-distributed around 1 − ε (Vovk "
+                         f"2012; Angelopoulos & Bates 2021), so these are sampling spread, not failures.")
     return lines
 
 

@@ -100,22 +100,26 @@ def plot_reliability(diagrams, path):
     n = max(len(diagrams), 1)
     cols = min(n, 3)
     rows = math.ceil(n / cols)
-    fig = plt.figure(figsize=(4.4 * cols, 5.4 * rows + 0.6))
-    grid = fig.add_gridspec(2 * rows, cols, height_ratios=[3.2, 1.0] * rows, hspace=0.08)
+    fig = plt.figure(figsize=(4.4 * cols, 5.4 * rows + 0.6), layout="constrained")
+    grid = fig.add_gridspec(2 * rows, cols, height_ratios=[3.2, 1.0] * rows)
     for k, (variant, d) in enumerate(diagrams.items()):
         r, c = divmod(k, cols)
         ax = fig.add_subplot(grid[2 * r, c])
         ax_count = fig.add_subplot(grid[2 * r + 1, c], sharex=ax)
         width = d["bin_upper"][0] - d["bin_lower"][0]
-        for lo, a, conf, cnt in zip(d["bin_lower"], d["accuracy"], d["confidence"], d["count"]):
-            if not cnt:
-                continue
-            low, high = min(a, conf), max(a, conf)
-            ax.bar(lo, low, width=width, align="edge", color=ACCURACY_COLOR, edgecolor="black", lw=0.5)
-            ax.bar(lo, high - low, bottom=low, width=width, align="edge", edgecolor="black", lw=0.5,
-                   color=OVERCONFIDENT_COLOR if conf > a else UNDERCONFIDENT_COLOR)
-            ax_count.bar(lo, cnt, width=width, align="edge", color="0.6", edgecolor="black", lw=0.5)
-            ax_count.text(lo + width / 2, cnt * 1.15, str(cnt), ha="center", va="bottom", fontsize=7,
+        bins = [(lo, a, conf, cnt) for lo, a, conf, cnt in zip(d["bin_lower"], d["accuracy"], d["confidence"],
+                                                                d["count"]) if cnt]
+        lo = [b[0] for b in bins]
+        low = [min(b[1], b[2]) for b in bins]
+        gap = [abs(b[1] - b[2]) for b in bins]
+        counts = [b[3] for b in bins]
+        bar = dict(width=width, align="edge", edgecolor="black", lw=0.5)
+        ax.bar(lo, low, color=ACCURACY_COLOR, **bar)
+        ax.bar(lo, gap, bottom=low, color=[OVERCONFIDENT_COLOR if conf > a else UNDERCONFIDENT_COLOR
+                                           for _, a, conf, _ in bins], **bar)
+        ax_count.bar(lo, counts, color="0.6", **bar)
+        for x, cnt in zip(lo, counts):
+            ax_count.text(x + width / 2, cnt * 1.15, str(cnt), ha="center", va="bottom", fontsize=7,
                           rotation=90 if cnt >= 1000 else 0, color="black")
         ax.plot([0, 1], [0, 1], "k--", lw=1)
         ax.set_xlim(0, 1)
@@ -123,9 +127,8 @@ def plot_reliability(diagrams, path):
         ax.set_ylabel("accuracy")
         ax.tick_params(labelbottom=False)
         ece_mean = d.get("ece_mean")
-        ax.set_title(f"{variant}\nECE pooled over seeds {d['ece_pooled']:.4f}"
-                     + (f", mean of per-run {ece_mean:.4f}" if ece_mean is not None else ""), fontsize=9)
-        counts = [cnt for cnt in d["count"] if cnt]
+        ax.set_title(f"{variant}\nECE {d['ece_pooled']:.4f} pooled over seeds"
+                     + (f"\n{ece_mean:.4f} mean of per-run" if ece_mean is not None else ""), fontsize=9)
         ax_count.set_yscale("log")
         ax_count.set_ylim(0.8, max(counts or [1]) * 12)  # room for the numbers above the bars
         ax_count.set_ylabel("samples", fontsize=8)
@@ -135,8 +138,7 @@ def plot_reliability(diagrams, path):
                         Patch(color=OVERCONFIDENT_COLOR, label="gap up to confidence: overconfident"),
                         Patch(color=UNDERCONFIDENT_COLOR, label="gap up to accuracy: underconfident"),
                         Patch(color="0.6", label="samples per bin (lower panels)")],
-               loc="lower center", ncol=2 if cols < 3 else 4, fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0.6 / fig.get_figheight() + 0.02, 1, 1))
+               loc="outside lower center", ncol=2 if cols < 3 else 4, fontsize=8, frameon=False)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
