@@ -515,6 +515,10 @@ def describe_difference(result, name_a, name_b, mcnemar=None, digits=None):
 
 
 def _points(x, digits=1):
+    """Points with `digits` decimals, one more when a non-zero value would print as 0.0 (so that an
+    interval that excludes 0 never reads [0.0, ...])."""
+    if x != 0 and float(f"{abs(100 * x):.{digits}f}") == 0:
+        digits += 1
     return _signed(100 * x, digits)
 
 
