@@ -22,6 +22,7 @@ import statistics
 from common.io import write_json
 
 from . import metrics, ood_report, paired, plots, report, sanity, selective_report
+from .statistics import signed_points
 
 TRAIN_COLUMNS = [
     ("train_time_s", "train time (s)", "f1"),
@@ -283,7 +284,7 @@ def budget_lines(variants):
             unknown.append(variant)
             continue
         last_epoch = max(last_epoch, span[1])
-        (rising if up else flat).append(f"{variant} ({_points(gain)} pt from epoch {span[0]} to {span[1]})")
+        (rising if up else flat).append(f"{variant} ({signed_points(gain)} pt from epoch {span[0]} to {span[1]})")
     plot = plots.PLOT_FILES["accuracy"]
     if rising:
         return [f"Budget: validation top-1 was still rising when training stopped for {', '.join(rising)}: the "
@@ -296,10 +297,6 @@ def budget_lines(variants):
         return [f"Budget: fewer than two validation evaluations per run ({', '.join(unknown)}), so whether "
                 f"training had converged is not known (train.eval_every=1 logs one per epoch)."]
     return []
-
-
-def _points(x):
-    return f"{100 * x:+.1f}".replace("-", "\u2212")
 
 
 def coverage_lines(variants, level=sanity.BAND_LEVEL):
@@ -348,7 +345,8 @@ def coverage_lines(variants, level=sanity.BAND_LEVEL):
 def verdict_lines(variants, results):
     """(verdicts, sanity lines): one verdict per compared variant, then the sanity checks; the same
     lines go to report.md and the terminal."""
-    return [res["verdict"] for res in results], chance_lines(variants) + budget_lines(variants) + coverage_lines(variants)
+    checks = chance_lines(variants) + budget_lines(variants) + coverage_lines(variants)
+    return [res["verdict"] for res in results], checks
 
 
 def verdict_section(verdicts, checks):

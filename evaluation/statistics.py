@@ -514,9 +514,9 @@ def describe_difference(result, name_a, name_b, mcnemar=None, digits=None):
     return text
 
 
-def _points(x, digits=1):
-    """Points with `digits` decimals, one more when a non-zero value would print as 0.0 (so that an
-    interval that excludes 0 never reads [0.0, ...])."""
+def signed_points(x, digits=1):
+    """A fraction as signed percentage points with `digits` decimals, one more when a non-zero value
+    would print as 0.0 (so that an interval that excludes 0 never reads [0.0, ...])."""
     if x != 0 and float(f"{abs(100 * x):.{digits}f}") == 0:
         digits += 1
     return _signed(100 * x, digits)
@@ -530,14 +530,15 @@ def describe_across_trainings(result, name_a, name_b, metric_label=None):
     one of +3.1 pt needs ≥ 5 seeds"."""
     label = metric_label or _LABELS[result["metric"]]
     n, alpha = result["n_seeds"], f"{(1 - result['level']) * 100:g}%"
-    diff = _points(result["difference"])
+    diff = signed_points(result["difference"])
     lead = f"{name_a} {_MINUS} {name_b} {label}"
     if n < 2:
         return (f"{lead}: {diff} pt on 1 seed: not resolvable with 1 seed (training-to-training "
                 f"variation needs ≥ 2 seeds to be measured; the interval given this training leaves it out)")
     if all(d == 0 for d in result["per_seed"]):
         return f"{lead}: 0.0 pt on each of the {n} seeds: no difference, not significant at {alpha}"
-    text = (f"{lead} across {n} trainings: {diff} pt [{_points(result['t_low'])}, {_points(result['t_high'])}] "
+    interval = f"[{signed_points(result['t_low'])}, {signed_points(result['t_high'])}]"
+    text = (f"{lead} across {n} trainings: {diff} pt {interval} "
             f"(t-interval over seeds; sign-flip {format_p_value(result['sign_flip_p'])})")
     if result["significant"]:
         text += f", significant at {alpha}"

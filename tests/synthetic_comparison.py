@@ -8,7 +8,6 @@ Used by tests/test_seed_report.py, and to render the report's PNGs for a look:
 import os
 import sys
 
-import numpy as np
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
