@@ -147,14 +147,19 @@ def summary_table(variants):
     return header, rows
 
 
+def _curve_by_epoch(runs):
+    """[(epoch, [validation top-1 of each seed evaluated then])] in epoch order."""
+    by_epoch = {}
+    for run in runs:
+        for epoch, top1 in run["curve"]:
+            by_epoch.setdefault(epoch, []).append(top1)
+    return sorted(by_epoch.items())
+
+
 def _plot_inputs(variants):
     acc_curves, hists, diagrams, cov_curves, points = {}, {}, {}, {}, {}
     for variant, runs in variants.items():
-        by_epoch = {}
-        for run in runs:
-            for epoch, top1 in run["curve"]:
-                by_epoch.setdefault(epoch, []).append(top1)
-        acc_curves[variant] = {"mean": [(e, *_mean_std(v)) for e, v in sorted(by_epoch.items())],
+        acc_curves[variant] = {"mean": [(e, *_mean_std(v)) for e, v in _curve_by_epoch(runs)],
                                "seeds": [run["curve"] for run in runs if run["curve"]]}
 
         hist = None
@@ -246,14 +251,7 @@ def paired_section(results, skipped, pairs):
 
 def mean_curves(variants):
     """{variant: [(epoch, mean validation top-1 over the seeds evaluated at that epoch)]}."""
-    out = {}
-    for variant, runs in variants.items():
-        by_epoch = {}
-        for run in runs:
-            for epoch, top1 in run["curve"]:
-                by_epoch.setdefault(epoch, []).append(top1)
-        out[variant] = [(e, statistics.fmean(v)) for e, v in sorted(by_epoch.items())]
-    return out
+    return {variant: [(e, statistics.fmean(v)) for e, v in _curve_by_epoch(runs)] for variant, runs in variants.items()}
 
 
 def learned_checks(variants):
