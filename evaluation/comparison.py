@@ -3,23 +3,29 @@
 Input: for each variant (e.g. "sparsemax", "entmax_bisect-a1.25-layernorm") the runs of its seeds,
 each holding train.py's summary.json / metrics.jsonl and eval.py's JSON with its per-example records
 (STEM.examples.safetensors). Every scalar metric is shown as mean ± std over seeds (sample std; a
-single seed shows the value alone). Sections: the metric table; paired differences of each variant
-against its baseline (evaluation/paired.py); selective prediction (evaluation/selective_report.py);
-OOD detection when the runs were evaluated with an OOD set (evaluation/ood_report.py); plots.
+single seed shows the value alone). Sections: the metric table; the verdicts (one sentence per
+variant against its baseline, across trainings) with the sanity lines (a head at chance, a
+conformal coverage below 1 − ε against its finite-sample band, a budget that ended while validation
+accuracy was still rising: evaluation/sanity.py) and the validation curves; paired differences of
+each variant against its baseline, across trainings and given these trainings (evaluation/paired.py);
+selective prediction (evaluation/selective_report.py); OOD detection when the runs were evaluated
+with an OOD set (evaluation/ood_report.py); plots.
 
 Numbers shown twice come from one place: the accuracy plot's last point is the table's top-1 (both
 fp32 evaluations of the same weights; a mismatch is reported), the risk-coverage plot and the AURC
 table come from the same per-seed curves, and both ECEs are named (mean of per-run, pooled).
 """
 import json
+import csv
 import os
 import statistics
 
 from common import rundir
 from common.io import atomic_write_text, read_json, write_json
 
-from . import metrics, ood_report, paired, plots, report, selective_report
+from . import metrics, ood_report, paired, plots, report, sanity, selective_report
 from .examples import load_examples
+from .statistics import signed_points
 
 TRAIN_COLUMNS = [
     ("train_time_s", "train time (s)", "f1"),
@@ -45,6 +51,21 @@ def read_jsonl(path):
     return rows
 
 
+def read_epochs_curve(run_dir, weights="raw"):
+    """{epoch: validation top-1} from the run's epochs.csv ("<weights>_top1" column; epochs without
+    an evaluation are skipped)."""
+    path = os.path.join(run_dir, rundir.EPOCHS)
+    curve = {}
+    if os.path.isfile(path):
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
+                try:
+                    curve[int(row["epoch"])] = float(row[f"{weights}_top1"])
+                except (KeyError, TypeError, ValueError):
+                    continue
+    return curve
+
+
 def load_run(run_dir, eval_file, weights="raw", seed=None):
     """One finished run: eval result + training summary + validation curve + per-example records
     (numpy arrays, None when the run's eval wrote none)."""
@@ -57,6 +78,8 @@ def load_run(run_dir, eval_file, weights="raw", seed=None):
     for row in read_jsonl(os.path.join(run_dir, rundir.METRICS)):
         if row.get("kind") == "eval" and row.get("weights", "raw") == weights and "top1" in row:
             curve[row["epoch"]] = row["top1"]  # last one wins (a resumed run may re-log an epoch)
+    if not curve:  # train.logging=false runs, or a metrics.jsonl lost: epochs.csv has the same evals
+        curve = read_epochs_curve(run_dir, weights)
     records = None
     path = rundir.examples_path(os.path.join(run_dir, eval_file))
     if os.path.isfile(path):
@@ -121,14 +144,20 @@ def summary_table(variants):
     return header, rows
 
 
+def _curve_by_epoch(runs):
+    """[(epoch, [validation top-1 of each seed evaluated then])] in epoch order."""
+    by_epoch = {}
+    for run in runs:
+        for epoch, top1 in run["curve"]:
+            by_epoch.setdefault(epoch, []).append(top1)
+    return sorted(by_epoch.items())
+
+
 def _plot_inputs(variants):
     acc_curves, hists, diagrams, cov_curves, points = {}, {}, {}, {}, {}
     for variant, runs in variants.items():
-        by_epoch = {}
-        for run in runs:
-            for epoch, top1 in run["curve"]:
-                by_epoch.setdefault(epoch, []).append(top1)
-        acc_curves[variant] = [(e, *_mean_std(v)) for e, v in sorted(by_epoch.items())]
+        acc_curves[variant] = {"mean": [(e, *_mean_std(v)) for e, v in _curve_by_epoch(runs)],
+                               "seeds": [run["curve"] for run in runs if run["curve"]]}
 
         hist = None
         for run in runs:
@@ -169,35 +198,164 @@ def curve_mismatches(variants):
     return out
 
 
-def paired_section(variants, pairs):
-    """(markdown lines, JSON-ready results) of each (variant, baseline) pair with records."""
+def paired_results(variants, pairs):
+    """(results, skipped): paired.compare_pair of each (variant, baseline) pair with records."""
     results, skipped = [], []
     for variant, baseline in pairs:
         runs = {name: {r["seed"]: r["records"] for r in variants.get(name, []) if r["records"] is not None}
                 for name in (variant, baseline)}
         res = paired.compare_pair(runs[variant], runs[baseline], variant, baseline)
         (results.append(res) if res is not None else skipped.append(f"{variant} vs {baseline}"))
+    return results, skipped
+
+
+def paired_section(results, skipped, pairs):
+    """Markdown lines of the paired differences: (a) across trainings, (b) given these trainings."""
     if not results and not skipped:
-        return [], []
+        return []
     base_names = sorted({b for _, b in pairs})
     lines = ["## Paired differences against the baseline", "",
              f"Each variant minus its baseline ({', '.join(base_names)}) on the same validation images, "
-             "pooled over the seeds both have (seed s paired with seed s). 95% intervals: paired bootstrap "
-             f"({paired.N_BOOT} resamples of validation examples, one draw shared by every seed; percentile "
-             "interval), significant when the interval excludes 0. McNemar's exact test on top-1 "
-             "correctness (discordant pairs summed over seeds). ECE: the mean of the per-run ECEs. FY "
-             "loss: each head's own Fenchel-Young loss, a different function for each head, so its "
-             "difference describes the training objective rather than ranking the heads. "
-             "The interval is about the validation sample given these training seeds, not about "
-             "seed-to-seed training noise.", ""]
+             "seed s paired with seed s. Two kinds of numbers, each labelled with the noise it includes. "
+             "ECE: the mean of the per-run ECEs. FY loss: each head's own Fenchel-Young loss, a different "
+             "function for each head, so its difference describes the training objective rather than "
+             "ranking the heads.", ""]
     if results:
+        header, rows = paired.across_rows(results)
+        lines += ["### (a) Across trainings: would another training of this recipe differ too?", "",
+                  "The unit is the training seed: the per-seed differences (seed s of the variant minus seed s "
+                  "of the baseline), their mean with a 95% t-interval over seeds, the exact sign-flip "
+                  "(permutation) p over seeds (its smallest possible value is 2 / 2^seeds: 0.25 with 3), and a "
+                  f"two-level bootstrap ({paired.N_BOOT} resamples of seeds, then of validation images). MDD: the "
+                  "smallest difference the paired t-test over these seeds detects with 80% power, at the "
+                  "observed seed-to-seed s.d.; the last column: the seeds that detect the observed mean with "
+                  "80% power. The verdicts above use this table's top-1 t-interval.", "",
+                  report.markdown_table(header, rows), ""]
         header, rows = paired.markdown_rows(results)
-        lines += [report.markdown_table(header, rows), ""]
+        lines += ["### (b) Given these trainings (conditional on the seeds)", "",
+                  f"Paired bootstrap ({paired.N_BOOT} resamples of validation examples, one draw shared by every "
+                  "seed; percentile interval), significant when the interval excludes 0; McNemar's exact test on "
+                  "top-1 correctness (discordant pairs summed over seeds, which treats the seeds' answers on one "
+                  "image as independent: anti-conservative). Both hold the trainings fixed: they answer \"on "
+                  "these validation images, for these trainings\", not whether another training would differ.",
+                  "", report.markdown_table(header, rows), ""]
         for res in results:
             lines += [f"- {s}" for s in res["sentences"]]
         lines.append("")
     lines += [f"No paired statistics for {s}: no seed with per-example records for both." for s in skipped]
-    return lines, results
+    return lines
+
+
+def mean_curves(variants):
+    """{variant: [(epoch, mean validation top-1 over the seeds evaluated at that epoch)]}."""
+    return {variant: [(e, statistics.fmean(v)) for e, v in _curve_by_epoch(runs)] for variant, runs in variants.items()}
+
+
+def learned_checks(variants):
+    """{variant: paired.learned(...)} for every variant with per-example records."""
+    out = {}
+    for variant, runs in variants.items():
+        recs = {r["seed"]: r["records"] for r in runs if r["records"] is not None}
+        if recs:
+            out[variant] = paired.learned(recs, sorted(recs))
+    return out
+
+
+def chance_lines(variants):
+    return [f"{v}: no comparison: nothing learned (top-1 {100 * c['top1']:.1f}% over {c['n_rows']} (seed, image) "
+            f"rows is within noise of chance, {100 * c['chance']:.1f}% for the best constant guess)"
+            for v, c in learned_checks(variants).items() if c["nothing_learned"]]
+
+
+def budget_lines(variants):
+    """One line: whether validation top-1 was still rising when each head's training stopped."""
+    curves = mean_curves(variants)
+    rising, flat, unknown = [], [], []
+    last_epoch = 0
+    for variant, curve in curves.items():
+        n_rows = sum(r["result"].get("n") or 0 for r in variants[variant])
+        up, gain, span = sanity.still_rising(curve, n_rows)
+        if up is None:
+            unknown.append(variant)
+            continue
+        last_epoch = max(last_epoch, span[1])
+        (rising if up else flat).append(f"{variant} ({signed_points(gain)} pt from epoch {span[0]} to {span[1]})")
+    plot = plots.PLOT_FILES["accuracy"]
+    if rising:
+        return [f"Budget: validation top-1 was still rising when training stopped for {', '.join(rising)}: the "
+                f"verdicts compare the heads at this fixed budget ({last_epoch} epochs), not at convergence; "
+                f"{plot} shows each head's learning speed, and a longer run (optim.epochs=...) can change them."]
+    if flat:
+        return [f"Budget: validation top-1 had levelled off for every head ({', '.join(flat)}: within noise), "
+                f"so the verdicts are not an artefact of stopping early ({plot})."]
+    if unknown:
+        return [f"Budget: fewer than two validation evaluations per run ({', '.join(unknown)}), so whether "
+                f"training had converged is not known (train.eval_every=1 logs one per epoch)."]
+    return []
+
+
+def coverage_lines(variants, level=sanity.BAND_LEVEL):
+    """Conformal coverages below 1 − ε: one flag line per (method, ε) below its finite-sample band,
+    and one line explaining those inside it, per calibration/test size."""
+    groups = {}
+    for variant, runs in variants.items():
+        for run in runs:
+            ps = run["result"].get("prediction_sets") or {}
+            calib = ps.get("calibration") or {}
+            n_cal, n_test = calib.get("n_calib"), calib.get("n_eval")
+            if not n_cal or not n_test:
+                continue
+            for method, res in (ps.get("methods") or {}).items():
+                for eps, r in res["eps"].items():
+                    status, band = sanity.coverage_check(r["coverage"], n_cal, n_test, float(eps), level)
+                    if status in ("within band", "below band"):
+                        groups.setdefault((n_cal, n_test), {}).setdefault((method, eps, band), []).append(
+                            (variant, run["seed"], r["coverage"], status))
+    lines = []
+    for (n_cal, n_test), by_method in groups.items():
+        sizes = f"n_cal={n_cal}, n_test={n_test}"
+        inside = []
+        for (method, eps, band), hits in by_method.items():
+            target = f"{100 * (1 - float(eps)):g}%"
+            band_text = f"[{100 * band[0]:.1f}%, {100 * band[1]:.1f}%]"
+            low = [h for h in hits if h[3] == "below band"]
+            if low:
+                runs = ", ".join(f"{v} seed {seed} {100 * c:.1f}%" for v, seed, c, _ in low)
+                lines.append(f"Coverage FLAG: {method} at ε={eps} covers below {target} and below its "
+                             f"{100 * level:g}% finite-sample band {band_text} for {sizes} ({runs}): more than "
+                             f"sampling spread; check that the calibration and validation images are exchangeable "
+                             f"(same distribution, no shift between the splits).")
+            covs = [c for _, _, c, status in hits if status == "within band"]
+            if covs:
+                low_text, high_text = f"{100 * min(covs):.1f}%", f"{100 * max(covs):.1f}%"
+                span = low_text if low_text == high_text else f"{low_text[:-1]}–{high_text}"
+                inside.append(f"{method} ε={eps} {span} in {len(covs)} run(s), band {band_text}")
+        if inside:
+            lines.append(f"Coverage: below 1 − ε but inside the {100 * level:g}% finite-sample band for {sizes}: "
+                         f"{'; '.join(inside)}. Split-conformal coverage is Beta-distributed around 1 − ε (Vovk "
+                         f"2012; Angelopoulos & Bates 2021), so these are sampling spread, not failures.")
+    return lines
+
+
+def verdict_lines(variants, results):
+    """(verdicts, sanity lines): one verdict per compared variant, then the sanity checks; the same
+    lines go to report.md and the terminal."""
+    checks = chance_lines(variants) + budget_lines(variants) + coverage_lines(variants)
+    return [res["verdict"] for res in results], checks
+
+
+def verdict_section(verdicts, checks):
+    if not verdicts and not checks:
+        return []
+    lines = ["## Verdicts", "",
+             "One sentence per variant against its baseline, about another training of the same recipe "
+             "(across trainings: the seed is the unit); the tables under *Paired differences* give the "
+             "details, and the numbers given these trainings.", ""]
+    lines += [f"- {v}" for v in verdicts]
+    if checks:
+        lines += ["", "Sanity checks:", ""] + [f"- {c}" for c in checks]
+    lines += ["", f"![Validation accuracy vs epoch, per head]({plots.PLOT_FILES['accuracy']})", ""]
+    return lines
 
 
 def selective_section(variants):
@@ -287,7 +445,9 @@ def write_report(variants, report_dir, title, command, weights="raw", notes=(), 
     plots.plot_support_histograms(hists, files["support"])
     plots.plot_reliability(diagrams, files["reliability"])
     plots.plot_coverage_vs_set_size(cov_curves, points, files["coverage"])
-    paired_lines, paired_results = paired_section(variants, pairs)
+    paired_res, skipped = paired_results(variants, pairs)
+    paired_lines = paired_section(paired_res, skipped, pairs)
+    verdicts, checks = verdict_lines(variants, paired_res)
     selective_lines, risk_curves = selective_section(variants)
     if risk_curves:
         plots.plot_risk_coverage(risk_curves, files["risk_coverage"])
@@ -301,7 +461,7 @@ def write_report(variants, report_dir, title, command, weights="raw", notes=(), 
             run_rows.append({"variant": variant, "seed": run["seed"], "run_dir": run["run_dir"], **run["flat"]})
     report.write_csv(run_rows, os.path.join(report_dir, "runs.csv"))
     report.write_csv([dict(zip(header, r)) for r in rows], os.path.join(report_dir, "summary.csv"))
-    write_json(paired_results, os.path.join(report_dir, "paired_statistics.json"))
+    write_json(paired_res, os.path.join(report_dir, "paired_statistics.json"))
 
     first = next(iter(variants.values()))[0]["result"]
     calib = (first.get("prediction_sets") or {}).get("calibration") or {}
@@ -315,7 +475,7 @@ def write_report(variants, report_dir, title, command, weights="raw", notes=(), 
         report.markdown_table(header, rows), "",
         LOAD_NOTE, "",
     ]
-    lines += paired_lines + selective_lines + ood_lines
+    lines += verdict_section(verdicts, checks) + paired_lines + selective_lines + ood_lines
     lines += [
         "## Prediction sets", "",
         "Campos et al., AISTATS 2025, *Sparse Activations as Conformal Predictors*: `support` is the sparse "
@@ -342,5 +502,5 @@ def write_report(variants, report_dir, title, command, weights="raw", notes=(), 
                   "leave them out:", ""] + [f"- `{m}`" for m in missing]
     path = os.path.join(report_dir, "report.md")
     atomic_write_text(path, "\n".join(lines) + "\n")
-    return report.text_table(header, rows), path, paired_results
+    return report.text_table(header, rows), path, paired_res
 

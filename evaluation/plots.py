@@ -39,22 +39,31 @@ def _save(fig, path):
 
 
 def plot_accuracy_curves(curves, path, weights="raw"):
-    """curves: {variant: [(epoch, mean top1, std top1), ...]} -> validation top-1 vs epoch."""
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for variant, points in curves.items():
+    """curves: {variant: {"mean": [(epoch, mean top1, std top1), ...], "seeds": [[(epoch, top1), ...]
+    per seed]}} (or just the "mean" list) -> validation top-1 vs epoch: each head's mean ± std over
+    seeds, its seeds as thin lines (the learning speed, and the seed-to-seed spread behind it)."""
+    fig, ax = plt.subplots(figsize=(6.5, 4.3))
+    for i, (variant, entry) in enumerate(curves.items()):
+        points, seeds = (entry["mean"], entry.get("seeds", [])) if isinstance(entry, dict) else (entry, [])
         if not points:
             continue
+        color = f"C{i}"
+        for seed_curve in seeds:
+            if seed_curve:
+                ep_s, top_s = zip(*seed_curve)
+                ax.plot(ep_s, [100 * t for t in top_s], color=color, lw=0.7, alpha=0.45)
         ep, mean, std = zip(*points)
-        ax.plot(ep, [100 * m for m in mean], marker="o", ms=3, label=variant)
+        ax.plot(ep, [100 * m for m in mean], marker="o", ms=4, lw=2, color=color,
+                label=f"{variant} (mean of {len(seeds)} seed{'s' if len(seeds) != 1 else ''})" if seeds else variant)
         ax.fill_between(ep, [100 * (m - s) for m, s in zip(mean, std)],
-                        [100 * (m + s) for m, s in zip(mean, std)], alpha=0.15)
+                        [100 * (m + s) for m, s in zip(mean, std)], color=color, alpha=0.15)
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole numbers
     ax.set_xlabel("epoch")
     ax.set_ylabel(f"validation top-1 (%) [{weights} weights]")
-    ax.set_title("Validation accuracy (mean ± std over seeds)")
+    ax.set_title("Validation accuracy per head: mean ± std over seeds (thin: each seed)", fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
     _save(fig, path)
 
 
@@ -82,37 +91,53 @@ def plot_reliability(diagrams, path):
     """diagrams: {variant: {"bin_lower", "bin_upper", "accuracy", "confidence", "count" (pooled over
     seeds), "ece_pooled", "ece_mean"}}: per confidence bin, a bar up to the lower of accuracy and mean
     confidence, and above it the gap up to the higher one in the colour of its sign (opaque, as in
-    the legend), with the bin's sample count."""
+    the legend). Under each diagram, the bin's sample count as its own bar chart with the number
+    printed above each bar (log scale: the top bin often holds most samples). One legend for the
+    figure, below the panels, so it covers no bar."""
     n = max(len(diagrams), 1)
     cols = min(n, 3)
     rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.3 * cols, 4.3 * rows), squeeze=False)
-    for ax in axes.flat[n:]:
-        ax.axis("off")
-    for ax, (variant, d) in zip(axes.flat, diagrams.items()):
+    fig = plt.figure(figsize=(4.4 * cols, 5.4 * rows + 0.6), layout="constrained")
+    grid = fig.add_gridspec(2 * rows, cols, height_ratios=[3.2, 1.0] * rows)
+    for k, (variant, d) in enumerate(diagrams.items()):
+        r, c = divmod(k, cols)
+        ax = fig.add_subplot(grid[2 * r, c])
+        ax_count = fig.add_subplot(grid[2 * r + 1, c], sharex=ax)
         width = d["bin_upper"][0] - d["bin_lower"][0]
-        for lo, a, c, cnt in zip(d["bin_lower"], d["accuracy"], d["confidence"], d["count"]):
-            if not cnt:
-                continue
-            low, high = min(a, c), max(a, c)
-            ax.bar(lo, low, width=width, align="edge", color=ACCURACY_COLOR, edgecolor="black", lw=0.5)
-            ax.bar(lo, high - low, bottom=low, width=width, align="edge", edgecolor="black", lw=0.5,
-                   color=OVERCONFIDENT_COLOR if c > a else UNDERCONFIDENT_COLOR)
-            ax.text(lo + width / 2, 0.01, str(cnt), rotation=90, ha="center", va="bottom", fontsize=6,
-                    color="white" if low > 0.15 else "black")
+        bins = [(lo, a, conf, cnt) for lo, a, conf, cnt in zip(d["bin_lower"], d["accuracy"], d["confidence"],
+                                                                d["count"]) if cnt]
+        lo = [b[0] for b in bins]
+        low = [min(b[1], b[2]) for b in bins]
+        gap = [abs(b[1] - b[2]) for b in bins]
+        counts = [b[3] for b in bins]
+        bar = dict(width=width, align="edge", edgecolor="black", lw=0.5)
+        ax.bar(lo, low, color=ACCURACY_COLOR, **bar)
+        ax.bar(lo, gap, bottom=low, color=[OVERCONFIDENT_COLOR if conf > a else UNDERCONFIDENT_COLOR
+                                           for _, a, conf, _ in bins], **bar)
+        ax_count.bar(lo, counts, color="0.6", **bar)
+        for x, cnt in zip(lo, counts):
+            ax_count.text(x + width / 2, cnt * 1.15, str(cnt), ha="center", va="bottom", fontsize=7,
+                          rotation=90 if cnt >= 1000 else 0, color="black")
         ax.plot([0, 1], [0, 1], "k--", lw=1)
         ax.set_xlim(0, 1)
         ax.set_ylim(0, 1)
-        ax.set_xlabel("confidence (max probability)")
         ax.set_ylabel("accuracy")
+        ax.tick_params(labelbottom=False)
         ece_mean = d.get("ece_mean")
-        ax.set_title(f"{variant}\nECE pooled over seeds {d['ece_pooled']:.4f}"
-                     + (f", mean of per-run {ece_mean:.4f}" if ece_mean is not None else ""), fontsize=9)
-        ax.legend(handles=[Patch(color=ACCURACY_COLOR, label="min(accuracy, confidence); numbers: samples"),
-                           Patch(color=OVERCONFIDENT_COLOR, label="gap up to confidence: overconfident"),
-                           Patch(color=UNDERCONFIDENT_COLOR, label="gap up to accuracy: underconfident")],
-                  loc="upper left", fontsize=7)
-    _save(fig, path)
+        ax.set_title(f"{variant}\nECE {d['ece_pooled']:.4f} pooled over seeds"
+                     + (f"\n{ece_mean:.4f} mean of per-run" if ece_mean is not None else ""), fontsize=9)
+        ax_count.set_yscale("log")
+        ax_count.set_ylim(0.8, max(counts or [1]) * 12)  # room for the numbers above the bars
+        ax_count.set_ylabel("samples", fontsize=8)
+        ax_count.set_xlabel("confidence (max probability)")
+        ax_count.tick_params(axis="y", labelsize=7)
+    fig.legend(handles=[Patch(color=ACCURACY_COLOR, label="min(accuracy, confidence)"),
+                        Patch(color=OVERCONFIDENT_COLOR, label="gap up to confidence: overconfident"),
+                        Patch(color=UNDERCONFIDENT_COLOR, label="gap up to accuracy: underconfident"),
+                        Patch(color="0.6", label="samples per bin (lower panels)")],
+               loc="outside lower center", ncol=2 if cols < 3 else 4, fontsize=8, frameon=False)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def plot_coverage_vs_set_size(curves, points, path, epsilons=(0.1, 0.05)):
@@ -177,28 +202,47 @@ def plot_risk_coverage(curves, path):
     _save(fig, path)
 
 
+OOD_SCORE_TITLES = {"max_prob": "max probability", "entropy": "entropy (nats)",
+                    "support": "support size (classes with p > 0)"}
+
+
 def plot_ood_histograms(hists, path, ood_name):
     """hists: {variant: {score: {"edges", "in", "out"}}} pooled over seeds -> one row per variant,
-    one column per score (max probability, entropy, support size), densities in-distribution vs OOD."""
+    one column per score (max probability, entropy, support size), densities in-distribution vs OOD.
+    Every panel has its x label; one legend for the figure, above the panels; a score a head does
+    not have (support size of a dense head) gets a panel saying why instead of an empty one."""
     scores = [s for s in ("max_prob", "entropy", "support") if any(s in h for h in hists.values())]
-    titles = {"max_prob": "max probability", "entropy": "entropy (nats)", "support": "support size"}
     rows, cols = max(len(hists), 1), max(len(scores), 1)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.6 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.8 * cols, 2.9 * rows + 0.5), squeeze=False)
+    labels = {"in": "in-distribution", "out": f"OOD ({ood_name})"}
     for r, (variant, h) in enumerate(hists.items()):
         for c, score in enumerate(scores):
             ax = axes[r][c]
             if score not in h:
-                ax.axis("off")
+                ax.set_xticks([])
+                ax.set_yticks([])
+                for spine in ax.spines.values():
+                    spine.set_color("0.8")
+                why = ("(dense head: every class has p > 0,\nso the support is always all classes)"
+                       if score == "support" else "(not computed for this head)")
+                ax.text(0.5, 0.5, f"{variant}: no {OOD_SCORE_TITLES[score].split(' (')[0]} score\n{why}",
+                        ha="center", va="center", fontsize=8, color="0.35", transform=ax.transAxes)
+                ax.set_title(f"{variant}: {OOD_SCORE_TITLES[score]}", fontsize=9, color="0.35")
                 continue
             edges = h[score]["edges"]
             widths = [b - a for a, b in zip(edges[:-1], edges[1:])]
-            for key, color, label in (("in", "C0", "in-distribution"), ("out", "C3", f"OOD ({ood_name})")):
+            for key, color in (("in", "C0"), ("out", "C3")):
                 counts = h[score][key]
                 total = sum(counts) or 1
                 ax.bar(edges[:-1], [cnt / total for cnt in counts], width=widths, align="edge", color=color,
-                       alpha=0.45, edgecolor=color, label=label)
-            ax.set_title(f"{variant}: {titles[score]}", fontsize=9)
-            ax.set_ylabel("fraction", fontsize=8)
-            if r == 0 and c == 0:
-                ax.legend(fontsize=7)
-    _save(fig, path)
+                       alpha=0.45, edgecolor=color, label=labels[key])
+            ax.set_title(f"{variant}: {OOD_SCORE_TITLES[score]}", fontsize=9)
+            ax.set_xlabel(OOD_SCORE_TITLES[score], fontsize=8)
+            ax.set_ylabel("fraction of images", fontsize=8)
+            ax.tick_params(labelsize=7)
+    fig.legend(handles=[Patch(color="C0", alpha=0.45, label=labels["in"]),
+                        Patch(color="C3", alpha=0.45, label=labels["out"])],
+               loc="upper center", ncol=2, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.45 / fig.get_figheight()))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

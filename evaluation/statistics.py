@@ -40,8 +40,28 @@ space. Pooled over seeds by summing the discordant counts of all seeds, i.e. tre
 (seed, example) pair as one matched pair; this ignores the correlation between seeds on the same image
 and so is somewhat anti-conservative with several seeds. The per-seed tests are returned as well.
 
+Across trainings (the seed as the unit). The bootstrap and McNemar above hold the trainings fixed:
+they answer "on these validation images, for these trainings". Whether another training of the same
+recipe would also differ needs the seed-to-seed variation, which only the per-seed paired
+differences d_s = metric(A, seed s) − metric(B, seed s) carry (seed s of A and of B share the
+validation images and the data order). On them:
+  - a t-interval, d̄ ± t_{S−1, 1−α/2} · s_d / √S (Student 1908; assumes roughly normal d_s);
+  - the exact sign-flip (permutation) test (Fisher 1935, ch. 21): under "no difference" each d_s is
+    symmetric about 0, so all 2^S sign patterns of (±d_s) are equally likely; p is the fraction
+    whose |mean| reaches the observed |d̄|. Distribution-free, but its smallest value is 2 / 2^S
+    (0.25 with 3 seeds), so with fewer than 6 seeds it can never reach 5%;
+  - a two-level bootstrap (Davison & Hinkley 1997, sec. 3.8, "multistage sampling"): each replicate
+    draws S seeds with replacement (a seed brings both heads' runs), then validation examples with
+    replacement (one draw shared by the drawn seeds), and takes the mean over the drawn seeds of
+    the per-seed differences. With a handful of seeds the seed stage can only resample a few
+    values, so this interval is narrower than the t-interval; it is shown, not used for the verdict;
+  - the power of the paired t-test at the observed s_d (plug-in; the non-central t computed by
+    quadrature): the minimum difference detectable with 80% power at the seeds at hand, and the
+    seeds needed to detect the observed difference.
+
 Pure functions of arrays (numpy, float64): no I/O, no model.
 """
+import functools
 import math
 
 import numpy as np
@@ -251,6 +271,203 @@ def _group_ids_and_rows(groups):
     return ids, strata
 
 
+# ---- across trainings: Student t, sign-flip, power, two-level bootstrap --------------------------------
+_QUAD_POINTS = 401  # Simpson nodes (odd); the integrands below are smooth and bounded (error < 1e-9)
+_EXACT_SIGN_FLIP_MAX = 16  # up to 2^16 sign patterns are enumerated; beyond, Monte Carlo
+_MAX_SEEDS_SEARCHED = 1000
+
+
+def _simpson(values, step):
+    """Composite Simpson rule over an odd number of equally spaced values (last axis)."""
+    return step / 3 * (values[..., 0] + values[..., -1] + 4 * values[..., 1:-1:2].sum(axis=-1)
+                       + 2 * values[..., 2:-1:2].sum(axis=-1))
+
+
+def student_t_cdf(x, df):
+    """P[T ≤ x] for Student's t with `df` > 0 degrees of freedom (float64 quadrature).
+
+    With t = √df · tan θ the density becomes c · cos^(df−1) θ on θ ∈ (−π/2, π/2), bounded and smooth
+    for df ≥ 1, so P[0 < T ≤ x] = c ∫_0^atan(x/√df) cos^(df−1) θ dθ by Simpson's rule.
+    """
+    if df <= 0:
+        raise ValueError(f"degrees of freedom must be positive, got {df}")
+    if math.isinf(x):
+        return 1.0 if x > 0 else 0.0
+    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(math.pi)
+    upper = math.atan(abs(x) / math.sqrt(df))
+    theta = np.linspace(0.0, upper, _QUAD_POINTS)
+    half = math.exp(log_c) * _simpson(np.cos(theta) ** (df - 1), upper / (_QUAD_POINTS - 1))
+    return 0.5 + math.copysign(min(half, 0.5), x)
+
+
+@functools.lru_cache(maxsize=256)  # the power searches ask for the same few quantiles many times
+def student_t_quantile(p, df):
+    """x with P[T ≤ x] = p (bisection on student_t_cdf to 1e-12)."""
+    if not 0 < p < 1:
+        raise ValueError(f"need 0 < p < 1, got {p}")
+    if p < 0.5:
+        return -student_t_quantile(1 - p, df)
+    low, high = 0.0, 1.0
+    while student_t_cdf(high, df) < p:
+        low, high = high, 2 * high
+    while high - low > 1e-12 * max(1.0, high):
+        mid = (low + high) / 2
+        low, high = (mid, high) if student_t_cdf(mid, df) < p else (low, mid)
+    return (low + high) / 2
+
+
+def _normal_cdf(x):
+    """Φ(x) elementwise (math.erfc per element: a few thousand values, no thread-pool start-up)."""
+    x = np.asarray(x, dtype=np.float64)
+    return np.fromiter((0.5 * math.erfc(-v / math.sqrt(2)) for v in x.ravel()), np.float64, x.size).reshape(x.shape)
+
+
+def paired_t_power(difference, sd, n_seeds, alpha=0.05):
+    """Power of the two-sided paired t-test at level α with `n_seeds` pairs, when the true mean
+    difference is `difference` and the per-pair s.d. is `sd`.
+
+    T = (Z + δ) / U with δ = difference·√n / sd, Z ~ N(0, 1) and U = √(V/ν), V ~ χ²_ν, ν = n − 1
+    (the non-central t). P[|T| > c] = E_U[Φ(δ − cU) + Φ(−δ − cU)], integrated over U's density
+    2 (ν/2)^(ν/2) u^(ν−1) e^(−νu²/2) / Γ(ν/2) by Simpson's rule.
+    """
+    if n_seeds < 2:
+        return float("nan")
+    if sd <= 0:
+        return 1.0 if difference != 0 else alpha
+    nu = n_seeds - 1
+    crit = student_t_quantile(1 - alpha / 2, nu)
+    delta = abs(difference) * math.sqrt(n_seeds) / sd
+    top = 1 + 12 / math.sqrt(nu)  # U's density is below 1e-30 beyond
+    u = np.linspace(0.0, top, _QUAD_POINTS)
+    with np.errstate(divide="ignore"):
+        power_of_u = (nu - 1) * np.log(u) if nu != 1 else 0.0  # u^(ν−1): 0 at u = 0 for ν > 1
+    density = np.exp(math.log(2) + (nu / 2) * math.log(nu / 2) - math.lgamma(nu / 2) + power_of_u
+                     - nu * u ** 2 / 2)
+    tails = _normal_cdf(delta - crit * u) + _normal_cdf(-delta - crit * u)
+    return float(min(1.0, _simpson(tails * density, top / (_QUAD_POINTS - 1))))
+
+
+def min_detectable_difference(sd, n_seeds, power=0.8, alpha=0.05):
+    """Smallest true difference the paired t-test detects with `power` at `n_seeds` (same units as sd)."""
+    if n_seeds < 2 or sd <= 0:
+        return float("nan") if n_seeds < 2 else 0.0
+    low, high = 0.0, sd
+    while paired_t_power(high, sd, n_seeds, alpha) < power:
+        low, high = high, 2 * high
+    while high - low > 1e-5 * high:  # far below the 0.1 pt the report prints
+        mid = (low + high) / 2
+        low, high = (mid, high) if paired_t_power(mid, sd, n_seeds, alpha) < power else (low, mid)
+    return high
+
+
+def seeds_needed(difference, sd, power=0.8, alpha=0.05, max_seeds=_MAX_SEEDS_SEARCHED):
+    """Fewest seeds (≥ 2) at which the paired t-test detects `difference` with `power`; None when
+    more than `max_seeds` would be needed (or the difference is 0)."""
+    if sd <= 0:
+        return 2 if difference != 0 else None
+    if difference == 0 or paired_t_power(difference, sd, max_seeds, alpha) < power:
+        return None
+    low, high = 1, max_seeds  # power(low) < power <= power(high); power grows with the seeds
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if paired_t_power(difference, sd, mid, alpha) < power else (low, mid)
+    return high
+
+
+def sign_flip_p_value(differences, max_exact=_EXACT_SIGN_FLIP_MAX, n_random=2 ** 16, seed=0):
+    """Two-sided sign-flip (permutation) p-value of the mean of paired differences.
+
+    Exact for up to `max_exact` pairs: the fraction of all 2^S sign patterns whose |mean| is at least
+    the observed |mean| (1e-12 relative tolerance, so that ties count). Beyond, a Monte-Carlo p
+    (count + 1) / (n_random + 1) over random patterns.
+    """
+    d = np.asarray(differences, dtype=np.float64).ravel()
+    if d.size == 0:
+        return float("nan")
+    observed = abs(d.mean())
+    tolerance = 1e-12 * max(np.abs(d).max(), 1e-300)
+    if d.size <= max_exact:
+        patterns = (np.arange(2 ** d.size)[:, None] >> np.arange(d.size)) & 1
+        means = np.abs((1 - 2 * patterns) @ d) / d.size
+        return float(np.mean(means >= observed - tolerance))
+    signs = np.random.default_rng(seed).choice([-1.0, 1.0], size=(n_random, d.size))
+    hits = np.count_nonzero(np.abs(signs @ d) / d.size >= observed - tolerance)
+    return float((hits + 1) / (n_random + 1))
+
+
+def t_interval(differences, level=0.95):
+    """(mean, s.d., low, high) of the paired differences: mean ± t_{S−1} · s.d. / √S (nan below 2)."""
+    d = np.asarray(differences, dtype=np.float64).ravel()
+    mean = float(d.mean()) if d.size else float("nan")
+    if d.size < 2:
+        return mean, float("nan"), float("nan"), float("nan")
+    sd = float(d.std(ddof=1))
+    half = student_t_quantile(1 - (1 - level) / 2, d.size - 1) * sd / math.sqrt(d.size)
+    return mean, sd, mean - half, mean + half
+
+
+def _seed_example_rows(table, n_boot, rng):
+    """Two-level bootstrap rows (n_boot, S·n) from the (S, n) seed-by-example row table: per replicate
+    S seeds with replacement and n examples with replacement (one example draw for all drawn seeds);
+    the column group is the drawn seed's slot, so a seed drawn twice counts twice."""
+    n_seeds, n = table.shape
+    seed_picks = rng.integers(0, n_seeds, size=(n_boot, n_seeds))
+    example_picks = rng.integers(0, n, size=(n_boot, n))
+    rows = table[seed_picks[:, :, None], example_picks[:, None, :]]
+    return rows.reshape(n_boot, -1), np.repeat(np.arange(n_seeds), n)
+
+
+def across_trainings(results_a, results_b, *, groups, example_ids, metrics=None, n_boot=2000, seed=0,
+                     level=0.95, power=0.8, n_bins=ECE_BINS):
+    """Seed-level comparison of A − B (see the module docstring): for each metric
+    {"metric", "per_seed" (A − B of each seed, in the caller's seed order), "difference" (their mean),
+    "sd", "t_low", "t_high", "sign_flip_p", "min_sign_flip_p" (2 / 2^S, the smallest possible),
+    "boot_low", "boot_high" (two-level bootstrap percentile interval), "mdd" (80%-power minimum
+    detectable difference at S seeds), "seeds_needed" (for the observed difference; None: > 1000 or
+    0), "significant" (the t-interval excludes 0), "n_seeds", "level", "power"}; power=None skips the
+    power analysis (mdd nan, seeds_needed None).
+
+    groups / example_ids as paired_bootstrap's shared-example design: every seed holds the same
+    examples once each. Deterministic given `seed`.
+    """
+    metrics, n_rows = _check_inputs(results_a, results_b, metrics)
+    if n_rows == 0:
+        raise ValueError("no examples to compare")
+    table = _example_table(_strata(groups, n_rows), example_ids)
+    n_seeds, n = table.shape
+    one_seed = np.zeros(n, dtype=np.int64)
+    per_seed = {m: np.array([metric_on_rows(results_a, m, table[s][None], one_seed, n_bins)[0]
+                             - metric_on_rows(results_b, m, table[s][None], one_seed, n_bins)[0]
+                             for s in range(n_seeds)]) for m in metrics}
+    rng = np.random.default_rng(seed)
+    chunk = max(1, _MAX_GATHERED // table.size)
+    boots = {m: [] for m in metrics}
+    for start in range(0, n_boot, chunk):
+        rows, column_group = _seed_example_rows(table, min(chunk, n_boot - start), rng)
+        for m in metrics:
+            boots[m].append(metric_on_rows(results_a, m, rows, column_group, n_bins)
+                            - metric_on_rows(results_b, m, rows, column_group, n_bins))
+    alpha = 1 - level
+    out = {}
+    for m in metrics:
+        d = per_seed[m]
+        mean, sd, low, high = t_interval(d, level)
+        boot = np.concatenate(boots[m]) if boots[m] else np.array([mean])
+        boot_low, boot_high = np.quantile(boot, [alpha / 2, 1 - alpha / 2])
+        enough = n_seeds >= 2
+        if not enough:  # no seed stage: the bootstrap would be the conditional one
+            boot_low = boot_high = float("nan")
+        out[m] = {"metric": m, "per_seed": [float(x) for x in d], "difference": mean, "sd": sd,
+                  "t_low": low, "t_high": high, "sign_flip_p": sign_flip_p_value(d),
+                  "min_sign_flip_p": min(1.0, 2.0 / 2 ** n_seeds), "boot_low": float(boot_low),
+                  "boot_high": float(boot_high),
+                  "mdd": min_detectable_difference(sd, n_seeds, power, alpha) if enough and power else float("nan"),
+                  "seeds_needed": seeds_needed(mean, sd, power, alpha) if enough and power else None,
+                  "significant": bool(enough and (low > 0 or high < 0)), "n_seeds": n_seeds, "level": level,
+                  "power": power}
+    return out
+
+
 # ---- sentences -----------------------------------------------------------------------------------------
 def _signed(x, digits):
     text = f"{abs(x):.{digits}f}"
@@ -282,3 +499,45 @@ def describe_difference(result, name_a, name_b, mcnemar=None, digits=None):
     if mcnemar is not None and metric == "top1":
         text += f" (McNemar exact {format_p_value(mcnemar['p_value'])})"
     return text
+
+
+def signed_points(x, digits=1):
+    """A fraction as signed percentage points with `digits` decimals, one more when a non-zero value
+    would print as 0.0 (so that an interval that excludes 0 never reads [0.0, ...])."""
+    if x != 0 and float(f"{abs(100 * x):.{digits}f}") == 0:
+        digits += 1
+    return _signed(100 * x, digits)
+
+
+def describe_across_trainings(result, name_a, name_b, metric_label=None):
+    """The verdict sentence from an across_trainings entry (top-1 or ECE in points), e.g.
+    "sparsemax − softmax top-1 across 3 trainings: +3.1 pt [−1.0, +7.3] (t-interval over seeds;
+    sign-flip p = 0.25), not significant at 5%: not resolvable with 3 seeds; the per-seed
+    differences have s.d. 1.7 pt, so 3 seeds detect (80% power) only differences above ~5.5 pt, and
+    one of +3.1 pt needs ≥ 5 seeds"."""
+    label = metric_label or _LABELS[result["metric"]]
+    n, alpha = result["n_seeds"], f"{(1 - result['level']) * 100:g}%"
+    diff = signed_points(result["difference"])
+    lead = f"{name_a} {_MINUS} {name_b} {label}"
+    if n < 2:
+        return (f"{lead}: {diff} pt on 1 seed: not resolvable with 1 seed (training-to-training "
+                f"variation needs ≥ 2 seeds to be measured; the interval given this training leaves it out)")
+    if all(d == 0 for d in result["per_seed"]):
+        return f"{lead}: 0.0 pt on each of the {n} seeds: no difference, not significant at {alpha}"
+    interval = f"[{signed_points(result['t_low'])}, {signed_points(result['t_high'])}]"
+    text = (f"{lead} across {n} trainings: {diff} pt {interval} "
+            f"(t-interval over seeds; sign-flip {format_p_value(result['sign_flip_p'])})")
+    if result["significant"]:
+        text += f", significant at {alpha}"
+        if result["min_sign_flip_p"] > 1 - result["level"]:
+            needed = next(s for s in range(n, 64) if 2.0 / 2 ** s <= 1 - result["level"])
+            text += (f" by the t-interval; the sign-flip test cannot confirm it with {n} seeds (its smallest "
+                     f"p is {result['min_sign_flip_p']:.2g}; ≥ {needed} seeds)")
+        return text
+    power = f"{100 * result['power']:g}%"
+    needed = result["seeds_needed"]
+    need_text = (f"one of {diff} pt needs ≥ {needed} seeds" if needed is not None
+                 else f"one of {diff} pt needs more than {_MAX_SEEDS_SEARCHED} seeds")
+    return (f"{text}, not significant at {alpha}: not resolvable with {n} seeds; the per-seed differences "
+            f"have s.d. {100 * result['sd']:.1f} pt, so {n} seeds detect ({power} power) only differences "
+            f"above ~{100 * result['mdd']:.1f} pt, and {need_text}")

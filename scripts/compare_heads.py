@@ -27,9 +27,11 @@ Modes:
 Resumable: a run with summary.json is trained and skipped; an interrupted one continues from its last
 checkpoint (--resume auto); a run evaluated already (eval.json, its per-example records and, when an
 OOD set is asked for, its OOD results) is not evaluated again.
-Report (REPORT_DIR): report.md (mean ± std over seeds of every metric; paired differences of each
-variant against the baseline with 95% bootstrap intervals and McNemar's test; selective prediction;
-OOD detection), runs.csv, summary.csv, paired_statistics.json and the plots val_accuracy.png,
+Report (REPORT_DIR): report.md (mean ± std over seeds of every metric; one verdict per variant
+against the baseline, across trainings, with sanity checks: chance level, conformal coverage band,
+training budget; paired differences across trainings (t-interval and sign-flip test over seeds,
+two-level bootstrap, power) and given these trainings (bootstrap over images, McNemar); selective
+prediction; OOD detection), runs.csv, summary.csv, paired_statistics.json and the plots val_accuracy.png,
 support_hist.png, reliability.png, coverage_vs_set_size.png, risk_coverage.png, ood_histograms.png.
 """
 import argparse
@@ -584,9 +586,14 @@ def write_comparison_report(plan, commands, args, pairs, stem, command):
             variants, report_dir, f"Head comparison: {stem}", command, weights=weights,
             notes=notes, pairs=pairs, missing=missing)
     print(f"\n{table}\n")
-    for res in paired_results:
-        for sentence in res["sentences"]:
-            print(sentence)
+    verdicts, checks = comparison.verdict_lines(variants, paired_results)
+    if verdicts:
+        print("Verdicts (across trainings: would another training differ too? details and the numbers given "
+              "these trainings in report.md):")
+        print("\n".join(f"- {v}" for v in verdicts))
+    if checks:
+        print("Sanity checks:")
+        print("\n".join(f"- {c}" for c in checks))
     print()
     return path, missing
 

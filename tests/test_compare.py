@@ -222,8 +222,15 @@ def test_report_has_paired_statistics_selective_and_ood_sections():
     ca, cb = (ra["pred"] == ra["label"]), (rb["pred"] == rb["label"])
     assert paired[0]["mcnemar"]["b"] == int((ca & ~cb).sum()) and paired[0]["mcnemar"]["c"] == int((~ca & cb).sum())
     assert "## Paired differences against the baseline" in md
+    # the conditional sentences (given these trainings) are the report's details; the terminal gets
+    # one verdict per head (across trainings; here both heads sit at chance after a few steps)
     for sentence in paired[0]["sentences"]:
-        assert f"- {sentence}" in md and sentence in stdout
+        assert f"- {sentence}" in md
+    assert f"- {paired[0]['verdict']}" in md and f"- {paired[0]['verdict']}" in stdout
+    assert not any(sentence in stdout for sentence in paired[0]["sentences"])  # one sentence per head
+    assert paired[0]["verdict"].startswith("sparsemax vs softmax: no comparison: nothing learned")
+    assert "sparsemax: no comparison: nothing learned" in stdout
+    assert paired[0]["across"]["top1"]["per_seed"] == [pytest.approx(top1["difference"], abs=1e-12)]
     assert paired[0]["sentences"][0].startswith("sparsemax − softmax top-1: ")
     assert "McNemar exact p" in paired[0]["sentences"][0]
     assert [s.split(":")[0] for s in paired[0]["sentences"]] == [
@@ -259,5 +266,9 @@ def test_identical_heads_are_not_significant(tmp_path):
     assert "- copy − softmax top-1: 0.0 pt [0.0, 0.0], not significant at 5% (McNemar exact p = 1)" in md
     for sentence in paired[0]["sentences"]:
         assert "not significant" in sentence and f"- {sentence}" in md
+    # the verdict across trainings: zero on both seeds; the tiny runs sit at chance, which comes first
+    assert paired[0]["across"]["top1"]["per_seed"] == [0.0, 0.0] and not paired[0]["across"]["top1"]["significant"]
+    assert paired[0]["verdict"].startswith("copy vs softmax: no comparison: nothing learned")
+    assert f"- {paired[0]['verdict']}" in md
     # two seeds: the pooled ECE row and the mean-of-per-run row are both there, named
     assert "| ECE (15 bins), mean of per-run |" in md and "| ECE (15 bins), pooled over seeds |" in md
