@@ -150,6 +150,10 @@ class RunState:
     warmup_s: float = 0.0  # session warm-up time (see WARMUP_UPDATES), excluded from img/s
     warmup_images: int = 0
     last_eval: dict = field(default_factory=dict)
+    # the lr schedule is indexed at step + schedule_offset: a resume with a changed global batch
+    # (--resume-with-changes) maps the run's position to the new number of updates per epoch
+    schedule_offset: int = 0
+    epoch_note: str = ""  # config changes applied during the current epoch (its epochs.csv row notes them)
     last_ckpt: Optional[str] = None  # not saved: where this session's last checkpoint went
 
 
@@ -189,7 +193,10 @@ class Run:
     session_images: int = 0  # state.images when this session started
     # On the device, read only at log steps / saves / epoch ends (see the module docstring):
     last_loss: Any = None  # mean loss of the latest update
-    epoch_loss: Any = None  # [sum of finite update losses, number of finite updates] this epoch
+    epoch_loss: Any = None  # this rank, this session: [sum of its finite update losses, number of them] this epoch
+    # the epoch's part before this session (from the checkpoint), in world-independent units:
+    # [sum over updates of the update's loss (mean over ranks), number of updates]; see epoch_loss_totals
+    epoch_loss_carried: list = field(default_factory=lambda: [0.0, 0.0])
     first_bad_step: Any = None  # first update with a non-finite loss (NO_BAD_STEP when none)
 
     @property
@@ -320,7 +327,7 @@ def train_step(run, batches, hooks=None):
     train.nonfinite=skip, see the module docstring): the loss and its finiteness stay on the device."""
     cfg, state, accelerator = run.cfg, run.state, run.accelerator
     accum, step = cfg.train.grad_accum, state.step
-    run.scheduler.step_update(step)  # lr of this update: warmup + cosine indexed by update
+    run.scheduler.step_update(step + state.schedule_offset)  # lr of this update: warmup + cosine indexed by update
     losses = []
     for micro in range(accum):
         reseed(cfg.train.seed, "step", step, micro, run.rank)
@@ -337,6 +344,7 @@ def train_step(run, batches, hooks=None):
                 loss = torch.stack(losses).mean()
                 finite = torch.isfinite(loss)
                 if cfg.train.nonfinite == "skip" and not finite_on_every_rank(run, finite):  # the one host read
+                    finite = torch.zeros_like(finite)  # skipped on every rank: no rank counts it in the epoch's sums
                     run.optimizer.zero_grad(set_to_none=True)
                     count_skipped_update(run, step)
                 else:
@@ -465,17 +473,17 @@ def end_of_epoch(run, epoch, seconds):
     state, epochs = run.state, run.cfg.optim.epochs
     stop_if_nonfinite(run)
     state.epoch, state.batch = epoch + 1, 0
-    local_updates = run.epoch_loss[1].item()
-    loss_stats = run.epoch_loss
-    if run.world > 1:
-        loss_stats = run.accelerator.reduce(loss_stats, reduction="sum")
-    loss_sum, updates = loss_stats.tolist()
+    local_updates = run.epoch_loss[1].item()  # this session's part of the epoch: what `seconds` timed
+    loss_sum, updates = epoch_loss_totals(run)
     run.epoch_loss.zero_()
+    run.epoch_loss_carried = [0.0, 0.0]
     row = {"epoch": epoch + 1, "step": state.step,
            "train_loss": loss_sum / max(updates, 1.0),
            "lr": run.optimizer.param_groups[0]["lr"],
            "img_per_s": local_updates * run.global_batch / max(seconds, 1e-9),
            "time_s": seconds, "skipped": state.skipped}
+    if state.epoch_note:
+        row["changes"], state.epoch_note = state.epoch_note, ""
     line = (f"epoch {epoch + 1}/{epochs}  step {state.step}  loss {row['train_loss']:.4f}  "
             f"lr {row['lr']:.2e}  {row['img_per_s']:.0f} img/s")
     if (epoch + 1) % run.cfg.train.eval_every == 0 or epoch + 1 == epochs:
@@ -485,6 +493,17 @@ def end_of_epoch(run, epoch, seconds):
     state.train_time_s = run.elapsed()
     export_weights(run)
     save_checkpoint(run, epoch + 1, 0)
+
+
+def epoch_loss_totals(run):
+    """The current epoch's [sum over its finite updates of the update's loss (the mean over ranks, as
+    metrics.jsonl logs it), number of those updates]: world-independent units, so a checkpoint of N
+    processes resumes exactly on M. One all-reduce with several processes (saves and epoch ends only)."""
+    session = run.epoch_loss
+    if run.world > 1:
+        session = run.accelerator.reduce(session, reduction="sum")
+    session = (session / run.world).tolist()  # every rank counted each update once: / world = once per update
+    return [carried + now for carried, now in zip(run.epoch_loss_carried, session)]
 
 
 def evaluate_epoch(run, row):
@@ -554,9 +573,9 @@ def save_checkpoint(run, epoch, batch):
     stop_if_nonfinite(run)  # never save the weights of a non-finite update
     root, step = os.path.join(run.run_dir, ck.CHECKPOINT_SUBDIR), state.step
     tmp = ck.tmp_dir_for(root, step)
-    # the epoch's partial loss sums (summed over ranks): epochs.csv stays exact after a mid-epoch resume
-    epoch_loss = accelerator.reduce(run.epoch_loss, reduction="sum") if run.world > 1 else run.epoch_loss
-    epoch_loss = epoch_loss.tolist()
+    # the epoch's partial loss sums, per update (not per rank): epochs.csv stays exact after a
+    # mid-epoch resume on any number of processes
+    loss_sum, updates = epoch_loss_totals(run)
 
     def write_files():
         ck.write_rank_files(tmp, run.rank, capture_rng_state())
@@ -564,7 +583,9 @@ def save_checkpoint(run, epoch, batch):
             trainer_state = asdict(state)
             del trainer_state["last_ckpt"]
             trainer_state.update(epoch=epoch, batch=batch, config=run.fingerprint, global_batch=run.global_batch,
-                                 world_size=run.world, config_name=run.cfg.name, epoch_loss=epoch_loss)
+                                 world_size=run.world, config_name=run.cfg.name,
+                                 updates_in_epoch=batch // run.cfg.train.grad_accum,
+                                 epoch_partial={"loss_sum": loss_sum, "updates": updates})
             # False when an update was skipped for a non-finite loss since the previous checkpoint:
             # pruning then keeps an older checkpoint saved with finite losses
             trainer_state[ck.LOSS_FINITE_KEY] = state.skipped == run.skipped_at_save
@@ -629,18 +650,32 @@ def restore(run, ckpt, changes=(), fresh_hparams=None):
             setattr(run.state, f.name, saved[f.name])
     run.state.last_ckpt = ckpt
     run.skipped_at_save = run.state.skipped
-    partial = saved.get("epoch_loss")
-    if partial is not None and run.rank == 0:  # the sums over all ranks; the other ranks add from zero
-        run.epoch_loss = torch.tensor(partial, dtype=torch.float64, device=run.accelerator.device)
+    run.epoch_loss_carried = rp.saved_epoch_partial(saved)  # on every rank: the totals add it once
+    restore_epoch_position(run, saved, changes)
     run.metrics.truncate_after(run.state.step)  # rows after the checkpoint are re-logged exactly once
     run.epochs_csv.truncate_after(run.state.step)
     if rp.schedule_affected(changes):
         run.scheduler = rp.rebuild_schedule(run.optimizer, fresh_hparams, run.cfg.optim, run.updates_per_epoch,
-                                            run.state.step)
+                                            run.state.step + run.state.schedule_offset)
     run.say(f"resumed from {ckpt} (step {run.state.step}, epoch {run.state.epoch + 1}, batch {run.state.batch})")
     if changes:
         run.metrics.write(**rp.change_record(changes, step=run.state.step, checkpoint=ckpt))
         run.say(f"applying config changes from step {run.state.step} ({rp.RESUME_FLAG}): {rp.format_changes(changes)}")
+
+
+def restore_epoch_position(run, saved, changes):
+    """Where the resumed epoch goes on, counted in updates (world-independent): the micro-batch index of
+    this launch's grad_accum, and, after a changed global batch (--resume-with-changes), the schedule
+    offset that puts the lr where the new updates per epoch have it and the note of its epochs.csv row."""
+    state = run.state
+    done = rp.updates_in_epoch(saved, run.global_batch)
+    state.batch = done * run.cfg.train.grad_accum
+    old_batch = saved.get("global_batch")
+    if old_batch is not None and old_batch != run.global_batch:
+        state.schedule_offset = state.epoch * run.updates_per_epoch + done - state.step
+    if changes:
+        note = f"from step {state.step}: {rp.format_changes(changes)}"
+        state.epoch_note = f"{state.epoch_note}; {note}" if state.epoch_note else note
 
 
 # ============================================================================ setup
@@ -706,7 +741,7 @@ def build_run(cfg, resume, overwrite, accept_changes, accelerator, use_tb, lock)
     run.time_base, run.log_images = run.state.train_time_s, run.state.images
     run.session_images = run.state.images
     run.session_t0 = run.log_t = time.perf_counter()
-    run.bar = tqdm(total=cfg.optim.epochs * updates_per_epoch, initial=run.state.step, unit="step",
+    run.bar = tqdm(total=cfg.optim.epochs * updates_per_epoch - run.state.schedule_offset, initial=run.state.step, unit="step",
                    disable=not (main_proc and cfg.train.progress), dynamic_ncols=True, file=sys.stdout)
     return run
 
