@@ -35,11 +35,11 @@ def _config(tmp_path, run, world):
     return write_cfg(cfg, tmp_path / f"world{world}.yaml")
 
 
-def _stop_mid_epoch(tmp_path, run, world):
-    """Start on `world` processes, SIGTERM every process of the launch after update STOP_AFTER (as a
-    scheduler does); -> the launch's exit status."""
+def _stop_mid_epoch(tmp_path, run, world, stop_after=STOP_AFTER):
+    """Start on `world` processes, SIGTERM every process of the launch after update `stop_after` (as a
+    scheduler does); -> (the launch's exit status, stdout, stderr)."""
     gate = str(tmp_path / "gate")
-    cmd = _launch(HOOKED, world) + ["--pause-after-step", str(STOP_AFTER), "--gate", gate,
+    cmd = _launch(HOOKED, world) + ["--pause-after-step", str(stop_after), "--gate", gate,
                                     "--config", _config(tmp_path, run, world)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
@@ -84,3 +84,38 @@ def test_resume_on_another_world_size_keeps_epochs_csv_exact(tmp_path, first, se
           f"relative difference {abs(epoch_loss - logged_mean) / logged_mean:.2e}")
     assert abs(epoch_loss - logged_mean) <= 1e-6 * logged_mean
     assert "data.batch_size" in rows[0]["changes"]  # the accepted change is noted in its epoch's row
+
+
+def test_changed_global_batch_needs_the_flag_then_follows_the_schedule_and_is_noted(tmp_path):
+    """Global batch 16 -> 32 at update 4 of 8 (64 samples = 2 updates of 32): refused without the flag;
+    with it the epoch goes on at its update 2 of 4, the lr is the new schedule's at that point and
+    the epoch's row notes the change."""
+    import torch
+
+    from configs import load_config
+    from engine.optim import build_scheduler, scaled_lr
+
+    run = str(tmp_path / "run")
+    status, out, err = _stop_mid_epoch(tmp_path, run, 1, stop_after=4)
+    assert status == 143, err[-3000:]
+    big = write_cfg(tiny_cfg(run, *COMMON, "data.batch_size=32", "optim.epochs=2"), tmp_path / "big.yaml")
+    refused = subprocess.run([sys.executable, TRAIN_PY, "--config", big, "--resume", "auto"], cwd=ROOT,
+                             env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "global batch of 16" in refused.stderr and "--resume-with-changes" in refused.stderr
+    resumed = subprocess.run([sys.executable, TRAIN_PY, "--config", big, "--resume", "auto", "--resume-with-changes"],
+                             cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    train_rows = [r for r in read_metrics(run) if r["kind"] == "train"]
+    assert [r["step"] for r in train_rows] == list(range(1, 11))  # 4 + 2 updates of epoch 1, then 4 of epoch 2
+    with open(os.path.join(run, "epochs.csv")) as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["step"]) for r in rows] == [6, 10]
+    first = [r["loss"] for r in train_rows[:6]]
+    assert abs(float(rows[0]["train_loss"]) - sum(first) / 6) <= 1e-6 * sum(first) / 6
+    assert "run.global_batch=16 -> 32" in rows[0]["changes"] and not rows[1]["changes"]
+    # the lr of update 10 (logged in row 10) is the 32-batch schedule's at its update 8 of 8 (index 7)
+    cfg = load_config(big)
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=scaled_lr(cfg.optim, 32))
+    sched = build_scheduler(opt, cfg.optim, updates_per_epoch=4)
+    sched.step_update(7)
+    assert abs(train_rows[-1]["lr"] - opt.param_groups[0]["lr"]) <= 1e-9 * opt.param_groups[0]["lr"]
