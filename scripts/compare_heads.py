@@ -46,6 +46,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from engine.children import ChildProcesses  # noqa: E402
 from engine.cli import run_cli  # noqa: E402
 from common.errors import UserError  # noqa: E402
 from common.io import atomic_write_text, json_text, write_json  # noqa: E402
@@ -255,9 +256,10 @@ def _request(configs, config, overrides):
 
 
 # ---------------------------------------------------------------------------------- local execution
-def _run(cmd, what):
+def _run(children, cmd, what):
     print(f"$ {' '.join(shlex.quote(c) for c in cmd)}", flush=True)
-    status = subprocess.call(cmd)  # in the caller's directory: relative run paths mean the same
+    status = children.run(cmd)  # in the caller's directory: relative run paths mean the same
+    children.check_stopped(f"{what} stopped (exit {status})", status)
     if status != 0:
         raise UserError(f"{what} failed (exit {status}); fix the error above and rerun the same command "
                         f"(finished runs are kept, interrupted ones resume)")
@@ -291,14 +293,15 @@ def _cpu_count():
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def run_parallel(todo, commands, jobs):
+def run_parallel(todo, commands, jobs, children):
     """Train and evaluate `todo` [(tag, run_dir, overrides, trained)] with `jobs` runs at once, each
     in its slot's environment (device_env) with its output in RUN_DIR/compare.log.
-    Returns (trained, evaluated); UserError naming every failed run at the end."""
+    Returns (trained, evaluated); UserError naming every failed run at the end (StoppedBySignal,
+    with the first stopped child's exit code, once every child has saved after a signal)."""
     slots = list(range(jobs))
     lock = threading.Lock()
     counts = {"trained": 0, "evaluated": 0}
-    failures = []
+    failures, stopped = [], []
 
     def say(msg):
         with lock:
@@ -306,6 +309,8 @@ def run_parallel(todo, commands, jobs):
 
     def one(item):
         tag, run_dir, overrides, trained = item
+        if children.stopped:
+            return
         with lock:
             slot = slots.pop(0)
         try:
@@ -320,7 +325,11 @@ def run_parallel(todo, commands, jobs):
                     say(f"{tag}: {what} (slot {slot}, {' '.join(f'{k}={v}' for k, v in pinned.items())}; log {log})")
                     out.write(f"$ {' '.join(shlex.quote(c) for c in cmd)}\n")
                     out.flush()
-                    status = subprocess.call(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+                    status = children.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+                    if children.stopped:
+                        with lock:
+                            stopped.append((f"{run_dir} ({what} exit {status}; see {log})", status))
+                        return
                     if status != 0:
                         with lock:
                             failures.append(f"{run_dir} ({what} exit {status}; see {log})")
@@ -338,6 +347,10 @@ def run_parallel(todo, commands, jobs):
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         list(pool.map(one, todo))
+    if stopped:
+        children.check_stopped(f"stopped {'; '.join(s for s, _ in stopped)}",
+                               next((code for _, code in stopped if code), 0))
+    children.check_stopped("stopped between runs")
     if failures:
         raise UserError(f"{len(failures)} run(s) failed: {'; '.join(failures)}; fix and rerun the same command "
                         f"(finished runs are kept, interrupted ones resume)")
@@ -495,7 +508,8 @@ def main(argv=None):
     if args.dry_run:
         return 0
     start = time.perf_counter()
-    trained_now, evaluated_now = run_todo(todo, commands, requests, args.jobs)
+    with ChildProcesses() as children:  # signals go on to train.py / eval.py, which save and stop
+        trained_now, evaluated_now = run_todo(todo, commands, requests, args.jobs, children)
     path, missing = write_comparison_report(plan, commands, args, pairs, stem, _command_line(argv))
     print(f"{trained_now} training run(s) and {evaluated_now} evaluation(s) done now in "
           f"{time.perf_counter() - start:.0f}s; {len(plan) - len(missing)} of {len(plan)} run(s) in {runs_dir}")
@@ -521,22 +535,23 @@ def runs_to_do(plan, commands, args):
     return todo
 
 
-def run_todo(todo, commands, requests, jobs):
-    """Train and evaluate `todo`, one run after another or `jobs` at once; -> (trained, evaluated)."""
+def run_todo(todo, commands, requests, jobs, children):
+    """Train and evaluate `todo`, one run after another or `jobs` at once, through `children`
+    (engine.children.ChildProcesses: signals are forwarded); -> (trained, evaluated)."""
     for _, run_dir, _, _ in todo:
         _check_request(run_dir, requests[run_dir])
     if todo and jobs > 1:
-        return run_parallel(todo, commands, jobs)
+        return run_parallel(todo, commands, jobs, children)
     trained_now = evaluated_now = 0
     for tag, run_dir, ov, trained in todo:
         if not trained:
             print(f"{tag}: training", flush=True)
-            _run(commands.train(ov), f"training {run_dir}")
+            _run(children, commands.train(ov), f"training {run_dir}")
             trained_now += 1
             if not os.path.isfile(os.path.join(run_dir, "summary.json")):
                 raise UserError(f"train.py finished without writing {run_dir}/summary.json")
         print(f"{tag}: evaluating", flush=True)
-        _run(commands.evaluate(run_dir), f"evaluating {run_dir}")
+        _run(children, commands.evaluate(run_dir), f"evaluating {run_dir}")
         evaluated_now += 1
     return trained_now, evaluated_now
 
