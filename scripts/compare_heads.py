@@ -35,6 +35,7 @@ support_hist.png, reliability.png, coverage_vs_set_size.png, risk_coverage.png, 
 import argparse
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -56,9 +57,29 @@ REQUEST_FILE = "compare_request.json"  # what this script asked train.py for, to
 LOG_FILE = "compare.log"  # a run's train + eval output under --jobs N > 1
 
 
+# a config override: a (dotted) key, '=', a value (parsed as YAML), e.g. optim.epochs=1
+OVERRIDE = re.compile(r"[A-Za-z_]\w*(\.\w+)*=")
+
+
+def split_overrides(parser, argv):
+    """(options, overrides): every key.sub=value token is an override wherever it stands (after
+    --heads or --seeds too, whose lists would otherwise swallow it), unless it is the value of an
+    option that takes one (e.g. --runs-dir a=b)."""
+    takes_one = {s for a in parser._actions if a.option_strings and a.nargs is None for s in a.option_strings}
+    options, overrides = [], []
+    for i, token in enumerate(argv):
+        if OVERRIDE.match(token) and not (i and argv[i - 1] in takes_one):
+            overrides.append(token)
+        else:
+            options.append(token)
+    return options, overrides
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                epilog="Extra key.sub=value arguments override the config of every run.",
+                                epilog="Overrides: key.sub=value arguments (value parsed as YAML) override the config\n"
+                                       "of every run. They may go anywhere on the line, before or after the options,\n"
+                                       "e.g. --heads softmax sparsemax --seeds 0 1 optim.epochs=1",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="base training config (YAML)")
     p.add_argument("--heads", nargs="+", default=["softmax", "sparsemax", "entmax15"],
@@ -87,10 +108,11 @@ def parse_args(argv=None):
                       help="write a SLURM array job script (one task per run) instead of running")
     mode.add_argument("--report-only", action="store_true",
                       help="train and evaluate nothing: report the finished runs, name the missing ones")
-    args, rest = p.parse_known_args(argv)
-    bad = [r for r in rest if "=" not in r or r.startswith("-")]
-    if bad:
-        raise UserError(f"unexpected argument '{bad[0]}': overrides look like key.sub=value; see --help")
+    options, overrides = split_overrides(p, list(sys.argv[1:] if argv is None else argv))
+    args, rest = p.parse_known_args(options)
+    if rest:
+        raise UserError(f"unexpected argument '{rest[0]}': options are listed by --help, overrides look like "
+                        f"key.sub=value (anywhere on the line)")
     if args.jobs < 1:
         raise UserError(f"--jobs must be at least 1, got {args.jobs}")
     if args.jobs > 1 and (args.emit_slurm or args.report_only or args.dry_run):
@@ -99,7 +121,7 @@ def parse_args(argv=None):
     if args.emit_slurm and args.launcher:
         raise UserError("--launcher does not apply to --emit-slurm: each array task launches through "
                         "scripts/slurm_train.sh (accelerate launch per node); set GPUS_PER_NODE instead")
-    args.overrides = rest
+    args.overrides = overrides
     return args
 
 
