@@ -486,13 +486,29 @@ def end_of_epoch(run, epoch, seconds):
         row["changes"], state.epoch_note = state.epoch_note, ""
     line = (f"epoch {epoch + 1}/{epochs}  step {state.step}  loss {row['train_loss']:.4f}  "
             f"lr {row['lr']:.2e}  {row['img_per_s']:.0f} img/s")
-    if (epoch + 1) % run.cfg.train.eval_every == 0 or epoch + 1 == epochs:
+    evaluated = (epoch + 1) % run.cfg.train.eval_every == 0 or epoch + 1 == epochs
+    if evaluated:
         line += evaluate_epoch(run, row)
     run.epochs_csv.write(row)
     run.say(line)
     state.train_time_s = run.elapsed()
     export_weights(run)
     save_checkpoint(run, epoch + 1, 0)
+    if evaluated:
+        stop_if_empty_eval(run)
+
+
+def stop_if_empty_eval(run):
+    """An evaluation that found no image (every val image skipped under data.skip_corrupt) stops the
+    run, after its epoch's checkpoint, unless train.allow_empty_eval (identical on every rank: n is
+    the total over ranks)."""
+    if run.state.last_eval["raw"]["n"] or run.cfg.train.allow_empty_eval:
+        return
+    if not run.main_proc:
+        raise SystemExit(2)  # the main process says why
+    raise UserError(f"every validation image was skipped as undecodable (data.skip_corrupt): the evaluation at step "
+                    f"{run.state.step} had no image; fix or replace the val files (later evaluations and eval.py use them) "
+                    f"and continue with --resume auto, or set train.allow_empty_eval=true to train without validation")
 
 
 def epoch_loss_totals(run):
@@ -520,7 +536,10 @@ def evaluate_epoch(run, row):
         if run.use_tb:
             run.accelerator.log({f"val_{weights}/{k}": v for k, v in m.items() if k != "n"}, step=state.step)
     state.last_eval = evals
-    if state.best_top1 is None or evals["raw"]["top1"] > state.best_top1:
+    if not evals["raw"]["n"]:
+        run.say(f"warning: the validation split had no decodable image at step {state.step} (every one skipped, "
+                f"data.skip_corrupt): its metrics are null")
+    elif state.best_top1 is None or evals["raw"]["top1"] > state.best_top1:
         state.best_top1, state.best_step = evals["raw"]["top1"], state.step
     return text
 
@@ -541,10 +560,14 @@ def write_summary(run):
         "global_batch": run.global_batch, "num_processes": run.world,
     }
     ck.write_json(summary, os.path.join(run_dir, "summary.json"))
-    raw_top1 = 100 * state.last_eval.get("raw", {}).get("top1", math.nan)
-    ema_text = f", {100 * state.last_eval['ema']['top1']:.2f}% (ema)" if "ema" in state.last_eval else ""
-    run.say(f"done: {state.step} steps in {state.train_time_s:.1f}s; final val top1 {raw_top1:.2f}% (raw)"
+    raw_top1 = _percent(state.last_eval.get("raw", {}).get("top1", math.nan))
+    ema_text = f", {_percent(state.last_eval['ema']['top1'])} (ema)" if "ema" in state.last_eval else ""
+    run.say(f"done: {state.step} steps in {state.train_time_s:.1f}s; final val top1 {raw_top1} (raw)"
             f"{ema_text}; run dir {run_dir}")
+
+
+def _percent(fraction):
+    return "n/a" if fraction is None or math.isnan(fraction) else f"{100 * fraction:.2f}%"
 
 
 # ============================================================================ checkpoints and weights

@@ -121,6 +121,9 @@ class TrainConfig:
     sync_debug: bool = False
     tensorboard: bool = True  # TensorBoard through Accelerate's trackers, when installed
     progress: bool = True  # tqdm bar on the main process
+    # go on when an evaluation found no image (every val image undecodable under data.skip_corrupt);
+    # false: the run stops with exit 2 after that epoch's checkpoint
+    allow_empty_eval: bool = False
 
 
 @dataclass

@@ -41,6 +41,7 @@ RESUME_ALLOWLIST = frozenset({
     "train.compile",        # how the same model is executed
     "train.nonfinite",      # what to do if the loss turns non-finite (the error message suggests changing it)
     "train.max_skipped_fraction",  # when train.nonfinite=skip gives up
+    "train.allow_empty_eval",  # whether an evaluation without images stops the run
     "data.num_workers",     # the loaders give the same batches with any worker count
     "data.eval_batch_size",  # evaluation sums are exact at any chunking
     "data.root", "data.download", "data.cache_dir",  # where the data lives, not what it is
