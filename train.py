@@ -608,6 +608,7 @@ def save_checkpoint(run, epoch, batch):
             trainer_state.update(epoch=epoch, batch=batch, config=run.fingerprint, global_batch=run.global_batch,
                                  world_size=run.world, config_name=run.cfg.name,
                                  updates_in_epoch=batch // run.cfg.train.grad_accum,
+                                 updates_per_epoch=run.updates_per_epoch,
                                  epoch_partial={"loss_sum": loss_sum, "updates": updates})
             # False when an update was skipped for a non-finite loss since the previous checkpoint:
             # pruning then keeps an older checkpoint saved with finite losses
@@ -674,10 +675,10 @@ def restore(run, ckpt, changes=(), fresh_hparams=None):
     run.state.last_ckpt = ckpt
     run.skipped_at_save = run.state.skipped
     run.epoch_loss_carried = rp.saved_epoch_partial(saved)  # on every rank: the totals add it once
-    restore_epoch_position(run, saved, changes)
+    new_epoch_length = restore_epoch_position(run, saved, changes)
     run.metrics.truncate_after(run.state.step)  # rows after the checkpoint are re-logged exactly once
     run.epochs_csv.truncate_after(run.state.step)
-    if rp.schedule_affected(changes):
+    if rp.schedule_affected(changes) or new_epoch_length:
         run.scheduler = rp.rebuild_schedule(run.optimizer, fresh_hparams, run.cfg.optim, run.updates_per_epoch,
                                             run.state.step + run.state.schedule_offset)
     run.say(f"resumed from {ckpt} (step {run.state.step}, epoch {run.state.epoch + 1}, batch {run.state.batch})")
@@ -688,17 +689,21 @@ def restore(run, ckpt, changes=(), fresh_hparams=None):
 
 def restore_epoch_position(run, saved, changes):
     """Where the resumed epoch goes on, counted in updates (world-independent): the micro-batch index of
-    this launch's grad_accum, and, after a changed global batch (--resume-with-changes), the schedule
-    offset that puts the lr where the new updates per epoch have it and the note of its epochs.csv row."""
+    this launch's grad_accum, and the schedule offset that puts the lr where this launch's updates per
+    epoch have it (0 unless the global batch, hence the updates per epoch, changed). Changes and
+    another number of processes are noted in the epoch's epochs.csv row.
+    -> True when the updates per epoch differ from the checkpoint's (the schedule must be rebuilt)."""
     state = run.state
     done = rp.updates_in_epoch(saved, run.global_batch)
     state.batch = done * run.cfg.train.grad_accum
-    old_batch = saved.get("global_batch")
-    if old_batch is not None and old_batch != run.global_batch:
-        state.schedule_offset = state.epoch * run.updates_per_epoch + done - state.step
-    if changes:
-        note = f"from step {state.step}: {rp.format_changes(changes)}"
+    state.schedule_offset = state.epoch * run.updates_per_epoch + done - state.step
+    notes = [rp.format_changes(changes)] if changes else []
+    if saved.get("world_size") not in (None, run.world):
+        notes.append(f"processes {saved['world_size']} -> {run.world}")
+    if notes:
+        note = f"from step {state.step}: {', '.join(notes)}"
         state.epoch_note = f"{state.epoch_note}; {note}" if state.epoch_note else note
+    return saved.get("updates_per_epoch", run.updates_per_epoch) != run.updates_per_epoch
 
 
 # ============================================================================ setup

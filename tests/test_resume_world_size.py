@@ -83,7 +83,8 @@ def test_resume_on_another_world_size_keeps_epochs_csv_exact(tmp_path, first, se
     print(f"world {first}->{second}: epochs.csv {epoch_loss!r}, mean of logged updates {logged_mean!r}, "
           f"relative difference {abs(epoch_loss - logged_mean) / logged_mean:.2e}")
     assert abs(epoch_loss - logged_mean) <= 1e-6 * logged_mean
-    assert "data.batch_size" in rows[0]["changes"]  # the accepted change is noted in its epoch's row
+    # the accepted change and the new number of processes are noted in the epoch's row
+    assert "data.batch_size" in rows[0]["changes"] and f"processes {first} -> {second}" in rows[0]["changes"]
 
 
 def test_changed_global_batch_needs_the_flag_then_follows_the_schedule_and_is_noted(tmp_path):
