@@ -39,7 +39,8 @@ Run safety (the run directory is never lost or mixed):
   --resume-with-changes (a new lr/epochs rebuilds the schedule from the current update; the change
   is recorded in metrics.jsonl and in config.yaml's `history`). Invalid checkpoints are skipped
   with a warning (sha256 in COMPLETE.json). The epoch's partial loss sums travel in the
-  checkpoint, so epochs.csv is exact after a mid-epoch resume.
+  checkpoint in world-independent units (per update, not per rank; the position in updates), so
+  epochs.csv is exact after a mid-epoch resume, on another number of processes too.
 - Preemption (engine/preemption.py): SIGTERM / SIGINT / SIGUSR1 stop the run at the next agreed
   update boundary with a complete checkpoint, exit 143 / 130 / 138; a second signal exits at once
   (137). One process: the flag is a Python bool read after each update. Several: the ranks agree

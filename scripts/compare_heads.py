@@ -24,6 +24,9 @@ Modes:
                  (--resume auto, checkpoint + requeue on preemption), then eval.py evaluates it;
   --report-only  aggregates the finished runs and names the missing ones;
   --dry-run      lists what would run.
+Signals: SIGTERM / SIGINT / SIGUSR1 are forwarded to the running train.py / eval.py children
+(engine/children.py), which save and stop; compare_heads then exits with their code (143 ...), a
+second signal kills them, and no child outlives it.
 Resumable: a run with summary.json is trained and skipped; an interrupted one continues from its last
 checkpoint (--resume auto); a run evaluated already (eval.json, its per-example records and, when an
 OOD set is asked for, its OOD results) is not evaluated again.
