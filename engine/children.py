@@ -118,7 +118,6 @@ class ChildProcesses:
 
     def kill_all(self):
         """SIGKILL the process group of every running child."""
-        self._killed = True
         for proc in self._snapshot():
             if proc.poll() is None:
                 self._kill_group(proc)
@@ -129,6 +128,7 @@ class ChildProcesses:
             if time.monotonic() - self._first_at < self.debounce_s or self._killed:
                 return
             self._say(f"{name} again: killing {len(self._snapshot())} child process(es) at once")
+            self._killed = True
             self.kill_all()
             return
         self.signum, self._first_at = signum, time.monotonic()
