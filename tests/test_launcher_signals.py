@@ -5,6 +5,7 @@ and finishes. A second signal kills the children at once (--jobs 2). engine.chil
 (exit status of a death by signal, nothing started after a signal, time limits) are checked on
 small shell children."""
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from test_train_helpers import ROOT, subprocess_env, wait_for_file
 
 SCRIPT = os.path.join(ROOT, "scripts", "compare_heads.py")
 HOOKED = os.path.join(ROOT, "tests", "hooked_train.py")
+needs_ps = pytest.mark.skipif(shutil.which("ps") is None, reason="checks for orphans with ps")
 PAUSE_AFTER = 2  # the training child waits after update 2 (of 3) until the gate file exists
 
 
@@ -56,7 +58,7 @@ def _wait_gone(text, timeout=30):
     return _processes_mentioning(text)
 
 
-@pytest.mark.skipif(not os.path.exists("/bin/ps") and not os.path.exists("/usr/bin/ps"), reason="needs ps")
+@needs_ps
 def test_sigterm_to_compare_heads_stops_its_training_cleanly_and_the_rerun_resumes(tmp_path):
     gate = str(tmp_path / "gate")
     run = str(tmp_path / "runs" / "softmax-s0")
@@ -84,7 +86,7 @@ def test_sigterm_to_compare_heads_stops_its_training_cleanly_and_the_rerun_resum
     assert os.path.isfile(tmp_path / "report" / "report.md")
 
 
-@pytest.mark.skipif(not os.path.exists("/bin/ps") and not os.path.exists("/usr/bin/ps"), reason="needs ps")
+@needs_ps
 def test_a_second_signal_kills_every_child_of_parallel_jobs(tmp_path):
     gate = str(tmp_path / "gate")  # never opened: both trainings wait until killed
     proc = subprocess.Popen(_compare_cmd(tmp_path, "--seeds", "0", "1", "--jobs", "2", *_gated_launcher(gate)),
