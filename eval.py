@@ -345,7 +345,10 @@ def main(argv=None):
         "wall_seconds": time.perf_counter() - t0,
     }
     result["skipped_images"] = skipped
-    if skipped:
+    if skipped and not preds.totals["n"]:
+        print(f"warning: every image of the {args.split} split ({skipped}) was undecodable and skipped "
+              f"(data.skip_corrupt): no image was evaluated, the metrics are null", file=sys.stderr)
+    elif skipped:
         print(f"warning: {skipped} undecodable image(s) skipped (data.skip_corrupt); metrics cover the other "
               f"{preds.totals['n']}", file=sys.stderr)
     result["selective"] = selective_summary(preds.records, head.name)

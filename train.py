@@ -40,7 +40,8 @@ Run safety (the run directory is never lost or mixed):
   --resume-with-changes (a new lr/epochs rebuilds the schedule from the current update; the change
   is recorded in metrics.jsonl and in config_history.yaml beside config.yaml). Invalid checkpoints are skipped
   with a warning (sha256 in COMPLETE.json). The epoch's partial loss sums travel in the
-  checkpoint, so epochs.csv is exact after a mid-epoch resume.
+  checkpoint in world-independent units (per update, not per rank; the position in updates), so
+  epochs.csv is exact after a mid-epoch resume, on another number of processes too.
 - Preemption (engine/preemption.py): SIGTERM / SIGINT / SIGUSR1 stop the run at the next agreed
   update boundary with a complete checkpoint, exit 143 / 130 / 138; a second signal exits at once
   (137). One process: the flag is a Python bool read after each update. Several: the ranks agree
@@ -166,6 +167,10 @@ class RunState:
     warmup_s: float = 0.0  # session warm-up time (see WARMUP_UPDATES), excluded from img/s
     warmup_images: int = 0
     last_eval: dict = field(default_factory=dict)
+    # the lr schedule is indexed at step + schedule_offset: a resume with a changed global batch
+    # (--resume-with-changes) maps the run's position to the new number of updates per epoch
+    schedule_offset: int = 0
+    epoch_note: str = ""  # config changes applied during the current epoch (its epochs.csv row notes them)
     last_ckpt: Optional[str] = None  # not saved: where this session's last checkpoint went
 
 
@@ -205,7 +210,10 @@ class Run:
     session_images: int = 0  # state.images when this session started
     # On the device, read only at log steps / saves / epoch ends (see the module docstring):
     last_loss: Any = None  # mean loss of the latest update
-    epoch_loss: Any = None  # [sum of finite update losses, number of finite updates] this epoch
+    epoch_loss: Any = None  # this rank, this session: [sum of its finite update losses, number of them] this epoch
+    # the epoch's part before this session (from the checkpoint), in world-independent units:
+    # [sum over updates of the update's loss (mean over ranks), number of updates]; see epoch_loss_totals
+    epoch_loss_carried: list = field(default_factory=lambda: [0.0, 0.0])
     first_bad_step: Any = None  # first update with a non-finite loss (NO_BAD_STEP when none)
 
     @property
@@ -334,7 +342,7 @@ def train_step(run, batches, hooks=None):
     train.nonfinite=skip, see the module docstring): the loss and its finiteness stay on the device."""
     cfg, state, accelerator = run.cfg, run.state, run.accelerator
     accum, step = cfg.train.grad_accum, state.step
-    run.scheduler.step_update(step)  # lr of this update: warmup + cosine indexed by update
+    run.scheduler.step_update(step + state.schedule_offset)  # lr of this update: warmup + cosine indexed by update
     losses = []
     for micro in range(accum):
         reseed(cfg.train.seed, "step", step, micro, run.rank)
@@ -351,6 +359,7 @@ def train_step(run, batches, hooks=None):
                 loss = torch.stack(losses).mean()
                 finite = torch.isfinite(loss)
                 if cfg.train.nonfinite == "skip" and not finite_on_every_rank(run, finite):  # the one host read
+                    finite = torch.zeros_like(finite)  # skipped on every rank: no rank counts it in the epoch's sums
                     run.optimizer.zero_grad(set_to_none=True)
                     count_skipped_update(run, step)
                 else:
@@ -479,26 +488,53 @@ def end_of_epoch(run, epoch, seconds):
     state, epochs = run.state, run.cfg.optim.epochs
     stop_if_nonfinite(run)
     state.epoch, state.batch = epoch + 1, 0
-    local_updates = run.epoch_loss[1].item()
-    loss_stats = run.epoch_loss
-    if run.world > 1:
-        loss_stats = run.accelerator.reduce(loss_stats, reduction="sum")
-    loss_sum, updates = loss_stats.tolist()
+    local_updates = run.epoch_loss[1].item()  # this session's part of the epoch: what `seconds` timed
+    loss_sum, updates = epoch_loss_totals(run)
     run.epoch_loss.zero_()
+    run.epoch_loss_carried = [0.0, 0.0]
     row = {"epoch": epoch + 1, "step": state.step,
            "train_loss": loss_sum / max(updates, 1.0),
            "lr": run.optimizer.param_groups[0]["lr"],
            "img_per_s": local_updates * run.global_batch / max(seconds, 1e-9),
            "time_s": seconds, "skipped": state.skipped}
+    if state.epoch_note:
+        row["changes"], state.epoch_note = state.epoch_note, ""
     line = (f"epoch {epoch + 1}/{epochs}  step {state.step}  loss {row['train_loss']:.4f}  "
             f"lr {row['lr']:.2e}  {row['img_per_s']:.0f} img/s")
-    if (epoch + 1) % run.cfg.train.eval_every == 0 or epoch + 1 == epochs:
+    evaluated = (epoch + 1) % run.cfg.train.eval_every == 0 or epoch + 1 == epochs
+    if evaluated:
         line += evaluate_epoch(run, row)
     run.epochs_csv.write(row)
     run.say(line)
     state.train_time_s = run.elapsed()
     export_weights(run)
     save_checkpoint(run, epoch + 1, 0)
+    if evaluated:
+        stop_if_empty_eval(run)
+
+
+def stop_if_empty_eval(run):
+    """An evaluation that found no image (every val image skipped under data.skip_corrupt) stops the
+    run, after its epoch's checkpoint, unless train.allow_empty_eval (identical on every rank: n is
+    the total over ranks)."""
+    if run.state.last_eval["raw"]["n"] or run.cfg.train.allow_empty_eval:
+        return
+    if not run.main_proc:
+        raise SystemExit(2)  # the main process says why
+    raise UserError(f"every validation image was skipped as undecodable (data.skip_corrupt): the evaluation at step "
+                    f"{run.state.step} had no image; fix or replace the val files (later evaluations and eval.py use them) "
+                    f"and continue with --resume auto, or set train.allow_empty_eval=true to train without validation")
+
+
+def epoch_loss_totals(run):
+    """The current epoch's [sum over its finite updates of the update's loss (the mean over ranks, as
+    metrics.jsonl logs it), number of those updates]: world-independent units, so a checkpoint of N
+    processes resumes exactly on M. One all-reduce with several processes (saves and epoch ends only)."""
+    session = run.epoch_loss
+    if run.world > 1:
+        session = run.accelerator.reduce(session, reduction="sum")
+    session = (session / run.world).tolist()  # every rank counted each update once: / world = once per update
+    return [carried + now for carried, now in zip(run.epoch_loss_carried, session)]
 
 
 def evaluate_epoch(run, row):
@@ -515,7 +551,10 @@ def evaluate_epoch(run, row):
         if run.use_tb:
             run.accelerator.log({f"val_{weights}/{k}": v for k, v in m.items() if k != "n"}, step=state.step)
     state.last_eval = evals
-    if state.best_top1 is None or evals["raw"]["top1"] > state.best_top1:
+    if not evals["raw"]["n"]:
+        run.say(f"warning: the validation split had no decodable image at step {state.step} (every one skipped, "
+                f"data.skip_corrupt): its metrics are null")
+    elif state.best_top1 is None or evals["raw"]["top1"] > state.best_top1:
         state.best_top1, state.best_step = evals["raw"]["top1"], state.step
     return text
 
@@ -538,10 +577,14 @@ def write_summary(run):
         "data_backend": data_lib.explain_backend(run.cfg.data, run.accelerator.device)[0],
     }
     write_json(summary, os.path.join(run_dir, rundir.SUMMARY))
-    raw_top1 = 100 * state.last_eval.get("raw", {}).get("top1", math.nan)
-    ema_text = f", {100 * state.last_eval['ema']['top1']:.2f}% (ema)" if "ema" in state.last_eval else ""
-    run.say(f"done: {state.step} steps in {state.train_time_s:.1f}s; final val top1 {raw_top1:.2f}% (raw)"
+    raw_top1 = _percent(state.last_eval.get("raw", {}).get("top1", math.nan))
+    ema_text = f", {_percent(state.last_eval['ema']['top1'])} (ema)" if "ema" in state.last_eval else ""
+    run.say(f"done: {state.step} steps in {state.train_time_s:.1f}s; final val top1 {raw_top1} (raw)"
             f"{ema_text}; run dir {run_dir}")
+
+
+def _percent(fraction):
+    return "n/a" if fraction is None or math.isnan(fraction) else f"{100 * fraction:.2f}%"
 
 
 # ============================================================================ checkpoints and weights
@@ -568,9 +611,9 @@ def save_checkpoint(run, epoch, batch):
     stop_if_nonfinite(run)  # never save the weights of a non-finite update
     root, step = os.path.join(run.run_dir, ck.CHECKPOINT_SUBDIR), state.step
     tmp = ck.tmp_dir_for(root, step)
-    # the epoch's partial loss sums (summed over ranks): epochs.csv stays exact after a mid-epoch resume
-    epoch_loss = accelerator.reduce(run.epoch_loss, reduction="sum") if run.world > 1 else run.epoch_loss
-    epoch_loss = epoch_loss.tolist()
+    # the epoch's partial loss sums, per update (not per rank): epochs.csv stays exact after a
+    # mid-epoch resume on any number of processes
+    loss_sum, updates = epoch_loss_totals(run)
 
     def write_files():
         ck.write_rank_files(tmp, run.rank, capture_rng_state())
@@ -579,7 +622,10 @@ def save_checkpoint(run, epoch, batch):
             del trainer_state["last_ckpt"]
             # the whole config once (its name is config["name"]); global_batch stays for older readers
             trainer_state.update(epoch=epoch, batch=batch, config=run.fingerprint, global_batch=run.global_batch,
-                                 world_size=run.world, epoch_loss=epoch_loss)
+                                 world_size=run.world,
+                                 updates_in_epoch=batch // run.cfg.train.grad_accum,
+                                 updates_per_epoch=run.updates_per_epoch,
+                                 epoch_partial={"loss_sum": loss_sum, "updates": updates})
             # False when an update was skipped for a non-finite loss since the previous checkpoint:
             # pruning then keeps an older checkpoint saved with finite losses
             trainer_state[ck.LOSS_FINITE_KEY] = state.skipped == run.skipped_at_save
@@ -647,18 +693,36 @@ def restore(run, ckpt, saved, changes=(), fresh_hparams=None):
             setattr(run.state, f.name, saved[f.name])
     run.state.last_ckpt = ckpt
     run.skipped_at_save = run.state.skipped
-    partial = saved.get("epoch_loss")
-    if partial is not None and run.rank == 0:  # the sums over all ranks; the other ranks add from zero
-        run.epoch_loss = torch.tensor(partial, dtype=torch.float64, device=run.accelerator.device)
+    run.epoch_loss_carried = rp.saved_epoch_partial(saved)  # on every rank: the totals add it once
+    new_epoch_length = restore_epoch_position(run, saved, changes)
     run.metrics.truncate_after(run.state.step)  # rows after the checkpoint are re-logged exactly once
     run.epochs_csv.truncate_after(run.state.step)
-    if rp.schedule_affected(changes):
+    if rp.schedule_affected(changes) or new_epoch_length:
         run.scheduler = rp.rebuild_schedule(run.optimizer, fresh_hparams, run.cfg.optim, run.updates_per_epoch,
-                                            run.state.step)
+                                            run.state.step + run.state.schedule_offset)
     run.say(f"resumed from {ckpt} (step {run.state.step}, epoch {run.state.epoch + 1}, batch {run.state.batch})")
     if changes:
         run.metrics.write(**rp.change_record(changes, step=run.state.step, checkpoint=ckpt))
         run.say(f"applying config changes from step {run.state.step} ({rp.RESUME_FLAG}): {rp.format_changes(changes)}")
+
+
+def restore_epoch_position(run, saved, changes):
+    """Where the resumed epoch goes on, counted in updates (world-independent): the micro-batch index of
+    this launch's grad_accum, and the schedule offset that puts the lr where this launch's updates per
+    epoch have it (0 unless the global batch, hence the updates per epoch, changed). Changes and
+    another number of processes are noted in the epoch's epochs.csv row.
+    -> True when the updates per epoch differ from the checkpoint's (the schedule must be rebuilt)."""
+    state = run.state
+    done = rp.updates_in_epoch(saved, run.global_batch)
+    state.batch = done * run.cfg.train.grad_accum
+    state.schedule_offset = state.epoch * run.updates_per_epoch + done - state.step
+    notes = [rp.format_changes(changes)] if changes else []
+    if saved.get("world_size") not in (None, run.world):
+        notes.append(f"processes {saved['world_size']} -> {run.world}")
+    if notes:
+        note = f"from step {state.step}: {', '.join(notes)}"
+        state.epoch_note = f"{state.epoch_note}; {note}" if state.epoch_note else note
+    return saved.get("updates_per_epoch", run.updates_per_epoch) != run.updates_per_epoch
 
 
 # ============================================================================ setup
@@ -729,7 +793,7 @@ def build_run(cfg, resume, overwrite, accept_changes, accelerator, use_tb, lock)
     run.time_base, run.log_images = run.state.train_time_s, run.state.images
     run.session_images = run.state.images
     run.session_t0 = run.log_t = time.perf_counter()
-    run.bar = tqdm(total=cfg.optim.epochs * updates_per_epoch, initial=run.state.step, unit="step",
+    run.bar = tqdm(total=cfg.optim.epochs * updates_per_epoch - run.state.schedule_offset, initial=run.state.step, unit="step",
                    disable=not (main_proc and cfg.train.progress), dynamic_ncols=True, file=sys.stdout)
     return run
 

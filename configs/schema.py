@@ -193,6 +193,9 @@ class TrainConfig:
     tensorboard: bool = setting(True, "TensorBoard logs through Accelerate's trackers, when installed",
                                 resume=FREE)
     progress: bool = setting(True, "tqdm progress bar on the main process", resume=FREE)
+    allow_empty_eval: bool = setting(False, "go on when an evaluation found no image (every val image undecodable "
+                                     "under data.skip_corrupt); false: stop with exit 2 after that epoch's "
+                                     "checkpoint", resume=FREE)
 
 
 @dataclass

@@ -115,5 +115,7 @@ def console(msg, enabled=True):
 
 
 def format_eval(metrics):
+    if not metrics.get("n", 1):
+        return "no images evaluated (n=0): metrics null"
     return (f"top1 {100 * metrics['top1']:.2f}%  top5 {100 * metrics['top5']:.2f}%  "
             f"loss {metrics['loss']:.4f}  support {metrics['support_size']:.2f}")

@@ -53,9 +53,10 @@ from .optim import build_scheduler
 # Keys that may differ between the checkpoint and the resuming config without any flag.
 RESUME_ALLOWLIST = keys_of_class(FREE)
 # Keys a checkpoint cannot be resumed with a different value of, flag or not.
-FROZEN_KEYS = keys_of_class(FROZEN) | frozenset(DERIVED_KEYS)
-# optim keys whose change needs the lr schedule rebuilt / the optimizer's groups updated
-OPTIM_KEYS = keys_of_class(OPTIMIZER)
+FROZEN_KEYS = keys_of_class(FROZEN) | frozenset({"run.num_classes"})
+# optim keys whose change needs the lr schedule rebuilt / the optimizer's groups updated; the lr
+# follows the global batch, and so do the updates per epoch
+OPTIM_KEYS = keys_of_class(OPTIMIZER) | frozenset({"run.global_batch"})
 
 # Beside config.yaml: the changes accepted on resume (--resume-with-changes), a YAML list.
 CONFIG_HISTORY_NAME = rundir.CONFIG_HISTORY
@@ -130,6 +131,38 @@ def config_changes(saved, current, allowlist=RESUME_ALLOWLIST):
         if _plain(saved[key]) != _plain(current[key]):
             changes.append(Change(key, saved[key], current[key]))
     return changes
+
+
+def saved_epoch_partial(trainer_state):
+    """The checkpoint's partial epoch as [sum over its updates of the update's loss (mean over
+    ranks), number of updates]: world-independent. Checkpoints written before `epoch_partial` saved
+    the sums over ranks (`epoch_loss`, each update counted once per rank): divided by their world size."""
+    partial = trainer_state.get("epoch_partial")
+    if partial is not None:
+        return [float(partial["loss_sum"]), float(partial["updates"])]
+    legacy = trainer_state.get("epoch_loss")
+    if legacy is None:
+        return [0.0, 0.0]
+    world = int(trainer_state.get("world_size") or 1)
+    return [float(legacy[0]) / world, float(legacy[1]) / world]
+
+
+def updates_in_epoch(trainer_state, global_batch):
+    """Optimizer updates of the checkpoint's epoch done, counted in updates of `global_batch` samples
+    (the resuming launch's): the same number when the global batch is unchanged, whatever the number
+    of processes or grad_accum; UserError when a changed global batch does not divide the samples done."""
+    done = trainer_state.get("updates_in_epoch")
+    if done is None:  # older checkpoints: micro-batches per rank
+        accum = saved_fingerprint(trainer_state).get("train.grad_accum") or 1
+        done = int(trainer_state.get("batch", 0)) // int(accum)
+    old_batch = trainer_state.get("global_batch") or global_batch
+    samples = done * old_batch
+    if samples % global_batch:
+        raise UserError(
+            f"the checkpoint stopped {samples} samples into its epoch ({done} updates of a global batch of "
+            f"{old_batch}), which is no whole number of updates of the new global batch {global_batch}; resume from "
+            f"an epoch-end checkpoint (--resume PATH) or with a global batch that divides {samples}")
+    return samples // global_batch
 
 
 def format_changes(changes):

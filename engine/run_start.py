@@ -78,10 +78,11 @@ def decide_start(cfg, resume, overwrite, accept_changes, lock, fp):
     names = class_names(cfg.data)
     if ckpt is not None:
         saved = ck.read_trainer_state(ckpt)
-        if saved.get("global_batch") not in (None, fp["run.global_batch"]):
+        if saved.get("global_batch") not in (None, fp["run.global_batch"]) and not accept_changes:
             raise UserError(f"checkpoint {ckpt} was trained with a global batch of {saved.get('global_batch')}, this "
                             f"launch has {fp['run.global_batch']} (batch_size x processes x grad_accum); keep it equal "
-                            f"to resume")
+                            f"to resume, or pass {rp.RESUME_FLAG} to go on with the new one (lr and schedule follow it)")
+        rp.updates_in_epoch(saved, fp["run.global_batch"])  # a changed global batch must restart at a whole update
         changes = rp.check_resume_changes(rp.saved_fingerprint(saved), fp, checkpoint=ckpt,
                                           accept_changes=accept_changes)
         if changes:

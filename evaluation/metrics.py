@@ -144,12 +144,13 @@ def record_sums(records):
 
 
 def means_from_sums(sums):
-    """{"top1", "top5", "loss", "support_size", "n"} from record_sums (added over batches / ranks)."""
+    """{"top1", "top5", "loss", "support_size", "n"} from record_sums (added over batches / ranks).
+    An empty split (n = 0) has no means: NaN (written as null), never 0."""
     values = sums.tolist()
     n = int(values[4])
-    denom = max(n, 1)
-    return {"top1": values[0] / denom, "top5": values[1] / denom, "loss": values[2] / denom,
-            "support_size": values[3] / denom, "n": n}
+    mean = (lambda v: v / n) if n else (lambda v: float("nan"))
+    return {"top1": mean(values[0]), "top5": mean(values[1]), "loss": mean(values[2]),
+            "support_size": mean(values[3]), "n": n}
 
 
 def metrics_from_records(records, num_classes, n_bins=ECE_BINS):

@@ -39,6 +39,8 @@ from common import rundir  # noqa: E402
 from common.io import write_json  # noqa: E402
 from models.convert import convert_state_dict  # noqa: E402
 
+from engine.children import ChildProcesses, StoppedBySignal  # noqa: E402
+
 # Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s, from the vendors' data sheets.
 PEAK_BF16_TFLOPS = {
     "H200": 989.4, "H100 SXM": 989.4, "H100 NVL": 835.5, "H100 PCIe": 756.5, "H100": 989.4,
@@ -135,15 +137,14 @@ def bench_model(device, batch, steps, reps, peak):
     return results
 
 
-def run_script(args, timeout, log):
-    """Run a sibling script with the same interpreter; return (exit code, seconds)."""
+def run_script(children, args, timeout, log):
+    """Run a sibling script with the same interpreter through `children` (engine.children: while it
+    runs our signals reach it, a time limit kills it with exit 124); return (exit code, seconds).
+    Raises StoppedBySignal once this script was signalled."""
     t0 = time.perf_counter()
-    with open(log, "w") as f:
-        try:
-            rc = subprocess.run([sys.executable, *args], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
-                                timeout=timeout).returncode
-        except subprocess.TimeoutExpired:
-            rc = 124
+    with open(log, "w") as f, children:
+        rc = children.run([sys.executable, *args], timeout=timeout, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
+    children.check_stopped(f"{args[0]} stopped (exit {rc}); nothing more is measured", rc)
     return rc, time.perf_counter() - t0
 
 
@@ -155,7 +156,7 @@ def read_json(path):
         return None
 
 
-def bench_training(out, seconds, ips_guess, timeout):
+def bench_training(children, out, seconds, ips_guess, timeout):
     """~`seconds` of train.py on the built-in data under sync-debug "error" on non-log steps."""
     train_size = 50000
     epochs = max(1, round(seconds * ips_guess / train_size))
@@ -166,7 +167,7 @@ def bench_training(out, seconds, ips_guess, timeout):
             "optim.lr_base_batch=256", "train.mixed_precision=bf16", "train.progress=false",
             "train.tensorboard=false", "train.save_every=100000", "train.log_every=50",
             "train.sync_debug=true", f"train.output_dir={run_dir}"]
-    rc, wall = run_script(args, timeout, os.path.join(out, "train_sync_debug.log"))
+    rc, wall = run_script(children, args, timeout, os.path.join(out, "train_sync_debug.log"))
     summary = read_json(os.path.join(run_dir, rundir.SUMMARY)) or {}
     return {"exit_code": rc, "wall_s": wall, "epochs": epochs, "steps": summary.get("steps"),
             "steps_per_s": (summary["steps"] / summary["train_time_s"]) if summary.get("train_time_s") else None,
@@ -219,28 +220,12 @@ def main(argv=None):
     def save():  # after every part: a time limit that stops the script keeps what was measured
         write_json(res, json_path)
 
-    dev = device.type
-    if "model" not in args.skip:
-        steps, reps = (3, 2) if args.quick else (10, 3)
-        batch = 8 if dev == "cpu" else args.batch_size
-        res["model"] = bench_model(device, batch, steps, reps, peak)
+    try:
+        run_parts(args, device, res, peak, save, ChildProcesses())
+    except StoppedBySignal as stop:
         save()
-    if "heads" not in args.skip:
-        log = os.path.join(args.out, "heads.txt")
-        rc, wall = run_script(["scripts/bench_heads.py", "--device", dev, "--quick"], 120, log)
-        res["heads"] = {"exit_code": rc, "wall_s": wall, "log": log}
-        save()
-    if "step" not in args.skip:
-        log = os.path.join(args.out, "step_overhead.txt")
-        rc, wall = run_script(["scripts/bench_train_heads.py", "--device", dev, "--bf16", "--quick",
-                               "--classes", "1000", "--batch-size", str(args.batch_size if dev == "cuda" else 16),
-                               "model.name=resmlp_s12", "data.image_size=224"], 120, log)
-        res["step_overhead"] = {"exit_code": rc, "wall_s": wall, "log": log}
-        save()
-    if "train" not in args.skip and dev == "cuda":
-        ips_guess = 40000.0  # resmlp_cifar_s12 bf16 on an H100-class GPU; only sizes the run
-        res["train"] = bench_training(args.out, args.train_seconds, ips_guess, timeout=int(args.train_seconds + 90))
-        save()
+        print(f"error: {stop} (written so far: {json_path})", file=sys.stderr)
+        return stop.exit_code
     save()
     print_table(res)
     for name in ("heads", "step_overhead", "train"):
@@ -249,6 +234,32 @@ def main(argv=None):
             print("".join(open(res[name].get("log") or os.path.join(args.out, "train_sync_debug.log")).readlines()[-15:]))
     print(f"\nwritten: {json_path}")
     return 0
+
+
+def run_parts(args, device, res, peak, save, children):
+    """The parts not skipped, in order, each saved to the JSON when done."""
+    dev = device.type
+    if "model" not in args.skip:
+        steps, reps = (3, 2) if args.quick else (10, 3)
+        batch = 8 if dev == "cpu" else args.batch_size
+        res["model"] = bench_model(device, batch, steps, reps, peak)
+        save()
+    if "heads" not in args.skip:
+        log = os.path.join(args.out, "heads.txt")
+        rc, wall = run_script(children, ["scripts/bench_heads.py", "--device", dev, "--quick"], 120, log)
+        res["heads"] = {"exit_code": rc, "wall_s": wall, "log": log}
+        save()
+    if "step" not in args.skip:
+        log = os.path.join(args.out, "step_overhead.txt")
+        rc, wall = run_script(children, ["scripts/bench_train_heads.py", "--device", dev, "--bf16", "--quick",
+                               "--classes", "1000", "--batch-size", str(args.batch_size if dev == "cuda" else 16),
+                               "model.name=resmlp_s12", "model.img_size=224", "data.image_size=224"], 120, log)
+        res["step_overhead"] = {"exit_code": rc, "wall_s": wall, "log": log}
+        save()
+    if "train" not in args.skip and dev == "cuda":
+        ips_guess = 40000.0  # resmlp_cifar_s12 bf16 on an H100-class GPU; only sizes the run
+        res["train"] = bench_training(children, args.out, args.train_seconds, ips_guess, timeout=int(args.train_seconds + 90))
+        save()
 
 
 if __name__ == "__main__":

@@ -24,6 +24,9 @@ Modes:
                  (--resume auto, checkpoint + requeue on preemption), then eval.py evaluates it;
   --report-only  aggregates the finished runs and names the missing ones;
   --dry-run      lists what would run.
+Signals: SIGTERM / SIGINT / SIGUSR1 are forwarded to the running train.py / eval.py children
+(engine/children.py), which save and stop; compare_heads then exits with their code (143 ...), a
+second signal kills them, and no child outlives it.
 Resumable: a run with summary.json is trained and skipped; an interrupted one continues from its last
 checkpoint (--resume auto); a run evaluated already (eval.json, its per-example records and, when an
 OOD set is asked for, its OOD results) is not evaluated again.
@@ -37,6 +40,7 @@ support_hist.png, reliability.png, coverage_vs_set_size.png, risk_coverage.png, 
 import argparse
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -48,6 +52,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from engine.children import ChildProcesses  # noqa: E402
 from engine.cli import run_cli  # noqa: E402
 from common import rundir  # noqa: E402
 from common.errors import UserError  # noqa: E402
@@ -59,9 +64,29 @@ REQUEST_FILE = rundir.COMPARE_REQUEST  # what this script asked train.py for, to
 LOG_FILE = rundir.COMPARE_LOG  # a run's train + eval output under --jobs N > 1
 
 
+# a config override: a (dotted) key, '=', a value (parsed as YAML), e.g. optim.epochs=1
+OVERRIDE = re.compile(r"[A-Za-z_]\w*(\.\w+)*=")
+
+
+def split_overrides(parser, argv):
+    """(options, overrides): every key.sub=value token is an override wherever it stands (after
+    --heads or --seeds too, whose lists would otherwise swallow it), unless it is the value of an
+    option that takes one (e.g. --runs-dir a=b)."""
+    takes_one = {s for a in parser._actions if a.option_strings and a.nargs is None for s in a.option_strings}
+    options, overrides = [], []
+    for i, token in enumerate(argv):
+        if OVERRIDE.match(token) and not (i and argv[i - 1] in takes_one):
+            overrides.append(token)
+        else:
+            options.append(token)
+    return options, overrides
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                epilog="Extra key.sub=value arguments override the config of every run.",
+                                epilog="Overrides: key.sub=value arguments (value parsed as YAML) override the config\n"
+                                       "of every run. They may go anywhere on the line, before or after the options,\n"
+                                       "e.g. --heads softmax sparsemax --seeds 0 1 optim.epochs=1",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="base training config (YAML)")
     p.add_argument("--heads", nargs="+", default=["softmax", "sparsemax", "entmax15"],
@@ -90,10 +115,11 @@ def parse_args(argv=None):
                       help="write a SLURM array job script (one task per run) instead of running")
     mode.add_argument("--report-only", action="store_true",
                       help="train and evaluate nothing: report the finished runs, name the missing ones")
-    args, rest = p.parse_known_args(argv)
-    bad = [r for r in rest if "=" not in r or r.startswith("-")]
-    if bad:
-        raise UserError(f"unexpected argument '{bad[0]}': overrides look like key.sub=value; see --help")
+    options, overrides = split_overrides(p, list(sys.argv[1:] if argv is None else argv))
+    args, rest = p.parse_known_args(options)
+    if rest:
+        raise UserError(f"unexpected argument '{rest[0]}': options are listed by --help, overrides look like "
+                        f"key.sub=value (anywhere on the line)")
     if args.jobs < 1:
         raise UserError(f"--jobs must be at least 1, got {args.jobs}")
     if args.jobs > 1 and (args.emit_slurm or args.report_only or args.dry_run):
@@ -102,7 +128,7 @@ def parse_args(argv=None):
     if args.emit_slurm and args.launcher:
         raise UserError("--launcher does not apply to --emit-slurm: each array task launches through "
                         "scripts/slurm_train.sh (accelerate launch per node); set GPUS_PER_NODE instead")
-    args.overrides = rest
+    args.overrides = overrides
     return args
 
 
@@ -271,9 +297,10 @@ def _request(configs, config, overrides):
 
 
 # ---------------------------------------------------------------------------------- local execution
-def _run(cmd, what):
+def _run(children, cmd, what):
     print(f"$ {' '.join(shlex.quote(c) for c in cmd)}", flush=True)
-    status = subprocess.call(cmd)  # in the caller's directory: relative run paths mean the same
+    status = children.run(cmd)  # in the caller's directory: relative run paths mean the same
+    children.check_stopped(f"{what} stopped (exit {status})", status)
     if status != 0:
         raise UserError(f"{what} failed (exit {status}); fix the error above and rerun the same command "
                         f"(finished runs are kept, interrupted ones resume)")
@@ -307,14 +334,15 @@ def _cpu_count():
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def run_parallel(todo, commands, jobs):
+def run_parallel(todo, commands, jobs, children):
     """Train and evaluate `todo` [(tag, run_dir, overrides, trained)] with `jobs` runs at once, each
     in its slot's environment (device_env) with its output in RUN_DIR/compare.log.
-    Returns (trained, evaluated); UserError naming every failed run at the end."""
+    Returns (trained, evaluated); UserError naming every failed run at the end (StoppedBySignal,
+    with the first stopped child's exit code, once every child has saved after a signal)."""
     slots = list(range(jobs))
     lock = threading.Lock()
     counts = {"trained": 0, "evaluated": 0}
-    failures = []
+    failures, stopped = [], []
 
     def say(msg):
         with lock:
@@ -322,6 +350,8 @@ def run_parallel(todo, commands, jobs):
 
     def one(item):
         tag, run_dir, overrides, trained = item
+        if children.stopped:
+            return
         with lock:
             slot = slots.pop(0)
         try:
@@ -336,7 +366,11 @@ def run_parallel(todo, commands, jobs):
                     say(f"{tag}: {what} (slot {slot}, {' '.join(f'{k}={v}' for k, v in pinned.items())}; log {log})")
                     out.write(f"$ {' '.join(shlex.quote(c) for c in cmd)}\n")
                     out.flush()
-                    status = subprocess.call(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+                    status = children.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+                    if children.stopped:
+                        with lock:
+                            stopped.append((f"{run_dir} ({what} exit {status}; see {log})", status))
+                        return
                     if status != 0:
                         with lock:
                             failures.append(f"{run_dir} ({what} exit {status}; see {log})")
@@ -354,6 +388,10 @@ def run_parallel(todo, commands, jobs):
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         list(pool.map(one, todo))
+    if stopped:
+        children.check_stopped(f"stopped {'; '.join(s for s, _ in stopped)}",
+                               next((code for _, code in stopped if code), 0))
+    children.check_stopped("stopped between runs")
     if failures:
         raise UserError(f"{len(failures)} run(s) failed: {'; '.join(failures)}; fix and rerun the same command "
                         f"(finished runs are kept, interrupted ones resume)")
@@ -511,7 +549,8 @@ def main(argv=None):
     if args.dry_run:
         return 0
     start = time.perf_counter()
-    trained_now, evaluated_now = run_todo(todo, commands, requests, args.jobs)
+    with ChildProcesses() as children:  # signals go on to train.py / eval.py, which save and stop
+        trained_now, evaluated_now = run_todo(todo, commands, requests, args.jobs, children)
     path, missing = write_comparison_report(plan, commands, args, pairs, stem, _command_line(argv))
     print(f"{trained_now} training run(s) and {evaluated_now} evaluation(s) done now in "
           f"{time.perf_counter() - start:.0f}s; {len(plan) - len(missing)} of {len(plan)} run(s) in {runs_dir}")
@@ -537,22 +576,23 @@ def runs_to_do(plan, commands, args):
     return todo
 
 
-def run_todo(todo, commands, requests, jobs):
-    """Train and evaluate `todo`, one run after another or `jobs` at once; -> (trained, evaluated)."""
+def run_todo(todo, commands, requests, jobs, children):
+    """Train and evaluate `todo`, one run after another or `jobs` at once, through `children`
+    (engine.children.ChildProcesses: signals are forwarded); -> (trained, evaluated)."""
     for _, run_dir, _, _ in todo:
         _check_request(run_dir, requests[run_dir])
     if todo and jobs > 1:
-        return run_parallel(todo, commands, jobs)
+        return run_parallel(todo, commands, jobs, children)
     trained_now = evaluated_now = 0
     for tag, run_dir, ov, trained in todo:
         if not trained:
             print(f"{tag}: training", flush=True)
-            _run(commands.train(ov), f"training {run_dir}")
+            _run(children, commands.train(ov), f"training {run_dir}")
             trained_now += 1
             if not os.path.isfile(os.path.join(run_dir, rundir.SUMMARY)):
                 raise UserError(f"train.py finished without writing {run_dir}/summary.json")
         print(f"{tag}: evaluating", flush=True)
-        _run(commands.evaluate(run_dir), f"evaluating {run_dir}")
+        _run(children, commands.evaluate(run_dir), f"evaluating {run_dir}")
         evaluated_now += 1
     return trained_now, evaluated_now
 

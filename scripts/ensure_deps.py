@@ -6,9 +6,14 @@ costs milliseconds, so `make test` and `make quickstart` stay fast once set up (
     python scripts/ensure_deps.py requirements-test.txt
 """
 import os
-import subprocess
 import sys
 from importlib import metadata
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from engine.children import ChildProcesses  # noqa: E402  (standard library only: fine in a bare environment)
 
 try:
     from packaging.requirements import Requirement
@@ -56,7 +61,8 @@ def main():
     cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     for p in paths:
         cmd += ["-r", p]
-    return subprocess.call(cmd)
+    with ChildProcesses() as children:  # a signal reaches pip too; none is left running
+        return children.run(cmd)
 
 
 if __name__ == "__main__":

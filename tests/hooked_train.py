@@ -2,11 +2,15 @@
 
     python tests/hooked_train.py [--nan-at-step N] [--step-delay-s X] [--pause-after-step N --gate PATH]
                                  [--kill-during-save STEP] --config C.yaml [train.py args ...]
+    python tests/hooked_train.py [hook options] PATH/train.py|PATH/eval.py [its args ...]
+
+The second form lets it stand in as a launcher prefix (compare_heads.py --launcher "python
+tests/hooked_train.py --pause-after-step 2 --gate G"): train.py gets the hooks, eval.py runs as is.
 
 --nan-at-step N        the loss of optimizer update N (0-based) is made NaN
 --step-delay-s X       sleep X seconds after each update (numerics untouched; lets a test kill mid-epoch)
---pause-after-step N   after update N, create GATE.waiting and wait until GATE exists (a test then
-                       signals the process at a known step, with no timing guess)
+--pause-after-step N   after update N, add this process's pid to GATE.waiting and wait until GATE exists
+                       (a test then signals the process at a known step, with no timing guess)
 --kill-during-save S   SIGKILL right after the weights of the step-S checkpoint are written into its
                        temporary directory (before the optimizer state and the completion marker),
                        through engine.checkpoint's `_after_file_written` hook
@@ -37,7 +41,8 @@ class FaultHooks:
         if self.step_delay_s:
             time.sleep(self.step_delay_s)
         if step == self.pause_after_step:
-            open(self.gate + ".waiting", "w").close()
+            with open(self.gate + ".waiting", "a") as f:  # one line per waiting process
+                f.write(f"{os.getpid()}\n")
             while not os.path.exists(self.gate):
                 time.sleep(0.02)
 
@@ -63,6 +68,14 @@ def main(argv=None):
     parser.add_argument("--gate", default=None)
     parser.add_argument("--kill-during-save", type=int, default=None, metavar="STEP")
     args, rest = parser.parse_known_args(argv)
+    if rest and rest[0].endswith(".py"):  # used as a launcher: the script comes first
+        script, rest = rest[0], rest[1:]
+        if os.path.basename(script) != "train.py":
+            import runpy
+
+            sys.argv = [script, *rest]
+            runpy.run_path(script, run_name="__main__")
+            return
     import train
     from engine.cli import run_cli
 

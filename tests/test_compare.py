@@ -59,6 +59,11 @@ def _png_size(path):
     return struct.unpack(">II", head[16:24])
 
 
+
+def _child_run(call):
+    """A subprocess.call-like stand-in as engine.children.ChildProcesses.run (children start through it)."""
+    return lambda self, cmd, **kwargs: call(cmd, **kwargs)
+
 def test_report_has_every_column_and_plot():
     from evaluation import comparison, plots
 
@@ -111,7 +116,7 @@ def test_second_invocation_runs_nothing(monkeypatch, capsys):
     import compare_heads
 
     calls = []
-    monkeypatch.setattr(compare_heads.subprocess, "call", lambda *a, **k: calls.append(a) or 0)
+    monkeypatch.setattr(compare_heads.ChildProcesses, "run", _child_run(lambda *a, **k: calls.append(a) or 0))
     assert compare_heads.main(compare_args(root)) == 0
     out = capsys.readouterr().out
     assert calls == []

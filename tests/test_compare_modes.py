@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from test_compare import ROOT, TINY_CONFIG, tiny_comparison
+from test_compare import ROOT, TINY_CONFIG, _child_run, tiny_comparison
 
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import compare_heads  # noqa: E402
@@ -76,7 +76,7 @@ def test_every_mode_runs_the_same_plan(sandbox, monkeypatch, capsys):
 
     # Sequential: train then eval, run after run, in plan order.
     sequential = []
-    monkeypatch.setattr(compare_heads.subprocess, "call", _fake_call(sequential, source_runs))
+    monkeypatch.setattr(compare_heads.ChildProcesses, "run", _child_run(_fake_call(sequential, source_runs)))
     assert compare_heads.main(_args(root)) == 0
     assert [c[0] for c in sequential] == ["train.py", "eval.py"] * len(plan)
     assert all(c[2] is None for c in sequential)  # the caller's environment, unpinned
@@ -84,7 +84,7 @@ def test_every_mode_runs_the_same_plan(sandbox, monkeypatch, capsys):
     # --jobs 2: the same commands (any order), each job pinned to half the CPU threads.
     shutil.rmtree(runs)
     parallel = []
-    monkeypatch.setattr(compare_heads.subprocess, "call", _fake_call(parallel, source_runs))
+    monkeypatch.setattr(compare_heads.ChildProcesses, "run", _child_run(_fake_call(parallel, source_runs)))
     monkeypatch.setattr(compare_heads, "_gpu_count", lambda: 0)
     monkeypatch.setattr(compare_heads, "_cpu_count", lambda: 4)
     assert compare_heads.main(_args(root, "--jobs", "2")) == 0
@@ -111,7 +111,7 @@ def test_every_mode_runs_the_same_plan(sandbox, monkeypatch, capsys):
     # --report-only: nothing runs; a run without its evaluation is named as missing.
     gone = plan[-1][2]
     os.remove(os.path.join(gone, "eval.json"))
-    monkeypatch.setattr(compare_heads.subprocess, "call", lambda *a, **k: pytest.fail("report-only ran something"))
+    monkeypatch.setattr(compare_heads.ChildProcesses, "run", _child_run(lambda *a, **k: pytest.fail("report-only ran something")))
     capsys.readouterr()
     assert compare_heads.main(_args(root, "--report-only")) == 0
     out = capsys.readouterr().out

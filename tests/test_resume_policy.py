@@ -72,9 +72,15 @@ def test_frozen_keys_are_refused_even_with_the_flag(section, key, new):
     assert f"{section}.{key}={old!r} -> {new!r}" in str(err.value) and "another train.output_dir" in str(err.value)
 
 
-def test_derived_values_are_frozen_and_legacy_fingerprints_are_compared_on_what_they_hold():
+def test_derived_values_are_checked_and_legacy_fingerprints_are_compared_on_what_they_hold():
+    # a changed global batch: refused without the flag, applied with it (issue 19: the lr and schedule follow)
     with pytest.raises(UserError, match="run.global_batch=256 -> 512"):
-        rp.check_resume_changes(_fp(_cfg_dict()), _fp(_cfg_dict(), global_batch=512), checkpoint="ck",
+        rp.check_resume_changes(_fp(_cfg_dict()), _fp(_cfg_dict(), global_batch=512), checkpoint="ck")
+    accepted = rp.check_resume_changes(_fp(_cfg_dict()), _fp(_cfg_dict(), global_batch=512), checkpoint="ck",
+                                       accept_changes=True)
+    assert accepted == [rp.Change("run.global_batch", 256, 512)] and rp.schedule_affected(accepted)
+    with pytest.raises(UserError, match="run.num_classes=10 -> 100"):
+        rp.check_resume_changes(_fp(_cfg_dict()), _fp(_cfg_dict(), num_classes=100), checkpoint="ck",
                                 accept_changes=True)
     legacy_state = {"fingerprint": {"model.name": "resmlp_tiny", "head.name": "softmax", "num_classes": 10},
                     "global_batch": 256}
@@ -218,7 +224,8 @@ def test_resume_tables_are_the_schema_metadata():
         assert (key in rp.RESUME_ALLOWLIST) == (resume == FREE), key
         assert (key in rp.FROZEN_KEYS) == (resume == FROZEN), key
         assert (key in rp.OPTIM_KEYS) == (resume == OPTIMIZER), key
-    assert rp.FROZEN_KEYS - set(schema_fields()) == {"run.num_classes", "run.global_batch"}
+    assert rp.FROZEN_KEYS - set(schema_fields()) == {"run.num_classes"}
+    assert rp.OPTIM_KEYS - set(schema_fields()) == {"run.global_batch"}  # issue 19: the lr follows it
     # the facts the tables held before they were derived
     assert {"name", "train.output_dir", "train.compile", "data.root", "data.num_workers"} <= rp.RESUME_ALLOWLIST
     assert {"model.name", "model.norm", "head.name", "data.image_size", "train.seed", "optim.name"} <= rp.FROZEN_KEYS
@@ -232,3 +239,20 @@ def test_a_checkpoint_fingerprint_gives_back_its_config():
     fp = json.loads(json.dumps(_fp(config_to_dict(cfg))))  # as trainer_state.json holds it
     assert config_from_dict(rp.fingerprint_config(fp)) == cfg
     assert rp.resume_fingerprint(cfg, num_classes=10, global_batch=256) == _fp(config_to_dict(cfg))
+
+
+# ----------------------------------------------------------------------------- world-independent epoch state
+def test_epoch_partial_is_per_update_and_legacy_sums_over_ranks_are_divided_by_their_world():
+    assert rp.saved_epoch_partial({"epoch_partial": {"loss_sum": 6.0, "updates": 3}}) == [6.0, 3.0]
+    # before issue 19: the sums over 2 ranks, each update counted once per rank
+    assert rp.saved_epoch_partial({"epoch_loss": [12.0, 6.0], "world_size": 2}) == [6.0, 3.0]
+    assert rp.saved_epoch_partial({}) == [0.0, 0.0]
+
+
+def test_updates_in_epoch_counts_updates_whatever_the_processes_and_accumulation():
+    state = {"batch": 6, "global_batch": 32, "config": {"train.grad_accum": 2}}  # legacy: micro-batches
+    assert rp.updates_in_epoch(state, 32) == 3
+    assert rp.updates_in_epoch(dict(state, updates_in_epoch=3), 32) == 3
+    assert rp.updates_in_epoch(dict(state, updates_in_epoch=3), 16) == 6  # 96 samples = 6 updates of 16
+    with pytest.raises(UserError, match="96 samples into its epoch.*global batch 64"):
+        rp.updates_in_epoch(dict(state, updates_in_epoch=3), 64)
