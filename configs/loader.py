@@ -30,6 +30,7 @@ from models.normmax import check_gamma
 from models.taylor_softmax import check_order
 from models.topk_softmax import check_k
 
+from .finetune import check_finetune_settings
 from .schema import CHOICES, RANGES, Config
 
 RUN_CONFIG_NAME = "config.yaml"
@@ -309,6 +310,7 @@ def _check(cfg):
     _check_numbers(cfg)
     check_alpha(cfg.head.alpha, cfg.head.learn_alpha, "config key 'head.alpha'")
     check_head_settings(cfg.head)
+    check_finetune_settings(cfg)
     if cfg.model.img_size != cfg.data.image_size:
         raise UserError(
             f"model.img_size ({cfg.model.img_size}) differs from data.image_size ({cfg.data.image_size}); set both to the same value"

@@ -67,6 +67,15 @@ class ModelConfig:
     drop_path: float = 0.0  # stochastic depth rate, uniform over blocks as in the paper
     init_values: Optional[float] = None  # LayerScale init; None -> depth rule (0.1 / 1e-5 / 1e-6)
     img_size: int = 32
+    # Start from pretrained weights (engine/finetune.py): a run directory of train.py (its
+    # model.safetensors), a checkpoint directory, or a weights file in this project's, timm's or the
+    # FB/DeiT format (.safetensors, or .pth/.pt/.bin read with torch.load(weights_only=True)). The
+    # classifier is re-initialised when the class count or the classifier kind differs; the weights'
+    # image size is kept (model.img_size and data.image_size follow it: the token-mixing layers fix
+    # the patch count).
+    pretrained: Optional[str] = None
+    pretrained_sha256: Optional[str] = None  # filled in by train.py (config.yaml); set it to pin the file
+    freeze: str = "none"  # none | backbone (a linear probe: only the classifier and a learned alpha train)
 
 
 @dataclass
@@ -96,6 +105,9 @@ class OptimConfig:
     warmup_epochs: float = 5
     min_lr: float = 1e-5
     warmup_lr: float = 1e-6
+    # Layer-wise lr decay (BEiT; timm create_optimizer_v2(layer_decay=...)): the classifier and the
+    # last block train at lr, each block below at layer_decay times the one above. None = off.
+    layer_decay: Optional[float] = None
 
 
 @dataclass
@@ -121,6 +133,16 @@ class TrainConfig:
     sync_debug: bool = False
     tensorboard: bool = True  # TensorBoard through Accelerate's trackers, when installed
     progress: bool = True  # tqdm bar on the main process
+    # Knowledge distillation through the one classifier, as DeiT's DistillationLoss (engine/distill.py;
+    # ResMLP has no distillation token): loss = (1 - distill_alpha) * head loss on the labels
+    # + distill_alpha * head loss towards the teacher (hard: its argmax; soft: its distribution at
+    # temperature distill_tau, scaled by tau^2).
+    distill: str = "none"  # none | soft | hard
+    teacher: Optional[str] = None  # a run directory, a weights file (the student's architecture) or a timm model name
+    teacher_weights: Optional[str] = None  # with a timm model name: its weights file
+    teacher_sha256: Optional[str] = None  # filled in by train.py (config.yaml); set it to pin the file
+    distill_alpha: float = 0.5
+    distill_tau: float = 1.0
 
 
 @dataclass
@@ -146,6 +168,7 @@ RANGES = {
     "optim.lr": "(0, inf)", "optim.lr_base_batch": "[1, inf)", "optim.weight_decay": "[0, inf)",
     "optim.betas": "[0, 1)", "optim.momentum": "[0, 1)", "optim.clip_grad": "(0, inf)", "optim.epochs": "[1, inf)",
     "optim.warmup_epochs": "[0, inf)", "optim.min_lr": "[0, inf)", "optim.warmup_lr": "[0, inf)",
+    "optim.layer_decay": "(0, 1]", "train.distill_alpha": "[0, 1]", "train.distill_tau": "(0, inf)",
     "train.grad_accum": "[1, inf)", "train.eval_every": "[1, inf)", "train.log_every": "[1, inf)",
     "train.save_every": "[1, inf)", "train.keep_last": "[1, inf)", "train.ema_decay": "[0, 1)",
     "train.max_skipped_fraction": "[0, 1]",
@@ -160,4 +183,6 @@ CHOICES = {
     "train.mixed_precision": ("no", "bf16", "fp16"),
     "train.nonfinite": ("stop", "skip"),
     "train.compile": ("auto", "true", "false"),
+    "model.freeze": ("none", "backbone"),
+    "train.distill": ("none", "soft", "hard"),
 }

@@ -49,6 +49,8 @@ RESUME_ALLOWLIST = frozenset({
 # Keys a checkpoint cannot be resumed with a different value of, flag or not.
 FROZEN_KEYS = frozenset({
     "model.name", "model.norm", "model.img_size", "model.init_values",
+    "model.pretrained", "model.pretrained_sha256",  # the weights the run started from
+    "model.freeze",         # which parameters the optimizer state holds
     "head.name", "head.learn_alpha",
     "data.dataset", "data.image_size", "data.builtin_train_size", "data.builtin_seed", "data.calib_fraction",
     "data.repeated_aug", "data.repeated_aug_repeats",
