@@ -172,6 +172,7 @@ class Run:
     raw_model: Any  # the classifier itself: checkpoints, EMA and the head's loss use it
     model: Any  # what runs forward/backward: raw_model wrapped by Accelerate (DDP)
     forward_loss: Any  # (images, targets) -> fp32 loss: model + head's loss, compiled when train.compile is on
+    distiller: Any  # engine.distill.Distiller (its teacher) under train.distill, else None
     optimizer: Any
     scheduler: Any
     ema: Any
@@ -701,6 +702,7 @@ def build_run(cfg, resume, overwrite, accept_changes, accelerator, use_tb, lock)
         # Mixup/CutMix already fold label smoothing into their soft targets: never apply it twice.
         label_smoothing=label_smoothing, raw_model=raw_model, model=model,
         forward_loss=build_forward_loss(cfg, model, raw_model.output_head, label_smoothing, device, distiller),
+        distiller=distiller,
         optimizer=optimizer, scheduler=scheduler,
         ema=ModelEmaV3(raw_model, decay=cfg.train.ema_decay) if cfg.train.ema else None,
         metrics=MetricsLog(cfg.train.output_dir, enabled=main_proc),

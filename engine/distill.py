@@ -32,7 +32,7 @@ from data.classes import class_mismatch, class_names, load_class_names
 from models import MODEL_NAMES, create_classifier
 from models.convert import convert_state_dict, read_state_dict
 from models.heads import softmax
-from models.pretrained import weights_patch_grid
+from models.pretrained import renamed_state_dict, weights_patch_grid
 
 from .finetune import hashed_file
 
@@ -76,6 +76,14 @@ def _load_strict(model, state_dict, what):
         raise UserError(f"{what}: {lines[1] if len(lines) > 1 else lines[0]}") from None
 
 
+def _converted(state_dict, model, what):
+    """models.convert's strict renaming, its one-line error prefixed with which file it is about."""
+    try:
+        return convert_state_dict(state_dict, model)
+    except UserError as err:
+        raise UserError(f"{what}: {err}") from None
+
+
 def _head_cfg(name):
     from configs.schema import HeadConfig
 
@@ -93,8 +101,8 @@ def _run_dir_teacher(path, data_cfg, num_classes):
     elif len(class_names(data_cfg)) != num_classes:
         raise UserError(f"train.teacher: {path} has no classes list and another class count")
     teacher = create_classifier(tcfg.model, tcfg.head, num_classes)
-    _load_strict(teacher, convert_state_dict(read_state_dict(os.path.join(path, "model.safetensors")), teacher),
-                 f"train.teacher {path}")
+    sd = read_state_dict(os.path.join(path, "model.safetensors"))
+    _load_strict(teacher, _converted(sd, teacher, f"train.teacher {path}"), f"train.teacher {path}")
     return teacher, teacher.output_head, teacher.img_size
 
 
@@ -103,13 +111,16 @@ def _weights_teacher(file, model_cfg, num_classes):
     import copy
 
     sd = read_state_dict(file)
+    head = renamed_state_dict(sd).get("head.weight")
+    if head is not None and head[1].shape[0] != num_classes:
+        raise UserError(f"train.teacher {file}: its classifier ('{head[0]}') predicts {head[1].shape[0]} classes, the "
+                        f"dataset has {num_classes}; a teacher must predict the dataset's classes")
     grid = weights_patch_grid(sd)
     tcfg = copy.copy(model_cfg)
     tcfg.img_size, tcfg.drop_path = (grid[0] if grid else model_cfg.img_size), 0.0
-    keys = {k.replace("module.", "") for k in sd}
-    head = "softmax" if "head.bias" in keys else "am_softmax"  # a cosine classifier has no bias
-    teacher = create_classifier(tcfg, _head_cfg(head), num_classes)
-    _load_strict(teacher, convert_state_dict(sd, teacher), f"train.teacher {file}")
+    keys = set(renamed_state_dict(sd))  # a cosine classifier (am_softmax) has no bias
+    teacher = create_classifier(tcfg, _head_cfg("softmax" if "head.bias" in keys else "am_softmax"), num_classes)
+    _load_strict(teacher, _converted(sd, teacher, f"train.teacher {file}"), f"train.teacher {file}")
     return teacher, softmax, teacher.img_size
 
 
@@ -122,7 +133,7 @@ def _timm_teacher(name, weights, num_classes):
     teacher = timm.create_model(name, num_classes=num_classes)
     sd = read_state_dict(weights)
     if name in MODEL_NAMES:
-        sd = convert_state_dict(sd, teacher)
+        sd = _converted(sd, teacher, f"train.teacher_weights {weights} for {name} with {num_classes} classes")
     _load_strict(teacher, sd, f"train.teacher_weights {weights} for {name} with {num_classes} classes")
     cfg = getattr(teacher, "pretrained_cfg", {}) or {}
     size = cfg.get("input_size", (0, 0, 0))[-1] if cfg.get("fixed_input_size") else None
