@@ -190,3 +190,29 @@ def test_bad_teachers_are_refused_in_one_line(tmp_path):
         with pytest.raises(UserError) as err:
             _setup(tiny_cfg(str(tmp_path / "run"), "train.distill=hard", *overrides, *FAST))
         assert "\n" not in str(err.value) and words in str(err.value), str(err.value)
+
+
+def test_a_timm_teacher_with_its_weights_file_and_a_teacher_at_another_image_size(tmp_path):
+    """train.teacher=<timm name> + train.teacher_weights (a CNN, any input size), and a ResMLP
+    weights file trained at 16 px teaching a 32 px student (images resized on the device)."""
+    import timm
+    import torch.nn.functional as F
+
+    torch.manual_seed(2)
+    cnn = timm.create_model("test_resnet", num_classes=10).eval()
+    torch.save(cnn.state_dict(), tmp_path / "cnn.pth")
+    run = _setup(tiny_cfg(str(tmp_path / "a"), "train.distill=hard", "train.teacher=test_resnet",
+                          f"train.teacher_weights={tmp_path / 'cnn.pth'}", *FAST))
+    images, _ = _batch(run)
+    with torch.no_grad():
+        torch.testing.assert_close(run.distiller.teacher_logits(images), cnn(images))
+    assert run.cfg.train.teacher_sha256 and run.fingerprint["train.teacher_sha256"] == run.cfg.train.teacher_sha256
+
+    small = _save_model(tmp_path / "t16.safetensors", seed=4)  # 16 px: 4 x 4 patches
+    run = _setup(tiny_cfg(str(tmp_path / "b"), "model.img_size=32", "data.image_size=32", "train.distill=soft",
+                          f"train.teacher={tmp_path / 't16.safetensors'}", *FAST))
+    images, _ = _batch(run)
+    assert images.shape[-1] == 32 and run.distiller.input_size == 16
+    with torch.no_grad():
+        expected = small(F.interpolate(images, size=(16, 16), mode="bicubic", align_corners=False))
+        torch.testing.assert_close(run.distiller.teacher_logits(images), expected)
