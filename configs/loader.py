@@ -30,7 +30,7 @@ from models.normmax import check_gamma
 from models.taylor_softmax import check_order
 from models.topk_softmax import check_k
 
-from .finetune import check_finetune_settings
+from .finetune_checks import check_finetune_settings
 from .schema import CHOICES, RANGES, Config
 
 RUN_CONFIG_NAME = "config.yaml"

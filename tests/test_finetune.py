@@ -1,6 +1,6 @@
 """Starting from pretrained weights: fine-tuning with a new head (model.pretrained), the linear
 probe (model.freeze=backbone), layer-wise lr decay (optim.layer_decay) and distillation
-(train.distill), with their bad values refused in one line (configs/finetune.py, engine/finetune.py,
+(train.distill), with their bad values refused in one line (configs/finetune_checks.py, engine/finetune.py,
 engine/freeze.py, engine/distill.py).
 
 The source is a tiny run trained here on builtin10 (BatchNorm, so the probe can check frozen
