@@ -90,6 +90,9 @@ from data.samplers import num_train_batches  # noqa: E402
 from engine import checkpoint as ck  # noqa: E402
 from engine import resume_policy as rp  # noqa: E402
 from engine.cli import run_cli  # noqa: E402
+from engine.distill import build_distiller  # noqa: E402
+from engine.finetune import load_pretrained_weights, resolve_pretrained, summary_fields  # noqa: E402
+from engine.freeze import apply_freeze  # noqa: E402
 from engine.launch import launch_lines  # noqa: E402
 from engine.logging import EpochCSV, MetricsLog, console, format_eval, tensorboard_available  # noqa: E402
 from engine.optim import build_optimizer, build_scheduler  # noqa: E402
@@ -190,6 +193,7 @@ class Run:
     raw_model: Any  # the classifier itself: checkpoints, EMA and the head's loss use it
     model: Any  # what runs forward/backward: raw_model wrapped by Accelerate (DDP)
     forward_loss: Any  # (images, targets) -> fp32 loss: model + head's loss, compiled when train.compile is on
+    distiller: Any  # engine.distill.Distiller (its teacher) under train.distill, else None
     optimizer: Any
     scheduler: Any
     ema: Any
@@ -575,6 +579,7 @@ def write_summary(run):
         "global_batch": run.global_batch, "num_processes": run.world,
         "precision": run.accelerator.mixed_precision,
         "data_backend": data_lib.explain_backend(run.cfg.data, run.accelerator.device)[0],
+        **summary_fields(run.cfg),  # model.pretrained and train.teacher: path and sha256
     }
     write_json(summary, os.path.join(run_dir, rundir.SUMMARY))
     raw_top1 = _percent(state.last_eval.get("raw", {}).get("top1", math.nan))
@@ -749,6 +754,9 @@ def build_run(cfg, resume, overwrite, accept_changes, accelerator, use_tb, lock)
     world, device, main_proc = accelerator.num_processes, accelerator.device, accelerator.is_main_process
     global_batch = cfg.data.batch_size * world * cfg.train.grad_accum
     num_classes = data_lib.num_classes(cfg.data)
+    # model.pretrained / train.teacher: their files' sha256 (and the weights' image size) enter the config first
+    pretrained = resolve_pretrained(cfg, lambda msg: console(msg, main_proc))
+    distiller = build_distiller(cfg, num_classes, accelerator)
     fp = rp.resume_fingerprint(cfg, num_classes=num_classes, global_batch=global_batch)
     ckpt, saved, changes = prepare_run_dir(cfg, resume, overwrite, accept_changes, accelerator, lock, fp)
     backend, backend_why = data_lib.explain_backend(cfg.data, device)
@@ -767,6 +775,9 @@ def build_run(cfg, resume, overwrite, accept_changes, accelerator, use_tb, lock)
 
     reseed(cfg.train.seed, "init")
     raw_model = create_classifier(cfg.model, cfg.head, num_classes)
+    if pretrained is not None:
+        load_pretrained_weights(raw_model, pretrained, lambda msg: console(msg, main_proc))
+    apply_freeze(raw_model, cfg.model.freeze)  # model.freeze=backbone: a linear probe
     optimizer = build_optimizer(raw_model, cfg.optim, global_batch)
     fresh_hparams = rp.optimizer_hparams(optimizer)  # this config's settings, before a checkpoint's replace them
     scheduler = build_scheduler(optimizer, cfg.optim, updates_per_epoch)  # stepped by us per update
@@ -777,7 +788,8 @@ def build_run(cfg, resume, overwrite, accept_changes, accelerator, use_tb, lock)
         updates_per_epoch=updates_per_epoch, train_set=train_set, val_loader=val_loader, mixup=mixup,
         # Mixup/CutMix already fold label smoothing into their soft targets: never apply it twice.
         label_smoothing=label_smoothing, raw_model=raw_model, model=model,
-        forward_loss=build_forward_loss(cfg, model, raw_model.output_head, label_smoothing, device),
+        forward_loss=build_forward_loss(cfg, model, raw_model.output_head, label_smoothing, device, distiller),
+        distiller=distiller,
         optimizer=optimizer, scheduler=scheduler,
         ema=ModelEmaV3(raw_model, decay=cfg.train.ema_decay) if cfg.train.ema else None,
         metrics=MetricsLog(cfg.train.output_dir, enabled=main_proc),
@@ -798,10 +810,13 @@ def build_run(cfg, resume, overwrite, accept_changes, accelerator, use_tb, lock)
     return run
 
 
-def build_forward_loss(cfg, model, head, label_smoothing, device):
-    """(images, targets) -> the head's fp32 loss on the model's logits; with train.compile on (auto:
-    CUDA only), torch.compile'd as one function, so the head's loss fuses with the model's last layers."""
+def build_forward_loss(cfg, model, head, label_smoothing, device, distiller=None):
+    """(images, targets) -> the head's fp32 loss on the model's logits (with train.distill, DeiT's
+    distillation loss through the same head: engine/distill.py); with train.compile on (auto: CUDA
+    only), torch.compile'd as one function, so the head's loss fuses with the model's last layers."""
     def forward_loss(images, targets):
+        if distiller is not None:
+            return distiller.loss(head, model(images).float(), images, targets, label_smoothing=label_smoothing)
         return head.loss(model(images).float(), targets, label_smoothing=label_smoothing)
 
     compile_on = cfg.train.compile == "true" or (cfg.train.compile == "auto" and device.type == "cuda")

@@ -36,6 +36,7 @@ from models.normmax import check_gamma
 from models.taylor_softmax import check_order
 from models.topk_softmax import check_k
 
+from .finetune_checks import check_finetune_settings
 from .schema import ALIASES, CHOICES, RANGES, Config, is_key, schema_fields, section_names
 
 RUN_CONFIG_NAME = rundir.CONFIG
@@ -404,6 +405,7 @@ def _check(cfg):
     _check_numbers(cfg)
     check_alpha(cfg.head.alpha, cfg.head.learn_alpha, "config key 'head.alpha'")
     check_head_settings(cfg.head)
+    check_finetune_settings(cfg)
     return cfg
 
 

@@ -124,6 +124,16 @@ class ModelConfig:
     # Not a key: data.image_size, copied here by Config for the model builder. An old config's
     # `model.img_size` is read as data.image_size (configs/loader.py).
     img_size: int = field(default=32, init=False, metadata={"derived_from": "data.image_size"})
+    # Start from pretrained weights (engine/finetune.py): the classifier is re-initialised when the
+    # class count or the classifier kind differs; the weights' image size is kept (data.image_size
+    # follows it: the token-mixing layers fix the patch count).
+    pretrained: Optional[str] = setting(None, "start from these weights: a run or checkpoint directory, or a "
+                                        "weights file in this project's, timm's or the FB/DeiT format "
+                                        "(.safetensors, .pth/.pt/.bin); null: from scratch", resume=FROZEN)
+    pretrained_sha256: Optional[str] = setting(None, "sha256 of model.pretrained, filled in by train.py; set it "
+                                               "to pin the file", resume=FROZEN)
+    freeze: str = setting("none", "none, or backbone: a linear probe (only the classifier and a learned alpha "
+                          "train)", choices=("none", "backbone"), resume=FROZEN)
 
 
 @dataclass
@@ -162,6 +172,9 @@ class OptimConfig:
                             resume=OPTIMIZER)
     warmup_lr: float = setting(1e-6, "learning rate at the start of the warmup", range="[0, inf)",
                                resume=OPTIMIZER)
+    layer_decay: Optional[float] = setting(None, "layer-wise lr decay (BEiT; timm create_optimizer_v2): the "
+                                           "classifier and last block at lr, each block below times this; "
+                                           "null: off", range="(0, 1]", resume=FROZEN)
 
 
 @dataclass
@@ -196,6 +209,19 @@ class TrainConfig:
     allow_empty_eval: bool = setting(False, "go on when an evaluation found no image (every val image undecodable "
                                      "under data.skip_corrupt); false: stop with exit 2 after that epoch's "
                                      "checkpoint", resume=FREE)
+    # Knowledge distillation through the one classifier, as DeiT's DistillationLoss (engine/distill.py;
+    # ResMLP has no distillation token).
+    distill: str = setting("none", "distillation: none, hard (the teacher's argmax is the target) or soft (its "
+                           "distribution at distill_tau, scaled by tau^2), through the head's own loss",
+                           choices=("none", "soft", "hard"))
+    teacher: Optional[str] = setting(None, "the teacher: a run directory, a weights file (the student's "
+                                     "architecture) or a timm model name (with train.teacher_weights)")
+    teacher_weights: Optional[str] = setting(None, "with a timm model name as train.teacher: its weights file")
+    teacher_sha256: Optional[str] = setting(None, "sha256 of the teacher's weights, filled in by train.py; set "
+                                            "it to pin the file")
+    distill_alpha: float = setting(0.5, "weight of the teacher's term: (1 - a) * label loss + a * teacher loss",
+                                   range="[0, 1]")
+    distill_tau: float = setting(1.0, "soft distillation temperature", range="(0, inf)")
 
 
 @dataclass

@@ -2,7 +2,10 @@
 
 - `timm.optim.create_optimizer_v2` with `filter_bias_and_bn=True` puts every parameter with
   ndim <= 1 (biases, Affine alpha/beta, LayerNorm, LayerScale vectors, a learned entmax alpha)
-  in a group without weight decay, as in DeiT/ResMLP.
+  in a group without weight decay, as in DeiT/ResMLP. Parameters that do not require gradients
+  (model.freeze=backbone) are left out.
+- optim.layer_decay: timm's layer-wise lr decay (`layer_decay=`, groups from the model's
+  group_matcher); each group's `lr_scale` multiplies the scheduled lr.
 - Linear scaling rule (Goyal et al. 2017): lr = optim.lr * global_batch / optim.lr_base_batch.
 - Warmup + cosine (`timm.scheduler.CosineLRScheduler`, t_in_epochs=False) is stepped once per
   optimizer update and sized from the true number of updates, so grad accumulation and the
@@ -22,6 +25,8 @@ def build_optimizer(model, optim_cfg, global_batch):
     kwargs = {}
     if optim_cfg.name in ("lamb", "adamw"):
         kwargs["betas"] = tuple(optim_cfg.betas)
+    if optim_cfg.layer_decay is not None:
+        kwargs["layer_decay"] = optim_cfg.layer_decay
     return create_optimizer_v2(
         model,
         opt=optim_cfg.name,

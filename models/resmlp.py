@@ -158,6 +158,11 @@ class ResMLP(nn.Module):
         if num_classes > 0:
             self._init_weights(self.head)
 
+    def group_matcher(self, coarse: bool = False):
+        """Parameter groups for timm's layer-wise lr decay (optim.layer_decay): the stem, one group
+        per block, the final norm with the last block; the classifier is the top group (lr scale 1)."""
+        return dict(stem=r"^stem", blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))])
+
     def patch_embed(self, x):
         """Conv with kernel = stride = patch, written as one matmul on the patch pixels so the
         tokens come out as a contiguous (B, N, d) tensor (a conv + flatten + transpose would

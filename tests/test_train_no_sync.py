@@ -86,3 +86,32 @@ def test_nonfinite_skip_reads_one_flag_per_update_and_stop_reads_none(tmp_path):
         with pytest.raises(HostSyncError):
             with no_host_sync(allow=_host_side_by_design(run)):
                 train.train_step(run, iter(batches[1:2]))
+
+
+@pytest.mark.parametrize("extra", [
+    ["head.name=sparsemax", "train.distill=soft", "train.distill_tau=2"],
+    ["head.name=entmax_bisect", "head.learn_alpha=true", "train.distill=hard"],
+    ["head.name=entmax_bisect", "head.learn_alpha=true", "model.freeze=backbone"],
+    ["head.name=sparsemax", "optim.layer_decay=0.7"],
+], ids=["distill_soft", "distill_hard", "probe", "layer_decay"])
+def test_distillation_probe_and_layer_decay_steps_read_nothing_from_the_device(tmp_path, extra):
+    """The teacher (eval mode, no grad, inside the step), the frozen backbone and the layer-decay groups."""
+    from safetensors.torch import save_file
+
+    from configs.schema import HeadConfig, ModelConfig
+    from models import create_classifier
+
+    net = create_classifier(ModelConfig(name="resmlp_tiny", img_size=16), HeadConfig(), 10)
+    weights = str(tmp_path / "w.safetensors")
+    save_file({k: v.contiguous() for k, v in net.state_dict().items()}, weights)
+    distill = any(e.startswith("train.distill=") for e in extra)
+    source = [f"train.teacher={weights}"] if distill else []
+    source += [f"model.pretrained={weights}"] if "model.freeze=backbone" in extra else []
+    train, run, batches = _setup(tmp_path, *extra, *source)
+    assert (run.distiller is not None) == distill
+    with threshold_path("device"):
+        train.train_step(run, iter(batches[:1]))
+        with no_host_sync(allow=_host_side_by_design(run)):
+            train.train_step(run, iter(batches[1:2]))
+            train.train_step(run, iter(batches[2:3]))
+    assert run.state.step == 3 and torch.isfinite(run.last_loss)
