@@ -123,7 +123,7 @@ class ModelConfig:
                                            range="(0, inf)", resume=FROZEN)
     # Not a key: data.image_size, copied here by Config for the model builder. An old config's
     # `model.img_size` is read as data.image_size (configs/loader.py).
-    img_size: int = field(default=32, init=False, metadata={"derived_from": "data.image_size"})
+    img_size: int = field(default=32, metadata={"derived_from": "data.image_size"})
     # Start from pretrained weights (engine/finetune.py): the classifier is re-initialised when the
     # class count or the classifier kind differs; the weights' image size is kept (data.image_size
     # follows it: the token-mixing layers fix the patch count).
@@ -241,7 +241,7 @@ class Config:
 # ----------------------------------------------------------------------------- derived tables
 def is_key(f):
     """False for a field that is derived, not set by a config (ModelConfig.img_size)."""
-    return f.init
+    return "derived_from" not in f.metadata
 
 
 def schema_fields(cls=Config, prefix=""):

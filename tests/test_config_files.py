@@ -162,7 +162,7 @@ def test_duplicate_key_is_one_line_from_a_real_train_process(tmp_path):
 
 
 # ----------------------------------------------------------------------------- unknown keys
-@pytest.mark.parametrize("key", ["learning_rate", "model.pretrained", "model.freeze", "train.distill",
+@pytest.mark.parametrize("key", ["learning_rate", "model.weights", "model.frozen_layers", "train.kd_weight",
                                  "train.resume", "head.temperature"])
 def test_no_suggestion_when_nothing_is_close(tmp_path, key):
     msg = _load_error(_write(tmp_path / "c.yaml", "{}\n"), f"{key}=1")
@@ -174,6 +174,8 @@ def test_no_suggestion_when_nothing_is_close(tmp_path, key):
     ("optim.lrr", "optim.lr"), ("lr", "optim.lr"), ("train.epochs", "optim.epochs"), ("data.lr", "optim.lr"),
     ("modle", "model"), ("data.img_size", "data.image_size"), ("data.workers", "data.num_workers"),
     ("optim.weightdecay", "optim.weight_decay"), ("head.nme", "head.name"),
+    # keys that once had wrong suggestions (model.name, model.norm, train.compile) now exist (issue 18)
+    ("model.pretraind", "model.pretrained"), ("model.freez", "model.freeze"), ("train.distil", "train.distill"),
 ])
 def test_close_keys_are_suggested_by_whole_name_or_last_part(key, suggestion):
     assert suggest_key(key) == suggestion
