@@ -131,8 +131,8 @@ def resolve(args):
         if not os.path.isfile(weights):
             if args.ema and os.path.isfile(os.path.join(ckpt, RAW_WEIGHTS)):
                 raise UserError(f"{ckpt} has no {EMA_WEIGHTS} (trained with train.ema=false?); drop --ema")
-            raise UserError(f"{ckpt} has no {name}: the run has not finished exporting weights "
-                            f"(resume it with python train.py --config ... --resume auto)")
+            from engine.run_status import missing_weights_error
+            raise missing_weights_error(ckpt, name)
         overrides = _flag_overrides(args)
         cfg = (configs.load_config(args.config, overrides) if args.config
                else configs.load_run_config(ckpt, overrides))
