@@ -120,7 +120,7 @@ class TrainConfig:
     # (after the warm-up updates), so a host sync in the training step fails loudly.
     sync_debug: bool = False
     tensorboard: bool = True  # TensorBoard through Accelerate's trackers, when installed
-    progress: bool = True  # tqdm bar on the main process
+    progress: bool = True  # tqdm bar on the main process, when stdout is a terminal
 
 
 @dataclass
