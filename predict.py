@@ -94,7 +94,8 @@ def read_class_file(path):
             if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
                 raise ValueError("not a list of names")
         except (ValueError, KeyError, TypeError) as err:
-            raise UserError(f"--classes {path} is not a classes.json ({err}); expected {{\"classes\": [...]}}") from None
+            raise UserError(f"--classes {path} is not a classes.json ({err}); "
+                            f"expected {{\"classes\": [...]}}") from None
     else:
         names = [line.strip() for line in text.splitlines() if line.strip()]
     if not names:
@@ -146,10 +147,7 @@ def eval_transform(cfg):
 
     from data.transforms import build_eval_transform
 
-    if cfg.model.img_size != cfg.data.image_size:
-        raise UserError(f"the model takes {cfg.model.img_size}x{cfg.model.img_size} images but the config's "
-                        f"data.image_size is {cfg.data.image_size}: the eval transform would not match the model; "
-                        f"set both to the training size (--img-size for a weights file)")
+    # (model.img_size == data.image_size is the config loader's own check)
     transform = build_eval_transform(cfg.data, None)
     probe = transform(Image.new("RGB", (37, 53)))  # an odd, non-square size
     if tuple(probe.shape) != (3, cfg.model.img_size, cfg.model.img_size):

@@ -5,10 +5,8 @@ import json
 import math
 import os
 import subprocess
-import sys
 
 import pytest
-import torch
 from PIL import Image
 
 from test_compare import ROOT, tiny_comparison
@@ -43,11 +41,17 @@ def val_images(tmp_path_factory):
     return str(root), names
 
 
-def _predict(args, cwd=ROOT):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, PREDICT, *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300, env=env)
-    return proc
+def _predict(args):
+    """predict.py's main in this process (-> its exit status and stderr): no interpreter start-up per call."""
+    import contextlib
+    import io
+
+    import predict
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        status = predict.main(args)
+    return status, err.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -56,11 +60,11 @@ def predictions(val_images, tmp_path_factory):
     out = {}
     for head in ("softmax", "sparsemax"):
         path = str(tmp_path_factory.mktemp("preds") / "preds.jsonl")
-        proc = _predict(["--checkpoint", _run_dir(head), "--images", val_images[0], "--output", path,
-                         "--topk", "10", "--batch-size", "16"])
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        status, stderr = _predict(["--checkpoint", _run_dir(head), "--images", val_images[0], "--output", path,
+                                   "--topk", "10", "--batch-size", "16"])
+        assert status == 0, stderr
         rows = [json.loads(line) for line in open(path)]
-        out[head] = ({int(os.path.basename(r["path"])[:-4]): r for r in rows}, proc.stderr)
+        out[head] = ({int(os.path.basename(r["path"])[:-4]): r for r in rows}, stderr)
     return out
 
 
@@ -124,14 +128,14 @@ def test_csv_output_and_unreadable_files(tmp_path, val_images):
     (folder / "broken.png").write_bytes(b"not a png")
     (folder / "notes.txt").write_text("ignored: not an image name")
     out = tmp_path / "preds.csv"
-    proc = _predict(["--checkpoint", _run_dir("sparsemax"), "--images", str(folder), "--output", str(out),
-                     "--topk", "2"])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "warning: 1 unreadable file(s) skipped" in proc.stderr
+    status, stderr = _predict(["--checkpoint", _run_dir("sparsemax"), "--images", str(folder), "--output", str(out),
+                               "--topk", "2"])
+    assert status == 0 and "warning: 1 unreadable file(s) skipped" in stderr
     rows = list(csv.DictReader(open(out)))
     assert [os.path.basename(r["path"]) for r in rows] == sorted(first + ["broken.png"])
     broken = [r for r in rows if r["status"] == "unreadable"]
-    assert len(broken) == 1 and broken[0]["path"].endswith("broken.png") and "UnidentifiedImageError" in broken[0]["error"]
+    assert len(broken) == 1 and broken[0]["path"].endswith("broken.png")
+    assert "UnidentifiedImageError" in broken[0]["error"]
     for row in rows:
         if row["status"] == "ok":
             assert float(row["prob_1"]) >= float(row["prob_2"]) >= 0 and row["class_1"] in val_images[1]
@@ -139,49 +143,30 @@ def test_csv_output_and_unreadable_files(tmp_path, val_images):
             assert set(row["set_support_eps0.1"].split(";")) <= set(val_images[1])
 
 
-@pytest.fixture
-def one_line_error(capsys):
-    from engine.cli import run_cli
-
-    def run(args):
-        import predict
-
-        with pytest.raises(SystemExit) as exit_info:
-            run_cli(predict.main, args)
-        assert exit_info.value.code == 2
-        errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
-        assert len(errors) == 1
-        return errors[0]
-    return run
-
-
 def test_bad_inputs_are_one_line(tmp_path, one_line_error):
     run = _run_dir("sparsemax")
     out = str(tmp_path / "p.csv")
+
+    def error(images, checkpoint=run, output=out):
+        return one_line_error("predict", ["--checkpoint", checkpoint, "--images", str(images), "--output", output])
+
     (tmp_path / "empty").mkdir()
-    assert "is empty" in one_line_error(["--checkpoint", run, "--images", str(tmp_path / "empty"), "--output", out])
+    assert "is empty" in error(tmp_path / "empty")
     (tmp_path / "texts").mkdir()
     (tmp_path / "texts" / "readme.txt").write_text("hello")
-    line = one_line_error(["--checkpoint", run, "--images", str(tmp_path / "texts"), "--output", out])
-    assert "holds 1 file(s) but no images" in line
-    line = one_line_error(["--checkpoint", str(tmp_path / "no_such_run"), "--images", str(tmp_path), "--output", out])
-    assert "checkpoint not found" in line
-    line = one_line_error(["--checkpoint", run, "--images", str(tmp_path / "nothing_here"), "--output", out])
-    assert "no such folder, file or glob match" in line
-    assert "no file matches" in one_line_error(["--checkpoint", run, "--images", str(tmp_path / "*.png"),
-                                                "--output", out])
+    assert "holds 1 file(s) but no images" in error(tmp_path / "texts")
+    assert "checkpoint not found" in error(tmp_path, checkpoint=str(tmp_path / "no_such_run"))
+    assert "no such folder, file or glob match" in error(tmp_path / "nothing_here")
+    assert "no file matches" in error(tmp_path / "*.png")
     (tmp_path / "list.txt").write_text("a.png\nb.png\na.png\n")
-    line = one_line_error(["--checkpoint", run, "--images", str(tmp_path / "list.txt"), "--output", out])
-    assert "line 3 repeats line 1" in line
-    assert "the extension picks the format" in one_line_error(["--checkpoint", run, "--images", str(tmp_path),
-                                                               "--output", str(tmp_path / "p.txt")])
+    assert "line 3 repeats line 1" in error(tmp_path / "list.txt")
+    assert "the extension picks the format" in error(tmp_path, output=str(tmp_path / "p.txt"))
     # only unreadable files: listed in the output, and an error
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "x.jpg").write_bytes(b"\xff\xd8 truncated")
-    line = one_line_error(["--checkpoint", run, "--images", str(tmp_path / "bad"), "--output", out])
+    line = error(tmp_path / "bad")
     assert "none of the 1 file(s) could be read" in line and "unreadable" in open(out).read()
-    assert "exists; pass --overwrite" in one_line_error(["--checkpoint", run, "--images", str(tmp_path / "bad"),
-                                                         "--output", out])
+    assert "exists; pass --overwrite" in error(tmp_path / "bad")
 
 
 def test_images_that_cannot_match_the_model_are_refused(tmp_path, one_line_error, val_images):
@@ -189,17 +174,17 @@ def test_images_that_cannot_match_the_model_are_refused(tmp_path, one_line_error
     out = str(tmp_path / "p.csv")
     images = val_images[0]
     (tmp_path / "five.txt").write_text("a\nb\nc\nd\ne\n")
-    line = one_line_error(["--checkpoint", run, "--images", images, "--output", out,
+    line = one_line_error("predict", ["--checkpoint", run, "--images", images, "--output", out,
                            "--classes", str(tmp_path / "five.txt")])
     assert "do not match the ones" in line  # the run's classes.json has 10 others
     weights = os.path.join(run, "model.safetensors")
-    line = one_line_error(["--checkpoint", weights, "--config", os.path.join(run, "config.yaml"),
+    line = one_line_error("predict", ["--checkpoint", weights, "--config", os.path.join(run, "config.yaml"),
                            "--classes", str(tmp_path / "five.txt"), "--images", images, "--output", out])
     assert "lists 5 classes but the weights" in line and "classify 10" in line
     config = open(os.path.join(run, "config.yaml")).read().replace("image_size: 32", "image_size: 24")
     assert "image_size: 24" in config
     (tmp_path / "other.yaml").write_text(config)
-    line = one_line_error(["--checkpoint", weights, "--config", str(tmp_path / "other.yaml"),
+    line = one_line_error("predict", ["--checkpoint", weights, "--config", str(tmp_path / "other.yaml"),
                            "--images", images, "--output", out])
     assert "model.img_size (32) differs from data.image_size (24)" in line  # the config's own check
 
@@ -216,9 +201,8 @@ def test_stale_thresholds_are_not_used(tmp_path, val_images):
     state["head.bias"] = state["head.bias"] + 1.0  # other weights, same shapes
     save_file(state, run / "model.safetensors")
     out = tmp_path / "p.jsonl"
-    proc = _predict(["--checkpoint", str(run), "--images", val_images[0], "--output", str(out)])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "was calibrated on other weights" in proc.stderr
+    status, stderr = _predict(["--checkpoint", str(run), "--images", val_images[0], "--output", str(out)])
+    assert status == 0 and "was calibrated on other weights" in stderr
     assert all("sets" not in json.loads(line) for line in open(out))
 
 

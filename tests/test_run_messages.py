@@ -3,8 +3,6 @@ folder that is not a run, on a run still training and on a run that stopped befo
 weights; train.py --resume with a path that does not exist. Each is one line and exit 2."""
 import os
 
-import pytest
-
 from engine.checkpoint import CHECKPOINT_SUBDIR, checkpoint_name
 from engine.runlock import RunLock
 
@@ -16,25 +14,6 @@ data: {dataset: builtin10, image_size: 16, batch_size: 16, builtin_train_size: 3
 optim: {epochs: 1}
 train: {progress: false, tensorboard: false, mixed_precision: "no"}
 """
-
-
-@pytest.fixture
-def one_line_error(capsys):
-    """Run an entry point's main as its command line does (engine.cli.run_cli): -> its one error line."""
-    from engine.cli import run_cli
-
-    def run(cmd):
-        import importlib
-
-        entry = importlib.import_module(cmd[0].removesuffix(".py"))
-        with pytest.raises(SystemExit) as exit_info:
-            run_cli(entry.main, cmd[1:])
-        assert exit_info.value.code == 2
-        err = capsys.readouterr().err
-        errors = [line for line in err.splitlines() if line.startswith("error:")]
-        assert len(errors) == 1, err
-        return errors[0]
-    return run
 
 
 def _stopped_run(tmp_path, steps=(4, 8)):
@@ -50,7 +29,7 @@ def _stopped_run(tmp_path, steps=(4, 8)):
 def test_eval_on_a_folder_that_is_not_a_run(tmp_path, one_line_error):
     (tmp_path / "photos").mkdir()
     (tmp_path / "photos" / "cat.jpg").write_bytes(b"")
-    line = one_line_error(["eval.py", "--checkpoint", str(tmp_path / "photos")])
+    line = one_line_error("eval", ["--checkpoint", str(tmp_path / "photos")])
     assert "is not a train.py run directory" in line and "give a run directory" in line
     assert "resume" not in line
 
@@ -60,7 +39,7 @@ def test_eval_on_a_run_still_training(tmp_path, one_line_error):
     lock = RunLock(str(run), purpose="training")
     lock.acquire()
     try:  # held by this (live) test process, as a training process would hold it
-        line = one_line_error(["eval.py", "--checkpoint", str(run)])
+        line = one_line_error("eval", ["--checkpoint", str(run)])
     finally:
         lock.release()
     assert "is still training" in line and f"pid {os.getpid()}" in line and "wait for" in line
@@ -70,7 +49,7 @@ def test_eval_on_a_run_still_training(tmp_path, one_line_error):
 
 def test_eval_on_a_stopped_run_without_weights(tmp_path, one_line_error):
     run = _stopped_run(tmp_path)
-    line = one_line_error(["eval.py", "--checkpoint", str(run)])
+    line = one_line_error("eval", ["--checkpoint", str(run)])
     assert "stopped before exporting weights" in line and "still training" not in line
     assert f"python train.py --config {os.path.join(str(run), 'config.yaml')} --resume auto" in line
 
@@ -79,7 +58,7 @@ def test_train_resume_from_a_missing_path_lists_the_checkpoints(tmp_path, one_li
     run = _stopped_run(tmp_path)
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text(TINY)
-    line = one_line_error(["train.py", "--config", str(cfg), f"train.output_dir={run}",
+    line = one_line_error("train", ["--config", str(cfg), f"train.output_dir={run}",
                             "--resume", str(run / CHECKPOINT_SUBDIR / "step_12")])
     assert "no such checkpoint" in line
     assert f"{checkpoint_name(4)}, {checkpoint_name(8)} (newest last)" in line and "--resume auto" in line
