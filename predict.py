@@ -331,7 +331,9 @@ def main(argv=None):
     paths = list_images(args.images)  # every user error surfaces before any process group is set up
     model = load_model(cfg, weights, names, source)
     head = model.output_head
-    thresholds, aps_seed = conformal_thresholds(args, head, weights, kind, lambda m: print(m, file=sys.stderr))
+    main_rank = int(os.environ.get("RANK", "0")) == 0  # notes once, not once per process (before Accelerate)
+    thresholds, aps_seed = conformal_thresholds(args, head, weights, kind,
+                                                lambda m: print(m, file=sys.stderr) if main_rank else None)
 
     from accelerate import Accelerator
 
@@ -342,16 +344,17 @@ def main(argv=None):
         model, paths, transform, cfg, accelerator, precision=args.precision,
         batch_size=args.batch_size or cfg.data.eval_batch_size,
         num_workers=cfg.data.num_workers if args.num_workers is None else args.num_workers)
-    seconds = time.perf_counter() - t0
+    forward_s = time.perf_counter() - t0
     if not accelerator.is_main_process:
         return 0
     topk = min(args.topk, len(names))
     rows = all_rows(prediction_rows(head, logits, index, paths, names, topk, thresholds, aps_seed),
                     index, failed, paths)
     write_predictions(rows, args.output, topk, head.name in SPARSE_HEAD_NAMES, thresholds)
-    n_ok = len(index)
-    console(f"predicted {n_ok} image(s) in {seconds:.1f} s ({n_ok / seconds:.1f} img/s, "
-            f"{accelerator.num_processes} process(es), {'bf16' if bf16 else 'fp32'}); wrote {args.output}")
+    total_s, n_ok = time.perf_counter() - t0, len(index)
+    console(f"predicted {n_ok} image(s) in {total_s:.1f} s ({n_ok / total_s:.1f} img/s; decoding and forward "
+            f"alone {n_ok / forward_s:.1f} img/s; {accelerator.num_processes} process(es), "
+            f"{'bf16' if bf16 else 'fp32'}); wrote {args.output}")
     if failed:
         print(f"warning: {len(failed)} unreadable file(s) skipped (first: {paths[failed[0][0]]}: {failed[0][1]}); "
               f"listed in {args.output} with status unreadable", file=sys.stderr)
