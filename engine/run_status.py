@@ -34,7 +34,7 @@ def _checkpoint_hint(run_dir):
 def missing_weights_error(run_dir, weights_name, tool="python eval.py"):
     """The UserError for a `--checkpoint RUN_DIR` that has no `weights_name`."""
     if not os.path.isfile(os.path.join(run_dir, RUN_CONFIG_NAME)) and not run_artefacts(run_dir):
-        return UserError(f"{run_dir} is not a train.py run directory (no {RUN_CONFIG_NAME}, weights or "
+        return UserError(f"{run_dir} is not a train.py run directory (no {RUN_CONFIG_NAME}, {weights_name} or "
                          f"{CHECKPOINT_SUBDIR}/); give a run directory (train.output_dir) or a weights file")
     hint = _checkpoint_hint(run_dir)
     holder = live_lock_holder(run_dir)

@@ -226,3 +226,13 @@ def test_two_processes_give_the_rows_of_one(tmp_path, val_images, predictions):
         assert row["sets"] == ref["sets"] and row["support"] == ref["support"]
         assert [t["class"] for t in row["topk"]] == [t["class"] for t in ref["topk"]]
         assert [t["prob"] for t in row["topk"]] == pytest.approx([t["prob"] for t in ref["topk"]], abs=1e-6)
+
+
+def test_the_small_calibration_warning_reaches_eval_the_thresholds_and_the_report():
+    """64 calibration samples: eval.py's result, RUN/conformal.json and the comparison report say so."""
+    root, _ = tiny_comparison()
+    result = _load_json(os.path.join(_run_dir(), "eval.json"))["prediction_sets"]
+    assert result["warning"].startswith("warning: prediction sets calibrated on only 64 samples")
+    assert _load_json(os.path.join(_run_dir(), "conformal.json"))["warning"] == result["warning"]
+    report = open(os.path.join(root, "report", "report.md")).read()
+    assert "- Note: prediction sets calibrated on only 64 samples" in report
