@@ -153,8 +153,8 @@ def resolve(args):
         if not os.path.isfile(weights):
             if args.ema and os.path.isfile(os.path.join(ckpt, RAW_WEIGHTS)):
                 raise UserError(f"{ckpt} has no {EMA_WEIGHTS} (trained with train.ema=false?); drop --ema")
-            raise UserError(f"{ckpt} has no {name}: the run has not finished exporting weights "
-                            f"(resume it with python train.py --config ... --resume auto)")
+            from engine.run_status import missing_weights_error
+            raise missing_weights_error(ckpt, name)
         overrides = _flag_overrides(args)
         cfg = (configs.load_config(args.config, overrides) if args.config
                else configs.load_run_config(ckpt, overrides))
@@ -285,7 +285,23 @@ def prediction_set_results(head, cfg, args, preds, evaluate_split):
                            "n_eval": int(ev["labels"].numel()), "aps_seed": seed}, "methods": methods}
     if note:
         out["calibration"]["note"] = note
+    out["warning"] = conformal.calibration_size_warning(out["calibration"]["n_calib"], eps)
     return out
+
+
+def save_conformal_thresholds(ps, head, checkpoint, weights, kind):
+    """RUN_DIR/conformal.json (conformal_ema.json for --ema): the calibrated thresholds predict.py
+    uses for new images, tied to these weights by their sha256. Nothing for a weights file."""
+    from engine.checkpoint import file_sha256
+    from evaluation.calibration_file import conformal_path, save_thresholds
+
+    if ps is None or not os.path.isdir(checkpoint):
+        return None
+    path = conformal_path(checkpoint, kind)
+    save_thresholds(path, prediction_sets=ps, head=head.name,
+                    alpha=float(head.alpha.detach()) if head.name != "softmax" else 1.0,
+                    weights_kind=kind, weights_sha256=file_sha256(weights), warning=ps.get("warning"))
+    return path
 
 
 def selective_summary(records, head_name):
@@ -351,6 +367,9 @@ def main(argv=None):
     elif skipped:
         print(f"warning: {skipped} undecodable image(s) skipped (data.skip_corrupt); metrics cover the other "
               f"{preds.totals['n']}", file=sys.stderr)
+    if ps and ps.get("warning"):
+        print(ps["warning"], file=sys.stderr)
+    save_conformal_thresholds(ps, head, args.checkpoint, weights, kind)
     result["selective"] = selective_summary(preds.records, head.name)
     result["ood"] = ood
     if args.output:

@@ -78,7 +78,6 @@ import torch.distributed as dist  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
 from accelerate.utils import gather_object  # noqa: E402
 from timm.utils import ModelEmaV3  # noqa: E402
-from tqdm import tqdm  # noqa: E402
 
 import configs  # noqa: E402
 import data as data_lib  # noqa: E402
@@ -94,7 +93,7 @@ from engine.distill import build_distiller  # noqa: E402
 from engine.finetune import load_pretrained_weights, resolve_pretrained, summary_fields  # noqa: E402
 from engine.freeze import apply_freeze  # noqa: E402
 from engine.launch import launch_lines  # noqa: E402
-from engine.logging import EpochCSV, MetricsLog, console, format_eval, tensorboard_available  # noqa: E402
+from engine.logging import EpochCSV, MetricsLog, console, format_eval, progress_bar, tensorboard_available  # noqa: E402
 from engine.optim import build_optimizer, build_scheduler  # noqa: E402
 from engine.preemption import PreemptionGuard, gloo_reduce_max  # noqa: E402
 from engine.rng import capture_rng_state, reseed, restore_rng_state  # noqa: E402
@@ -805,8 +804,8 @@ def build_run(cfg, resume, overwrite, accept_changes, accelerator, use_tb, lock)
     run.time_base, run.log_images = run.state.train_time_s, run.state.images
     run.session_images = run.state.images
     run.session_t0 = run.log_t = time.perf_counter()
-    run.bar = tqdm(total=cfg.optim.epochs * updates_per_epoch - run.state.schedule_offset, initial=run.state.step, unit="step",
-                   disable=not (main_proc and cfg.train.progress), dynamic_ncols=True, file=sys.stdout)
+    run.bar = progress_bar(cfg.optim.epochs * updates_per_epoch - run.state.schedule_offset, initial=run.state.step,
+                           enabled=main_proc and cfg.train.progress)
     return run
 
 

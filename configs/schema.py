@@ -205,7 +205,7 @@ class TrainConfig:
     sync_debug: bool = setting(False, "CUDA only: fail on any host sync inside a training step")
     tensorboard: bool = setting(True, "TensorBoard logs through Accelerate's trackers, when installed",
                                 resume=FREE)
-    progress: bool = setting(True, "tqdm progress bar on the main process", resume=FREE)
+    progress: bool = setting(True, "tqdm progress bar on the main process, when stdout is a terminal", resume=FREE)
     allow_empty_eval: bool = setting(False, "go on when an evaluation found no image (every val image undecodable "
                                      "under data.skip_corrupt); false: stop with exit 2 after that epoch's "
                                      "checkpoint", resume=FREE)

@@ -32,16 +32,28 @@ def _device_images(dataset, device, size):
     return cache[key]
 
 
+def check_transformed_size(x, image_size, source_size, kind):
+    """A transformed image must be image_size x image_size; otherwise the transform (not the model) is
+    at fault, and the batch would fail later with a shape error that points at the model."""
+    if image_size is None or tuple(x.shape[-2:]) == (image_size, image_size):
+        return
+    w, h = source_size
+    raise UserError(f"the {kind} transform turned a {w}x{h} image into {x.shape[-1]}x{x.shape[-2]}, not "
+                    f"data.image_size={image_size} square: data/transforms.py must resize and crop every "
+                    f"image to image_size (please report this with the data.train_crop setting)")
+
+
 class _BatchFetcher(torch.utils.data.Dataset):
     """DataLoader 'dataset' whose items are whole batches: task = (indices, aug_seeds or None).
 
     `replace_corrupt` (training): a skipped undecodable image is replaced by the next decodable one,
     keeping batch shapes; off (evaluation): it is dropped, so nothing is counted twice."""
 
-    def __init__(self, dataset, transform, replace_corrupt=True):
+    def __init__(self, dataset, transform, replace_corrupt=True, image_size=None):
         self.dataset = dataset
         self.transform = transform  # the loader's, not dataset.transform: train vs eval is its choice
         self.replace_corrupt = replace_corrupt
+        self.image_size = image_size  # what every transformed image must measure (None: unchecked)
 
     def __len__(self):
         return len(self.dataset)
@@ -49,7 +61,11 @@ class _BatchFetcher(torch.utils.data.Dataset):
     def _load(self, i):
         # raw PIL; ImageFolder handles corrupt files (img is None: dropped, eval only)
         img, label, skipped = self.dataset.load(int(i), replace_corrupt=self.replace_corrupt)
-        return (self.transform(img) if img is not None else None), label, skipped
+        if img is None:
+            return None, label, skipped
+        x = self.transform(img)
+        check_transformed_size(x, self.image_size, img.size, "train" if self.replace_corrupt else "eval")
+        return x, label, skipped
 
     def __getitem__(self, task):
         indices, seeds = task
@@ -127,7 +143,8 @@ class _Loader:
             return
         pin = self.device.type == "cuda"
         workers = min(self.num_workers, len(tasks))
-        fetcher = _BatchFetcher(self.dataset, self.transform, replace_corrupt=self.augment)  # eval drops bad files
+        fetcher = _BatchFetcher(self.dataset, self.transform, replace_corrupt=self.augment,  # eval drops bad files
+                                image_size=int(self.cfg.image_size))
         loader = DataLoader(fetcher, sampler=tasks, batch_size=None, num_workers=workers,
                             pin_memory=pin, persistent_workers=False,
                             prefetch_factor=4 if workers > 0 else None,

@@ -62,23 +62,31 @@ def _timm_train_parts(cfg):
         re_prob=cfg.reprob, re_mode="pixel", re_count=1, separate=True))
 
 
+def to_square(cfg, native_size):
+    """The pad recipe's first step: bicubic resize of the shorter side to image_size, then a centre
+    crop to image_size x image_size, so images of any shape (portrait, landscape) come out square.
+    Nothing for datasets stored square at image_size (CIFAR, built-in: `native_size`)."""
+    if native_size == cfg.image_size:
+        return []
+    return [T.Resize(cfg.image_size, interpolation=T.InterpolationMode.BICUBIC), T.CenterCrop(cfg.image_size)]
+
+
 def build_train_transform(cfg, native_size):
     """PIL image -> normalised float tensor, per-sample randomness from `random`/torch RNG."""
     primary, secondary, final = _timm_train_parts(cfg)
     if train_crop_mode(cfg) == "rrc":
         return T.Compose([primary, secondary, final])
-    pre = [] if native_size == cfg.image_size else [T.Resize(cfg.image_size, interpolation=T.InterpolationMode.BICUBIC)]
-    primary = T.Compose(pre + [T.RandomCrop(cfg.image_size, padding=cfg.crop_padding),
+    primary = T.Compose(to_square(cfg, native_size) + [T.RandomCrop(cfg.image_size, padding=cfg.crop_padding),
                                T.RandomHorizontalFlip(cfg.hflip)])
     return T.Compose([primary, secondary, final])
 
 
 def build_eval_transform(cfg, native_size):
-    """Pad-crop datasets at native size are only normalised (no resize/center crop, crop_pct unused);
-    otherwise timm's eval transform: resize to image_size/crop_pct, center crop (DeiT)."""
+    """Pad-crop datasets at native size are only normalised; other pad-crop images are resized and
+    centre-cropped to a square (`to_square`, crop_pct unused); otherwise timm's eval transform:
+    resize to image_size/crop_pct, center crop (DeiT). Every path gives image_size x image_size."""
     if train_crop_mode(cfg) == "pad":
-        pre = [] if native_size == cfg.image_size else [T.Resize(cfg.image_size, interpolation=T.InterpolationMode.BICUBIC)]
-        return T.Compose(pre + [T.ToTensor(), T.Normalize(cfg.mean, cfg.std)])
+        return T.Compose(to_square(cfg, native_size) + [T.ToTensor(), T.Normalize(cfg.mean, cfg.std)])
     return create_transform(cfg.image_size, is_training=False, interpolation=cfg.interpolation,
                             crop_pct=cfg.crop_pct, mean=tuple(cfg.mean), std=tuple(cfg.std))
 

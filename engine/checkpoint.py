@@ -409,6 +409,19 @@ def newest_verified_checkpoint(run_dir, require_finite_loss=True):
     return None
 
 
+def existing_checkpoints_line(run_dir, limit=5):
+    """'checkpoints in RUN/checkpoints: step_.., step_.. (newest last)' or why there are none: what a
+    mistyped --resume PATH should see."""
+    root = os.path.join(run_dir, CHECKPOINT_SUBDIR)
+    found = list_checkpoints(root)
+    if not found:
+        return f"{root} holds no checkpoint (start without --resume)"
+    names = [os.path.basename(p) for _, p in found]
+    shown = ", ".join(names[-limit:])
+    more = f"{len(names) - limit} older and " if len(names) > limit else ""
+    return f"checkpoints in {root}: {more}{shown} (newest last), or --resume auto for the newest valid one"
+
+
 def resolve_resume(resume, run_dir, warn=print):
     """`--resume auto` -> newest valid checkpoint of run_dir, None when the run has no checkpoint
     at all, UserError (one line naming --resume PATH) when it has some but none is valid;
@@ -427,7 +440,7 @@ def resolve_resume(resume, run_dir, warn=print):
         return found
     path = resume
     if not os.path.exists(path):
-        raise UserError(f"--resume {path}: no such checkpoint")
+        raise UserError(f"--resume {path}: no such checkpoint; {existing_checkpoints_line(run_dir)}")
     if os.path.isfile(path):
         path = os.path.dirname(path)
     if not os.path.isfile(os.path.join(path, STATE_FILE)) and not os.path.isfile(os.path.join(path, MARKER)):

@@ -489,6 +489,8 @@ def write_report(variants, report_dir, title, command, weights="raw", notes=(), 
         "",
     ]
     all_notes = list(notes) + degenerate_notes(variants)
+    small_calibration = (first.get("prediction_sets") or {}).get("warning")  # eval.py's, same n for every run
+    all_notes += [small_calibration.removeprefix("warning: ")] if small_calibration else []
     all_notes += [f"the accuracy plot and the table disagree for {m}" for m in curve_mismatches(variants)]
     lines += [f"- Note: {n}" for n in all_notes]
     lines += ["", "## Plots", ""]

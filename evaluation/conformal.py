@@ -52,6 +52,52 @@ def conformal_quantile(scores, eps):
     return torch.kthvalue(scores, max(k, 1)).values.item()
 
 
+# A calibration set whose coverage spread (one standard deviation over calibration draws) exceeds
+# this gets a warning: the 1 − ε guarantee holds on average, not for the one set the user has.
+COVERAGE_SD_LIMIT = 0.02
+
+
+def coverage_spread(n, eps):
+    """Standard deviation of the coverage of sets calibrated on n exchangeable samples (no ties):
+    conditionally on the calibration set it is Beta(k, n + 1 − k) with k = ⌈(n+1)(1−ε)⌉ (Vovk 2012;
+    Angelopoulos & Bates 2021, §3.2). None when k > n: the threshold is +inf, every set all classes."""
+    k = math.ceil((n + 1) * (1.0 - eps) - 1e-9)
+    if n <= 0 or k > n:
+        return None
+    a, b = k, n + 1 - k
+    return math.sqrt(a * b / ((a + b) ** 2 * (a + b + 1)))
+
+
+def _enough_samples(epsilons, limit):
+    """The smallest n whose coverage spread is at most `limit` at every ε."""
+    n = 1
+    while any(coverage_spread(n, e) is None or coverage_spread(n, e) > limit for e in epsilons):
+        n += 1
+    return n
+
+
+def calibration_size_warning(n, epsilons=EPSILONS, limit=COVERAGE_SD_LIMIT):
+    """One warning line when n calibration samples leave the finite-sample guarantee loose, else None.
+
+    The guarantee 1 − ε ≤ P(y ∈ set) < 1 − ε + 1/(n+1) is an average over calibration draws; for the
+    one calibration set at hand the coverage varies by `coverage_spread` (±5.5 points at n = 16,
+    ε = 0.1), and when (n+1)(1−ε) > n the threshold is infinite (all classes in every set)."""
+    parts, worst = [], 0.0
+    for eps in sorted(epsilons, reverse=True):
+        sd = coverage_spread(n, eps)
+        if sd is None:
+            parts.append(f"ε={eps:g}: needs n ≥ {math.ceil(1.0 / eps - 1 - 1e-9)}, every set is all classes")
+            worst = math.inf
+        else:
+            parts.append(f"ε={eps:g}: average coverage {100 * (1 - eps):.4g}-{100 * (1 - eps + 1 / (n + 1)):.4g}%, "
+                         f"±{100 * sd:.1f} points for this one calibration set")
+            worst = max(worst, sd)
+    if worst <= limit:
+        return None
+    return (f"warning: prediction sets calibrated on only {n} samples, so the finite-sample guarantee is loose "
+            f"({'; '.join(parts)}); n ≥ {_enough_samples(epsilons, limit)} keeps it within ±{100 * limit:g} points")
+
+
 # --- sparse support (temperature) scores -----------------------------------------------------
 
 def _entmax_gap_score(gaps, alpha):
@@ -118,6 +164,15 @@ def support_set_sizes(logits, alpha, q, z_sorted=None):
     return (z >= last).sum(dim=1)
 
 
+def support_set_mask(logits, alpha, q):
+    """(N, K) bool: class k is in the set iff s(z, k) ≤ q, i.e. the classes whose logit is at least the
+    last one `support_set_sizes` keeps (the set is a prefix of the sorted classes, ties included)."""
+    z = logits.double()
+    z_sorted = z.sort(dim=1, descending=True).values
+    sizes = support_set_sizes(logits, alpha, q, z_sorted)
+    return z >= z_sorted.gather(1, (sizes - 1).view(-1, 1))
+
+
 # --- standard scores on probabilities --------------------------------------------------------
 
 def lac_scores(probs, labels):
@@ -125,10 +180,15 @@ def lac_scores(probs, labels):
     return 1.0 - probs.double().gather(1, labels.view(-1, 1).long()).squeeze(1)
 
 
-def lac_set_sizes(probs, q):
+def lac_set_mask(probs, q):
+    """(N, K) bool: {k : 1 − p_k ≤ q} (all classes for q = +inf)."""
     if math.isinf(q):
-        return torch.full((probs.shape[0],), probs.shape[1], dtype=torch.long)
-    return ((1.0 - probs.double()) <= q).sum(dim=1)
+        return torch.ones(probs.shape, dtype=torch.bool)
+    return (1.0 - probs.double()) <= q
+
+
+def lac_set_sizes(probs, q):
+    return lac_set_mask(probs, q).sum(dim=1)
 
 
 def _aps_sorted(probs):
@@ -153,6 +213,14 @@ def aps_scores(probs, labels, u=None):
     return score - (1.0 - u.double()) * p_y
 
 
+def _aps_sorted_inside(cum, q, u=None):
+    """(N, K) bool over the classes in sorted order: score ≤ q (a prefix: the score grows along it)."""
+    if u is None:
+        return cum <= q
+    sorted_p = torch.diff(cum, dim=1, prepend=torch.zeros_like(cum[:, :1]))
+    return cum - (1.0 - u.double().view(-1, 1)) * sorted_p <= q
+
+
 def aps_set_sizes(probs, q, cum=None, u=None):
     """Set sizes for threshold q: the sorted prefix with score ≤ q (the score grows along it).
     `cum` (sorted cumulative probabilities) may be precomputed; u as in `aps_scores`."""
@@ -160,10 +228,15 @@ def aps_set_sizes(probs, q, cum=None, u=None):
         return torch.full((probs.shape[0],), probs.shape[1], dtype=torch.long)
     if cum is None:
         _, cum = _aps_sorted(probs)
-    if u is None:
-        return (cum <= q).sum(dim=1)
-    sorted_p = torch.diff(cum, dim=1, prepend=torch.zeros_like(cum[:, :1]))
-    return (cum - (1.0 - u.double().view(-1, 1)) * sorted_p <= q).sum(dim=1)
+    return _aps_sorted_inside(cum, q, u).sum(dim=1)
+
+
+def aps_set_mask(probs, q, u=None):
+    """(N, K) bool in class order: the classes `aps_set_sizes` counts (u as in `aps_scores`)."""
+    if math.isinf(q):
+        return torch.ones(probs.shape, dtype=torch.bool)
+    order, cum = _aps_sorted(probs)
+    return torch.zeros(probs.shape, dtype=torch.bool).scatter(1, order, _aps_sorted_inside(cum, q, u))
 
 
 def aps_uniforms(n, stream, seed=0):
@@ -172,6 +245,18 @@ def aps_uniforms(n, stream, seed=0):
     `seed` separates runs (see the module docstring)."""
     generator = torch.Generator().manual_seed(mix_seed("aps-uniforms", int(seed), int(stream)))
     return torch.rand(n, generator=generator, dtype=torch.float64)
+
+
+def set_mask(method, q, logits=None, probs=None, alpha=None, u=None):
+    """(N, K) bool prediction sets of `method` at threshold q (as calibrated by `evaluate_method`):
+    'support' needs logits and the head's alpha, 'lac' and 'aps' the probabilities (APS: u)."""
+    if method == "support":
+        return support_set_mask(logits, alpha, q)
+    if method == "lac":
+        return lac_set_mask(probs, q)
+    if method == "aps":
+        return aps_set_mask(probs, q, u)
+    raise ValueError(f"unknown conformal method {method!r}; valid: support, lac, aps")
 
 
 # --- the report ------------------------------------------------------------------------------

@@ -19,10 +19,10 @@ def _interleave(chunks):
     return out
 
 
-def gather_in_order(tensor, accelerator):
-    """Gather a per-rank shard (rank r holds indices r::W) into the full tensor in dataset order."""
+def gather_chunks(tensor, accelerator):
+    """[rank 0's rows, rank 1's rows, ...] (CPU) of a per-rank tensor whose length may differ by rank."""
     if accelerator is None or accelerator.num_processes == 1:
-        return tensor
+        return [tensor]
     device = accelerator.device
     local = tensor.to(device)
     length = torch.tensor([local.shape[0]], dtype=torch.long, device=device)
@@ -30,5 +30,11 @@ def gather_in_order(tensor, accelerator):
     padded = accelerator.pad_across_processes(local.contiguous(), dim=0)
     gathered = accelerator.gather(padded).cpu()
     width = max(lengths)
-    chunks = [gathered[r * width: r * width + n] for r, n in enumerate(lengths)]
-    return _interleave(chunks)
+    return [gathered[r * width: r * width + n] for r, n in enumerate(lengths)]
+
+
+def gather_in_order(tensor, accelerator):
+    """Gather a per-rank shard (rank r holds indices r::W) into the full tensor in dataset order."""
+    if accelerator is None or accelerator.num_processes == 1:
+        return tensor
+    return _interleave(gather_chunks(tensor, accelerator))

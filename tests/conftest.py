@@ -21,3 +21,21 @@ def _keep_denormals_after_in_process_training():
     floats under flush-to-zero, and the float64 references need them)."""
     yield
     torch.set_flush_denormal(False)
+
+
+@pytest.fixture
+def one_line_error(capsys):
+    """run(entry, args): call entry point `entry` ("eval", "train", "predict") as its command line does
+    (engine.cli.run_cli) and return its one `error:` line, after checking exit 2."""
+    import importlib
+
+    from engine.cli import run_cli
+
+    def run(entry, args):
+        with pytest.raises(SystemExit) as exit_info:
+            run_cli(importlib.import_module(entry).main, args)
+        assert exit_info.value.code == 2
+        errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1, errors
+        return errors[0]
+    return run

@@ -1,5 +1,5 @@
 """The import graph reads bottom-up: common <- models, data <- configs <- engine, evaluation <- train.py,
-eval.py, scripts. Every import statement of every module is parsed (ast), including the ones
+eval.py, predict.py, scripts. Every import statement of every module is parsed (ast), including the ones
 inside functions, and relative imports are resolved to their package."""
 import ast
 import os
@@ -7,16 +7,17 @@ import os
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PROJECT = ("common", "models", "data", "configs", "engine", "evaluation", "scripts", "train", "eval", "tests")
+PROJECT = ("common", "models", "data", "configs", "engine", "evaluation", "scripts", "train", "eval", "predict",
+           "tests")
 
 # package -> top-level project names its modules must not import
 FORBIDDEN = {
     "common": set(PROJECT) - {"common"},
-    "models": {"engine", "evaluation", "data", "configs", "scripts", "train", "eval", "tests"},
-    "data": {"models", "engine", "evaluation", "configs", "scripts", "train", "eval", "tests"},
-    "configs": {"engine", "evaluation", "scripts", "train", "eval", "tests"},
-    "engine": {"evaluation", "scripts", "train", "eval", "tests"},
-    "evaluation": {"engine", "scripts", "train", "eval", "tests"},
+    "models": {"engine", "evaluation", "data", "configs", "scripts", "train", "eval", "predict", "tests"},
+    "data": {"models", "engine", "evaluation", "configs", "scripts", "train", "eval", "predict", "tests"},
+    "configs": {"engine", "evaluation", "scripts", "train", "eval", "predict", "tests"},
+    "engine": {"evaluation", "scripts", "train", "eval", "predict", "tests"},
+    "evaluation": {"engine", "scripts", "train", "eval", "predict", "tests"},
 }
 
 

@@ -1,0 +1,50 @@
+"""Why a directory given as a run has no exported weights: one line for each case a user meets.
+
+- not a run directory at all (no config.yaml, no weights, logs or checkpoints of train.py);
+- a run still training (its run.lock names a live process) that has not exported weights yet:
+  wait for its first epoch to end, or evaluate one of its checkpoints;
+- a run that stopped before exporting weights: resume it, or evaluate a checkpoint.
+"""
+import os
+
+from common.errors import UserError
+from configs.loader import RUN_CONFIG_NAME
+
+from .checkpoint import CHECKPOINT_SUBDIR, list_checkpoints, run_artefacts
+from .runlock import LOCK_NAME, read_lock, stale_reason
+
+
+def live_lock_holder(run_dir):
+    """The lock record of a live process holding RUN_DIR/run.lock, or None (no lock, or a stale one)."""
+    holder = read_lock(run_dir)
+    if not holder or stale_reason(holder) is not None:
+        return None
+    return holder
+
+
+def _checkpoint_hint(run_dir):
+    found = list_checkpoints(os.path.join(run_dir, CHECKPOINT_SUBDIR))
+    if not found:
+        return None
+    newest = found[-1][1]
+    return (f"--checkpoint {os.path.join(newest, 'model.safetensors')} "
+            f"--config {os.path.join(run_dir, RUN_CONFIG_NAME)}")
+
+
+def missing_weights_error(run_dir, weights_name, tool="python eval.py"):
+    """The UserError for a `--checkpoint RUN_DIR` that has no `weights_name`."""
+    if not os.path.isfile(os.path.join(run_dir, RUN_CONFIG_NAME)) and not run_artefacts(run_dir):
+        return UserError(f"{run_dir} is not a train.py run directory (no {RUN_CONFIG_NAME}, {weights_name} or "
+                         f"{CHECKPOINT_SUBDIR}/); give a run directory (train.output_dir) or a weights file")
+    hint = _checkpoint_hint(run_dir)
+    holder = live_lock_holder(run_dir)
+    if holder is not None:
+        way_out = (f"or give a checkpoint: {tool} {hint}" if hint
+                   else "it has saved no checkpoint yet either")
+        return UserError(f"{run_dir} is still training ({LOCK_NAME}: pid {holder.get('pid')} on "
+                         f"{holder.get('host')}, since {holder.get('since')}) and has not exported "
+                         f"{weights_name} yet: wait for its first epoch to end, {way_out}")
+    config = os.path.join(run_dir, RUN_CONFIG_NAME)
+    way_out = f"; or evaluate its newest checkpoint: {tool} {hint}" if hint else ""
+    return UserError(f"{run_dir} has no {weights_name}: the run stopped before exporting weights; resume it "
+                     f"with python train.py --config {config} --resume auto{way_out}")

@@ -1,0 +1,367 @@
+"""Predict the classes of new, unlabeled images with a trained model.
+
+    python predict.py --checkpoint runs/small_images --images photos/ --output preds.csv
+    python predict.py --checkpoint runs/small_images --images 'photos/**/*.png' --output preds.jsonl --topk 3
+    python predict.py --checkpoint model.safetensors --config cfg.yaml --classes classes.json \\
+        --images list.txt --output preds.csv                            # exported weights
+    accelerate launch --multi_gpu --num_processes 2 predict.py --checkpoint RUN --images DIR --output p.csv
+
+--checkpoint is a train.py run directory (its config.yaml, classes.json and model.safetensors, or
+model_ema.safetensors with --ema) or a weights file with --config or --model, as for eval.py (the
+same loading code). --images is a folder (searched recursively), a glob or a list file (one path per
+line). Each image goes through the run's eval transform (data/transforms.py: any shape and mode).
+Per image the output (CSV or JSONL, by the extension of --output) has: the path, the top-k classes
+and probabilities, the head's support (sparse heads: the classes with p > 0) and the conformal
+prediction set at each ε that eval.py calibrated on this run (RUN_DIR/conformal.json, written by
+eval.py; built by evaluation/conformal.py, the code eval.py measures the sets with). Unreadable
+files are skipped, counted and listed in the output with status "unreadable".
+Batches of --batch-size on the device (bf16 on CUDA, float32 on CPU: --precision), a progress bar
+on a terminal, and multi-GPU through Accelerate (the image list is split by process and gathered
+back in order).
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+from common.errors import UserError
+from engine.cli import run_cli
+
+OUTPUT_FORMATS = (".csv", ".jsonl")
+PRECISIONS = ("auto", "bf16", "fp32")
+LIST_SEP = ";"  # between class names inside one CSV cell (JSONL has real lists)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n")[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", required=True, metavar="RUN_DIR_OR_WEIGHTS",
+                   help="train.py run directory, or a .safetensors/.pth weights file (with --config or --model)")
+    p.add_argument("--images", required=True, metavar="DIR|GLOB|LIST",
+                   help="a folder (recursive), a quoted glob ('photos/*.jpg', ** for subfolders) or a text "
+                        "file with one image path per line")
+    p.add_argument("--output", required=True, metavar="PREDS.csv|PREDS.jsonl", help="where the predictions go")
+    p.add_argument("--topk", type=int, default=5, help="classes listed per image (default 5, at most all)")
+    p.add_argument("--batch-size", type=int, help="images per batch and process (default data.eval_batch_size)")
+    p.add_argument("--num-workers", type=int, help="decoding worker processes (default data.num_workers)")
+    p.add_argument("--precision", default="auto", choices=PRECISIONS,
+                   help="forward precision: auto = bf16 on CUDA, fp32 on CPU (fp32 gives eval.py's numbers)")
+    p.add_argument("--ema", action="store_true", help="use the run's EMA weights (and their conformal_ema.json)")
+    p.add_argument("--config", help="YAML config for a weights file (replaces a run directory's config.yaml)")
+    p.add_argument("--model", help="model name for a weights file without --config (e.g. resmlp_s12)")
+    p.add_argument("--head", help="output head for a weights file without --config (default softmax)")
+    p.add_argument("--img-size", type=int, help="model/data image size for a weights file without --config")
+    p.add_argument("--classes", metavar="FILE",
+                   help="class names: a classes.json ({\"classes\": [...]}) or one name per line (default: the "
+                        "run's classes.json)")
+    p.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
+    args = p.parse_args(argv)
+    # the fields eval.resolve reads that predict.py has no flag for
+    args.dataset = args.data_root = None
+    args.overrides = []
+    return args
+
+
+def check_args(args):
+    ext = os.path.splitext(args.output)[1].lower()
+    if ext not in OUTPUT_FORMATS:
+        raise UserError(f"--output {args.output}: the extension picks the format, one of {', '.join(OUTPUT_FORMATS)}")
+    if os.path.exists(args.output) and not args.overwrite:
+        raise UserError(f"--output {args.output} exists; pass --overwrite to replace it, or choose another name")
+    if args.topk < 1:
+        raise UserError(f"--topk must be at least 1, got {args.topk}")
+    for flag in ("batch_size", "num_workers"):
+        value = getattr(args, flag)
+        if value is not None and value < (1 if flag == "batch_size" else 0):
+            raise UserError(f"--{flag.replace('_', '-')} must be {'positive' if flag == 'batch_size' else '>= 0'}, "
+                            f"got {value}")
+
+
+# ============================================================================ model and classes
+def read_class_file(path):
+    """Class names from a classes.json ({"classes": [...]} or a list) or a text file (one per line)."""
+    if not os.path.isfile(path):
+        raise UserError(f"--classes {path}: no such file")
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if path.lower().endswith(".json"):
+        try:
+            data = json.loads(text)
+            names = data["classes"] if isinstance(data, dict) else data
+            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                raise ValueError("not a list of names")
+        except (ValueError, KeyError, TypeError) as err:
+            raise UserError(f"--classes {path} is not a classes.json ({err}); "
+                            f"expected {{\"classes\": [...]}}") from None
+    else:
+        names = [line.strip() for line in text.splitlines() if line.strip()]
+    if not names:
+        raise UserError(f"--classes {path} lists no class names")
+    seen = {}
+    for i, name in enumerate(names):
+        if name in seen:
+            raise UserError(f"--classes {path} lists {name!r} twice (entries {seen[name] + 1} and {i + 1})")
+        seen[name] = i
+    return names
+
+
+def class_names_for(args, cfg):
+    """-> (names, where they came from): --classes, the run's classes.json, or the config's dataset."""
+    import data
+    from data.classes import CLASSES_FILE, check_class_names, load_class_names
+
+    run_names = load_class_names(args.checkpoint) if os.path.isdir(args.checkpoint) else None
+    if args.classes:
+        names = read_class_file(args.classes)
+        if run_names is not None:
+            check_class_names(run_names, names, run_dir=args.checkpoint)
+        return names, args.classes
+    if run_names is not None:
+        return run_names, os.path.join(args.checkpoint, CLASSES_FILE)
+    try:
+        return data.class_names(cfg.data), f"data.dataset={cfg.data.dataset}"
+    except UserError as err:
+        raise UserError(f"no class names for {args.checkpoint} ({err}); pass --classes FILE "
+                        f"(a classes.json or one name per line, in label order)") from None
+
+
+def load_model(cfg, weights, names, source):
+    """eval.py's model building, with the class list's size; a class count that differs from the
+    weights' classifier is named as the classes file's fault (not as a mismatched tensor)."""
+    from eval import build_model
+    from models.convert import read_state_dict
+
+    classifier = read_state_dict(weights).get("head.weight")
+    if classifier is not None and classifier.shape[0] != len(names):
+        raise UserError(f"{source} lists {len(names)} classes but the weights {weights} classify "
+                        f"{classifier.shape[0]}; give the classes file the model was trained with (--classes)")
+    return build_model(cfg, weights, len(names))
+
+
+def eval_transform(cfg):
+    """The run's eval transform for files of any size, checked to give the model's input size."""
+    from PIL import Image
+
+    from data.transforms import build_eval_transform
+
+    # (model.img_size == data.image_size is the config loader's own check)
+    transform = build_eval_transform(cfg.data, None)
+    probe = transform(Image.new("RGB", (37, 53)))  # an odd, non-square size
+    if tuple(probe.shape) != (3, cfg.model.img_size, cfg.model.img_size):
+        raise UserError(f"the eval transform (data.train_crop={cfg.data.train_crop}) gives {tuple(probe.shape)} "
+                        f"images, the model takes (3, {cfg.model.img_size}, {cfg.model.img_size})")
+    return transform
+
+
+# ============================================================================ conformal thresholds
+def conformal_thresholds(args, head, weights, kind, say):
+    """-> (threshold rows, aps seed) eval.py calibrated for these weights; ([], None) with a note else."""
+    from engine.checkpoint import file_sha256
+    from evaluation.calibration_file import conformal_path, load_thresholds
+
+    if not os.path.isdir(args.checkpoint):
+        say(f"note: {args.checkpoint} is a weights file: no conformal prediction sets (they need a run "
+            f"directory that python eval.py has calibrated)")
+        return [], None
+    path = conformal_path(args.checkpoint, kind)
+    record = load_thresholds(path)
+    ema = " --ema" if kind == "ema" else ""
+    if record is None:
+        say(f"note: no conformal prediction sets: {path} does not exist; calibrate them with "
+            f"python eval.py --checkpoint {args.checkpoint}{ema}")
+        return [], None
+    if record.get("head") != head.name or record.get("weights_sha256") != file_sha256(weights):
+        say(f"warning: no conformal prediction sets: {path} was calibrated on other weights (the run trained on "
+            f"since, or was replaced); recalibrate with python eval.py --checkpoint {args.checkpoint}{ema}")
+        return [], None
+    if record.get("warning"):
+        say(f"{record['warning']} ({path})")
+    return record["thresholds"], record["calibration"].get("aps_seed", 0)
+
+
+def aps_uniform(aps_seed, path):
+    """Randomized APS's u for one image: a pure function of (the run's APS seed, the image's path)."""
+    from common.seeding import mix_seed
+
+    return (mix_seed("predict-aps", int(aps_seed), path) >> 10) / float(1 << 53)
+
+
+# ============================================================================ the forward pass
+def forward_images(model, paths, transform, cfg, accelerator, *, batch_size, num_workers, precision):
+    """-> (index (N,), logits (N, K) float32, failed [(index, reason)]) over every process, by index."""
+    from accelerate.utils import gather_object
+    from torch.utils.data import DataLoader
+
+    from data.samplers import eval_batches
+    from data.unlabeled import ImageBatches
+    from engine.logging import progress_bar
+    from evaluation.gather import gather_chunks
+
+    device = accelerator.device
+    tasks = [idx for idx, _ in eval_batches(len(paths), rank=accelerator.process_index,
+                                            world_size=accelerator.num_processes, batch_size=batch_size)]
+    workers = min(num_workers, len(tasks))
+    loader = DataLoader(ImageBatches(paths, transform, cfg.model.img_size), sampler=tasks, batch_size=None,
+                        num_workers=workers, pin_memory=device.type == "cuda",
+                        prefetch_factor=4 if workers > 0 else None)
+    bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
+    bar = progress_bar(sum(len(t) for t in tasks), enabled=accelerator.is_main_process, unit="img")
+    indices, logits, failed = [], [], []
+    with torch.no_grad():
+        for batch in loader:
+            if "error" in batch:
+                raise UserError(batch["error"])
+            failed.extend(batch["failed"])
+            if batch["images"] is not None:
+                with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bf16):
+                    out = model(batch["images"].to(device, non_blocking=True))
+                indices.append(batch["index"])
+                logits.append(out.float().cpu())
+            bar.update(len(batch["index"]) + len(batch["failed"]))
+    bar.close()
+    num_classes = model.num_classes
+    local_index = torch.cat(indices) if indices else torch.empty(0, dtype=torch.int64)
+    local_logits = torch.cat(logits) if logits else torch.empty(0, num_classes)
+    index = torch.cat(gather_chunks(local_index, accelerator))
+    all_logits = torch.cat(gather_chunks(local_logits, accelerator))
+    if accelerator.num_processes > 1:
+        failed = [f for part in gather_object([failed]) for f in part]
+    order = index.argsort()
+    return index[order], all_logits[order], sorted(failed), bf16
+
+
+# ============================================================================ predictions
+ROW_CHUNK = 4096  # rows per set computation: bounds the float64 temporaries of the conformal code
+
+
+def prediction_rows(head, logits, index, paths, names, topk, thresholds, aps_seed):
+    """One dict per readable image: topk, support (sparse heads), conformal sets {method: {eps: [...]}}."""
+    from evaluation import conformal
+    from models.heads import SPARSE_HEAD_NAMES
+
+    alpha = float(head.alpha.detach()) if head.name != "softmax" else None
+    sparse = head.name in SPARSE_HEAD_NAMES
+    rows = []
+    for start in range(0, logits.shape[0], ROW_CHUNK):
+        z, idx = logits[start:start + ROW_CHUNK], index[start:start + ROW_CHUNK].tolist()
+        with torch.no_grad():
+            probs = head(z).float()  # as eval.py's prediction sets compute them: the head on float32 logits
+        order = probs.double().sort(dim=1, descending=True, stable=True).indices
+        masks = {}
+        for t in thresholds:
+            u = None
+            if t["method"] == "aps":
+                u = torch.tensor([aps_uniform(aps_seed, paths[i]) for i in idx], dtype=torch.float64)
+            masks[(t["method"], t["epsilon"])] = conformal.set_mask(t["method"], t["threshold"], logits=z,
+                                                                    probs=probs, alpha=alpha, u=u)
+        masks = {key: mask.tolist() for key, mask in masks.items()}  # Python lists: fast per-row reads
+        for r, (i, ranked, p) in enumerate(zip(idx, order.tolist(), probs.tolist())):
+            row = {"path": paths[i], "status": "ok",
+                   "topk": [{"class": names[c], "prob": p[c]} for c in ranked[:topk]]}
+            if sparse:
+                row["support"] = [names[c] for c in ranked if p[c] > 0]
+            if masks:
+                sets = row["sets"] = {}
+                for (method, eps), mask in masks.items():
+                    sets.setdefault(method, {})[f"{eps:g}"] = [names[c] for c in ranked if mask[r][c]]
+            rows.append(row)
+    return rows
+
+
+def all_rows(pred_rows, index, failed, paths):
+    """Every input path in input order: predictions, and the unreadable files with their reason."""
+    by_index = dict(zip(index.tolist(), pred_rows))
+    for i, reason in failed:
+        by_index[i] = {"path": paths[i], "status": "unreadable", "error": reason}
+    return [by_index[i] for i in sorted(by_index)]
+
+
+def csv_text(rows, topk, sparse, set_keys):
+    import csv
+    import io
+
+    header = ["path", "status"] + [f"{kind}_{k}" for k in range(1, topk + 1) for kind in ("class", "prob")]
+    header += ["support"] if sparse else []
+    header += [f"set_{method}_eps{eps}" for method, eps in set_keys] + ["error"]
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(header)
+    for row in rows:
+        out = [row["path"], row["status"]]
+        top = row.get("topk", [])
+        for k in range(topk):
+            out += [top[k]["class"], repr(top[k]["prob"])] if k < len(top) else ["", ""]
+        if sparse:
+            out.append(LIST_SEP.join(row.get("support", [])))
+        for method, eps in set_keys:
+            out.append(LIST_SEP.join(row["sets"][method][eps]) if "sets" in row else "")
+        out.append(row.get("error", ""))
+        writer.writerow(out)
+    return buf.getvalue()
+
+
+def write_predictions(rows, output, topk, sparse, thresholds):
+    from common.io import atomic_write_text, json_text
+
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    if output.lower().endswith(".jsonl"):
+        text = "".join(json_text(row) + "\n" for row in rows)
+    else:
+        set_keys = [(t["method"], f"{t['epsilon']:g}") for t in thresholds]
+        text = csv_text(rows, topk, sparse, set_keys)
+    atomic_write_text(output, text)
+
+
+# ============================================================================ main
+def main(argv=None):
+    args = parse_args(argv)
+    check_args(args)
+    from eval import resolve
+
+    from data.unlabeled import list_images
+    from engine.logging import console
+    from models.heads import SPARSE_HEAD_NAMES
+
+    cfg, weights, kind = resolve(args)
+    transform = eval_transform(cfg)
+    names, source = class_names_for(args, cfg)
+    paths = list_images(args.images)  # every user error surfaces before any process group is set up
+    model = load_model(cfg, weights, names, source)
+    head = model.output_head
+    main_rank = int(os.environ.get("RANK", "0")) == 0  # notes once, not once per process (before Accelerate)
+    thresholds, aps_seed = conformal_thresholds(args, head, weights, kind,
+                                                lambda m: print(m, file=sys.stderr) if main_rank else None)
+
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())  # cpu=True: gloo multi-process on CPU
+    model.to(accelerator.device)
+    t0 = time.perf_counter()
+    index, logits, failed, bf16 = forward_images(
+        model, paths, transform, cfg, accelerator, precision=args.precision,
+        batch_size=args.batch_size or cfg.data.eval_batch_size,
+        num_workers=cfg.data.num_workers if args.num_workers is None else args.num_workers)
+    forward_s = time.perf_counter() - t0
+    if not accelerator.is_main_process:
+        return 0
+    topk = min(args.topk, len(names))
+    rows = all_rows(prediction_rows(head, logits, index, paths, names, topk, thresholds, aps_seed),
+                    index, failed, paths)
+    write_predictions(rows, args.output, topk, head.name in SPARSE_HEAD_NAMES, thresholds)
+    total_s, n_ok = time.perf_counter() - t0, len(index)
+    console(f"predicted {n_ok} image(s) in {total_s:.1f} s ({n_ok / total_s:.1f} img/s; decoding and forward "
+            f"alone {n_ok / forward_s:.1f} img/s; {accelerator.num_processes} process(es), "
+            f"{'bf16' if bf16 else 'fp32'}); wrote {args.output}")
+    if failed:
+        print(f"warning: {len(failed)} unreadable file(s) skipped (first: {paths[failed[0][0]]}: {failed[0][1]}); "
+              f"listed in {args.output} with status unreadable", file=sys.stderr)
+    if n_ok == 0:
+        raise UserError(f"none of the {len(paths)} file(s) could be read as an image (see {args.output})")
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)
