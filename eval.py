@@ -58,6 +58,7 @@ from evaluation import metrics as M
 from evaluation.evaluate import evaluate
 from evaluation.examples import save_examples
 from models.convert import convert_state_dict
+from models.pretrained import weights_patch_grid
 from models.resmlp import VARIANTS
 
 RAW_WEIGHTS = rundir.WEIGHTS
@@ -203,9 +204,15 @@ def resolve_checkpoint_dir(args, ckpt):
 
 
 def build_model(cfg, weights, num_classes):
+    state_dict = read_state_dict(weights)
+    grid = weights_patch_grid(state_dict)
+    if grid is not None and grid[0] != cfg.model.img_size and grid[1] == VARIANTS[cfg.model.name]["patch_size"]:
+        # the token-mixing layers fix the patch count: name the size, not the first mismatched tensor
+        raise UserError(f"{weights} was trained at {grid[0]} px ({grid[2]}x{grid[2]} patches) but the config has "
+                        f"data.image_size={cfg.model.img_size}: set data.image_size={grid[0]}")
     model = models.create_classifier(cfg.model, cfg.head, num_classes)
     # this project's, timm's or FB's format; UserError naming the first mismatched key
-    load_into(model, convert_state_dict(read_state_dict(weights), model), weights)
+    load_into(model, convert_state_dict(state_dict, model), weights)
     return model.eval()
 
 

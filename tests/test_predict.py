@@ -186,7 +186,7 @@ def test_images_that_cannot_match_the_model_are_refused(tmp_path, one_line_error
     (tmp_path / "other.yaml").write_text(config)
     line = one_line_error("predict", ["--checkpoint", weights, "--config", str(tmp_path / "other.yaml"),
                            "--images", images, "--output", out])
-    assert "model.img_size (32) differs from data.image_size (24)" in line  # the config's own check
+    assert "was trained at 32 px" in line and "set data.image_size=32" in line  # one image-size key (issue 16)
 
 
 def test_stale_thresholds_are_not_used(tmp_path, val_images):
