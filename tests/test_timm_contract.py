@@ -15,6 +15,7 @@ import torch.fx
 import torch.nn as nn
 
 from common.errors import UserError
+from models.heads import HEAD_NAMES
 from models.resmlp import MODEL_NAMES, NORMS, VARIANTS, create_resmlp
 
 SHRUNK = dict(depth=3, embed_dim=16)
@@ -284,3 +285,20 @@ def test_grad_checkpointing_matches_plain(norm):
                         plain.forward_intermediates(x, intermediates_only=True)):
             torch.testing.assert_close(a, b)
         assert not torch.allclose(plain(x), outs[0])  # drop path did draw masks in training
+
+
+@pytest.mark.parametrize("head", HEAD_NAMES)
+def test_every_heads_classifier_scripts_and_traces(head):
+    # models.create_classifier swaps the final Linear for some heads (am_softmax: a cosine
+    # classifier run in fp32 under autocast); the network without its output head stays scriptable
+    # and traceable. (The OutputHead itself is applied on the logits: scripts/export.py traces it.)
+    from configs.schema import HeadConfig, ModelConfig
+    from models import create_classifier
+
+    model = create_classifier(ModelConfig(), HeadConfig(name=head), 10).eval()
+    del model.output_head
+    x = images(model, 2)
+    with torch.no_grad():
+        want = model(x)
+        torch.testing.assert_close(torch.jit.script(model)(x), want, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(torch.fx.symbolic_trace(model)(x), want, atol=0, rtol=0)
