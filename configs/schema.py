@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
 from models.heads import HEAD_NAMES
+from models.hopfield_pool import POOL_MAPPINGS, POOLS
 from models.resmlp import NORMS
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -67,6 +68,11 @@ class ModelConfig:
     drop_path: float = 0.0  # stochastic depth rate, uniform over blocks as in the paper
     init_values: Optional[float] = None  # LayerScale init; None -> depth rule (0.1 / 1e-5 / 1e-6)
     img_size: int = 32
+    # Pooling of the final patch tokens (models/hopfield_pool.py): avg (the paper) | hopfield, one
+    # Hopfield retrieval step with a learned query; pool_mapping and pool_beta are hopfield's only.
+    pool: str = "avg"
+    pool_mapping: str = "softmax"  # models.hopfield_pool.POOL_MAPPINGS: softmax | sparsemax | entmax15 | entmax_bisect
+    pool_beta: Optional[float] = None  # inverse temperature beta >= 0; None -> 1/sqrt(embed_dim)
 
 
 @dataclass
@@ -143,6 +149,7 @@ RANGES = {
     "data.builtin_train_size": "[1, inf)", "data.builtin_val_size": "[1, inf)", "data.crop_padding": "[0, inf)",
     "data.color_jitter": "[0, inf)", "data.std": "(0, inf)", "data.repeated_aug_repeats": "[1, inf)",
     "model.drop_path": "[0, 1)", "model.init_values": "(0, inf)", "model.img_size": "[1, inf)",
+    "model.pool_beta": "[0, inf)",
     "optim.lr": "(0, inf)", "optim.lr_base_batch": "[1, inf)", "optim.weight_decay": "[0, inf)",
     "optim.betas": "[0, 1)", "optim.momentum": "[0, 1)", "optim.clip_grad": "(0, inf)", "optim.epochs": "[1, inf)",
     "optim.warmup_epochs": "[0, inf)", "optim.min_lr": "[0, inf)", "optim.warmup_lr": "[0, inf)",
@@ -155,6 +162,8 @@ RANGES = {
 # owners' builders, which list the valid names).
 CHOICES = {
     "model.norm": NORMS,
+    "model.pool": POOLS,
+    "model.pool_mapping": POOL_MAPPINGS,
     "head.name": HEAD_NAMES,
     "optim.name": ("lamb", "adamw", "sgd"),
     "train.mixed_precision": ("no", "bf16", "fp16"),

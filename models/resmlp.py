@@ -35,6 +35,7 @@ from timm.models import generate_default_cfgs, register_model
 from common.errors import UserError
 
 from .convert import load_pretrained
+from .hopfield_pool import POOLS, HopfieldPooling, check_pool
 
 NORMS = ("affine", "layernorm", "batchnorm")
 
@@ -180,16 +181,20 @@ class ResMLP(nn.Module):
     stem (conv, kernel = stride = patch) → depth × ResMLPBlock → norm → mean over patches → head.
     `head` is a plain nn.Linear producing logits (nn.Identity when num_classes=0); the output
     mapping (softmax / sparsemax / entmax) is attached separately by models.create_classifier.
+    global_pool="hopfield" pools with models/hopfield_pool.py (pool_mapping, pool_beta, pool_heads).
     """
+
+    __jit_unused_properties__ = ["has_hopfield_pool"]  # (TorchScript would compile the property)
 
     def __init__(self, img_size=224, patch_size=16, in_chans=3, num_classes=1000, embed_dim=384,
                  depth=12, mlp_ratio=4.0, norm="affine", init_values=None, drop_rate=0.0,
-                 drop_path_rate=0.0, global_pool="avg"):
+                 drop_path_rate=0.0, global_pool="avg", pool_mapping="softmax", pool_beta=None, pool_heads=1):
         super().__init__()
         if norm not in NORMS:
             raise UserError(f"unknown norm '{norm}'; valid norms: {', '.join(NORMS)}")
-        if global_pool not in ("avg", ""):
-            raise UserError(f"unknown global_pool '{global_pool}'; valid: 'avg', ''")
+        if global_pool not in POOLS + ("",):
+            raise UserError(f"unknown global_pool '{global_pool}'; valid: {', '.join(POOLS)} or ''")
+        check_pool(global_pool or "avg", pool_mapping, int(pool_heads), embed_dim, pool_beta)
         if int(img_size) <= 0 or int(img_size) % int(patch_size):
             raise UserError(
                 f"image size {img_size} is not divisible by patch size {patch_size}; "
@@ -212,6 +217,9 @@ class ResMLP(nn.Module):
         self.feature_info = [dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=self.patch_size)
                              for i in range(depth)]
         self.norm = make_norm(norm, embed_dim)
+        # Hopfield pooling (models/hopfield_pool.py) has its own query; average pooling has nothing.
+        self.pool = (HopfieldPooling(embed_dim, int(pool_heads), pool_mapping, pool_beta)
+                     if global_pool == "hopfield" else nn.Identity())
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self.apply(self._init_weights)
@@ -237,8 +245,9 @@ class ResMLP(nn.Module):
     def reset_classifier(self, num_classes: int, global_pool=None):
         self.num_classes = num_classes
         if global_pool is not None:
-            if global_pool not in ("avg", ""):
-                raise UserError(f"unknown global_pool '{global_pool}'; valid: 'avg', ''")
+            if global_pool not in ("avg", "") and not (global_pool == "hopfield" and self.has_hopfield_pool):
+                raise UserError(f"global_pool '{global_pool}' cannot be set here; valid: 'avg', ''"
+                                + (", 'hopfield'" if self.has_hopfield_pool else " (hopfield: build with it)"))
             self.global_pool = global_pool
         p = next(self.parameters())
         self.head = (nn.Linear(self.embed_dim, num_classes, device=p.device, dtype=p.dtype)
@@ -313,9 +322,24 @@ class ResMLP(nn.Module):
             self.reset_classifier(0, "")
         return take_indices
 
+    @property
+    def has_hopfield_pool(self) -> bool:
+        return isinstance(self.pool, HopfieldPooling)
+
+    @torch.jit.ignore
+    def pooling_weights(self, x):
+        """Images (B, C, H, W) -> Hopfield pooling weights (B, heads, N) over the patches (row-major
+        on the grid; > 0 marks a patch the image's feature uses). Average pooling: 1/N everywhere."""
+        tokens = self.forward_features(x)
+        if self.has_hopfield_pool:
+            return self.pool.weights(tokens)
+        return tokens.new_full((tokens.shape[0], 1, tokens.shape[1]), 1.0 / tokens.shape[1])
+
     def forward_head(self, x, pre_logits: bool = False):
         if self.global_pool == "avg":
             x = x.mean(dim=1)
+        elif self.global_pool == "hopfield":
+            x = self.pool(x)
         x = self.head_drop(x)
         return x if pre_logits else self.head(x)
 
