@@ -11,8 +11,9 @@ thresholds, fixed bisection + Newton steps), so the graph has no data-dependent 
 dimension is dynamic; the image size is fixed by the model. Every head exports in both formats
 (ONNX opset EXPORT_OPSET); tests/test_export.py checks each against eager PyTorch with onnxruntime.
 
-TorchScript: the backbone is scripted (it keeps its one-line input-size error); the head's mapping
-is traced, because the mappings are autograd Functions with a host-side choice of threshold path.
+TorchScript: the backbone is scripted (it keeps its one-line input-size error; with model.pool=
+hopfield it is traced); the head's mapping is traced, because the mappings are autograd Functions
+with a host-side choice of threshold path.
 Sidecar (OUTPUT.json): format, output (logits | probabilities), classes, mean, std, image size,
 interpolation and crop_pct of the evaluation transform, the model and the head with its settings.
 Both files are written atomically; an existing OUTPUT needs --overwrite. The run directory or
@@ -154,10 +155,14 @@ def build_exported(model: nn.Module, cfg, fmt: str, head_probabilities: bool) ->
     if fmt == "onnx":
         return ExportedClassifier(backbone, head if head_probabilities else None).eval()
     probabilities = None
-    if head_probabilities:
-        # The device threshold path: fixed shapes, no branch on the logits' values.
-        with threshold_path("device"), torch.no_grad(), autograd_functions_inlined():
+    # The device threshold path: fixed shapes, no branch on the values.
+    with threshold_path("device"), torch.no_grad(), autograd_functions_inlined():
+        if head_probabilities:
             probabilities = torch.jit.trace(head, backbone(example_images(cfg)), check_trace=False)
+        if getattr(backbone, "has_hopfield_pool", False):
+            # Scripted, Hopfield pooling calls its mapping through Python (models/hopfield_pool.py),
+            # which torch.jit.save refuses: traced instead (the input-size error is then not kept).
+            backbone = torch.jit.trace(backbone, example_images(cfg), check_trace=False)
     return torch.jit.script(ExportedClassifier(backbone, probabilities))
 
 

@@ -28,18 +28,18 @@ TOLERANCE = 1e-5
 CLASSES = [f"class_{i}" for i in range(10)]
 
 
-def make_run(root, head="softmax", **head_settings):
+def make_run(root, head="softmax", model=None, **head_settings):
     """A run directory as train.py leaves it (config.yaml, classes.json, model.safetensors), with
     weights spread out so that the sparse heads have zeros."""
     run = root / f"run_{head}"
     run.mkdir()
-    cfg = config_from_dict({"model": {"name": "resmlp_tiny"}, "head": {"name": head, **head_settings},
+    cfg = config_from_dict({"model": {"name": "resmlp_tiny", **(model or {})}, "head": {"name": head, **head_settings},
                             "data": {"mean": [0.5, 0.4, 0.3], "std": [0.2, 0.25, 0.3]}})
     model = create_classifier(cfg.model, cfg.head, len(CLASSES))
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            p.add_(torch.randn(p.shape, generator=g) * (0.5 if name.startswith("head") else 0.02))
+            p.add_(torch.randn(p.shape, generator=g) * (0.5 if name.startswith(("head", "pool")) else 0.02))
     (run / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg)))
     save_class_names(str(run), CLASSES)
     save_file(model.state_dict(), str(run / "model.safetensors"))
@@ -170,3 +170,18 @@ def test_weights_file_with_model_and_head_flags(tmp_path):
     assert (run_exported(tmp_path / "w.onnx", "onnx", x) - want).abs().max().item() <= TOLERANCE
     meta = json.loads((tmp_path / "w.onnx.json").read_text())
     assert len(meta["classes"]) == 10 and meta["head"] == {"name": "entmax15"}
+
+
+@pytest.mark.parametrize("fmt", export.FORMATS)
+@pytest.mark.parametrize("mapping", ["softmax", "sparsemax"])
+def test_hopfield_pooling_exports(tmp_path, fmt, mapping):
+    run, model = make_run(tmp_path, "entmax15", model={"pool": "hopfield", "pool_mapping": mapping})
+    run_export(run, fmt, "--head-probabilities")
+    x = batch(6)
+    with torch.no_grad():
+        want = model.output_head(model(x))
+        if mapping == "sparsemax":  # the pooling really is sparse for these weights
+            assert (model.pooling_weights(x) == 0).any()
+    diff = (run_exported(run / ("model" + export.SUFFIX[fmt]), fmt, x) - want).abs().max().item()
+    print(f"export parity hopfield-{mapping} {fmt}: max abs diff {diff:.2e}")
+    assert diff <= TOLERANCE
