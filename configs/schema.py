@@ -25,6 +25,7 @@ from typing import Optional, Tuple, get_type_hints
 from data.names import BACKENDS, DATASET_NAMES
 from data.transforms import INTERPOLATIONS, TRAIN_CROPS
 from models.heads import HEAD_NAMES
+from models.hopfield_pool import POOL_MAPPINGS, POOLS
 from models.resmlp import MODEL_NAMES, NORMS
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -134,6 +135,14 @@ class ModelConfig:
                                                "to pin the file", resume=FROZEN)
     freeze: str = setting("none", "none, or backbone: a linear probe (only the classifier and a learned alpha "
                           "train)", choices=("none", "backbone"), resume=FROZEN)
+    # Pooling of the final patch tokens (models/hopfield_pool.py): avg (the paper) | hopfield, one
+    # Hopfield retrieval step with a learned query; pool_mapping and pool_beta are hopfield's only.
+    pool: str = setting("avg", "pooling of the final patch tokens: avg (the paper) or hopfield (one Hopfield "
+                        "retrieval step with a learned query)", choices=POOLS, resume=FROZEN)
+    pool_mapping: str = setting("softmax", "hopfield pooling only: the mapping over patches", choices=POOL_MAPPINGS,
+                                resume=FROZEN)
+    pool_beta: Optional[float] = setting(None, "hopfield pooling only: inverse temperature; null: 1/sqrt(dim)",
+                                         range="[0, inf)")
 
 
 @dataclass

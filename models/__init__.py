@@ -18,6 +18,9 @@ def create_classifier(model_cfg, head_cfg, num_classes):
 
     # model_cfg.name was checked by the config loader (schema choices); timm.create_model reaches
     # create_resmlp, which names the valid variants for a direct caller
+    if model_cfg.pool != "hopfield" and (model_cfg.pool_mapping != "softmax" or model_cfg.pool_beta is not None):
+        raise UserError(f"model.pool_mapping / model.pool_beta set the hopfield pooling, but model.pool is "
+                        f"'{model_cfg.pool}'; set model.pool=hopfield or drop them")
     model = timm.create_model(
         model_cfg.name,
         num_classes=num_classes,
@@ -25,6 +28,9 @@ def create_classifier(model_cfg, head_cfg, num_classes):
         norm=model_cfg.norm,
         drop_path_rate=model_cfg.drop_path,
         init_values=model_cfg.init_values,
+        global_pool=model_cfg.pool,
+        pool_mapping=model_cfg.pool_mapping,
+        pool_beta=model_cfg.pool_beta,
     )
     model.output_head = build_output_head(
         head_cfg.name, alpha=head_cfg.alpha, learn_alpha=head_cfg.learn_alpha, gamma=head_cfg.gamma,

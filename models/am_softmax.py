@@ -24,7 +24,9 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.fx
 import torch.nn.functional as F
+from timm.layers import register_notrace_function
 from torch import Tensor, nn
 
 from common.errors import UserError
@@ -52,6 +54,24 @@ def check_margin(margin) -> float:
     return margin
 
 
+def scaled_cosine(x: Tensor, weight: Tensor, scale: float) -> Tensor:
+    """scale * cos(x, W_j), in fp32 (fp64 stays fp64)."""
+    xf = x.float() if x.dtype != torch.float64 else x
+    cos = F.linear(F.normalize(xf, dim=-1), F.normalize(weight.to(xf.dtype), dim=-1))
+    return cos * scale
+
+
+def scaled_cosine_fp32(x: Tensor, weight: Tensor, scale: float) -> Tensor:
+    """scaled_cosine with autocast off. torch.fx records it as one call: it cannot trace autocast's
+    device argument (x.device.type)."""
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        return scaled_cosine(x, weight, scale)
+
+
+torch.fx.wrap("scaled_cosine_fp32")
+register_notrace_function(scaled_cosine_fp32)  # the same for timm's fx feature extraction
+
+
 class CosineLinear(nn.Module):
     """x -> scale * cos(x, W_j) for every class j: normalised features and weights, no bias."""
 
@@ -69,11 +89,9 @@ class CosineLinear(nn.Module):
                 nn.init.trunc_normal_(self.weight, std=0.02)
 
     def forward(self, x: Tensor) -> Tensor:
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            xf = x.float() if x.dtype != torch.float64 else x
-            w = self.weight.to(xf.dtype)
-            cos = F.linear(F.normalize(xf, dim=-1), F.normalize(w, dim=-1))
-            return cos * self.scale
+        if torch.jit.is_scripting():  # TorchScript needs autocast's device as a constant (and runs none)
+            return scaled_cosine(x, self.weight, self.scale)
+        return scaled_cosine_fp32(x, self.weight, self.scale)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, scale={self.scale:g}"

@@ -18,16 +18,24 @@ local weights in this project's, timm's or the original FB/DeiT format (models/c
 """
 from __future__ import annotations
 
+import contextlib
+from typing import List, Optional, Tuple, Union
+
 import torch
+import torch.fx
+import torch.utils.checkpoint
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.layers import DropPath, Mlp, trunc_normal_
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.layers import DropPath, Mlp, register_notrace_function, trunc_normal_
+from timm.models import build_model_with_cfg
+from timm.models._features import feature_take_indices  # as timm.models.mlp_mixer imports it
+from timm.models import generate_default_cfgs, register_model
 
 from common.errors import UserError
 
 from .convert import load_pretrained
+from .hopfield_pool import POOLS, HopfieldPooling, check_pool
 
 NORMS = ("affine", "layernorm", "batchnorm")
 
@@ -53,11 +61,67 @@ class Affine(nn.Module):
         return torch.addcmul(self.beta, self.alpha, x)
 
 
+class Recomputation:
+    """Entered while torch.utils.checkpoint re-runs a block in the backward pass (see checkpointed):
+    BatchNorm must then not update its running statistics a second time. A class, not a generator,
+    because checkpoint may enter the same context more than once."""
+    active = False
+
+    def __enter__(self):
+        self.previous, Recomputation.active = Recomputation.active, True
+
+    def __exit__(self, *exc):
+        Recomputation.active = self.previous
+
+
+def checkpointed(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """block(x) without keeping its activations: recomputed in the backward pass with the same
+    random state (the same drop-path masks) and without a second BatchNorm statistics update, so
+    outputs, gradients and running statistics equal the plain forward's."""
+    return torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False,
+                                             context_fn=lambda: (contextlib.nullcontext(), Recomputation()))
+
+
+@register_notrace_function  # timm's fx feature extraction: one call node, as torch.fx.wrap below
+def count_batch(counter: torch.Tensor, batch: torch.Tensor) -> None:
+    """counter += 1, BatchNorm's num_batches_tracked update. It takes the batch only so that torch.fx
+    records the update as a call: fx does not trace a buffer on its own, so a bare `add_` would run
+    once while tracing instead of at every training step."""
+    counter.add_(1)
+
+
+torch.fx.wrap("count_batch")
+
+
 class TokenBatchNorm(nn.BatchNorm1d):
-    """BatchNorm over the channels of (B, N, d) tokens: statistics over batch and patches."""
+    """BatchNorm over the channels of (B, N, d) tokens: statistics over batch and patches.
+
+    nn.BatchNorm1d's forward (default settings: affine, running statistics, momentum 0.1) on the
+    (B·N, d) view, written out with F.batch_norm because TorchScript cannot call super().forward.
+    The parameters and buffers are BatchNorm1d's, so state dicts are unchanged.
+    """
+
+    def __init__(self, dim: int):
+        super().__init__(dim)
 
     def forward(self, x):
-        return super().forward(x.reshape(-1, x.shape[-1])).view(x.shape)
+        momentum = self.momentum
+        if momentum is None:  # never for make_norm's norms; refines Optional[float] for TorchScript
+            momentum = 0.1
+        update = self.training
+        if not torch.jit.is_scripting():  # (scripted modules are never checkpointed)
+            update = update and not Recomputation.active
+        counter = self.num_batches_tracked
+        if update and counter is not None:
+            count_batch(counter, x)
+        running_mean, running_var = self.running_mean, self.running_var
+        if self.training and not update and running_mean is not None and running_var is not None:
+            # A checkpoint's recomputation: the same computation (checkpoint checks that it saves the
+            # same tensors), on copies of the statistics, so the buffers are updated only once.
+            running_mean, running_var = running_mean.clone(), running_var.clone()
+        tokens = F.batch_norm(x.reshape(-1, x.shape[-1]), running_mean, running_var, self.weight,
+                              self.bias, self.training, momentum, self.eps)
+        return tokens.view(x.shape)
 
 
 def make_norm(norm: str, dim: int) -> nn.Module:
@@ -68,6 +132,20 @@ def make_norm(norm: str, dim: int) -> nn.Module:
     if norm == "batchnorm":
         return TokenBatchNorm(dim)
     raise UserError(f"unknown norm '{norm}'; valid norms: {', '.join(NORMS)}")
+
+
+@register_notrace_function  # timm's fx feature extraction keeps it as one call node
+def check_input_shape(x: torch.Tensor, in_chans: int, img_size: int) -> None:
+    """One clear line when images do not match the model. A function, so that torch.fx records one
+    call instead of tracing the shape comparison (which it cannot: a traced value in an `if`);
+    TorchScript compiles it as it stands, and eager and traced modules raise UserError."""
+    shape: List[int] = list(x.shape)
+    if len(shape) != 4 or shape[1] != in_chans or shape[2] != img_size or shape[3] != img_size:
+        raise UserError(f"input of shape {shape} does not match the model: expected (B, {in_chans}, {img_size}, "
+                        f"{img_size}); set the model's img_size to the data's image size")
+
+
+torch.fx.wrap("check_input_shape")  # plain torch.fx.symbolic_trace: the same call node
 
 
 class ResMLPBlock(nn.Module):
@@ -103,14 +181,18 @@ class ResMLP(nn.Module):
     stem (conv, kernel = stride = patch) → depth × ResMLPBlock → norm → mean over patches → head.
     `head` is a plain nn.Linear producing logits (nn.Identity when num_classes=0); the output
     mapping (softmax / sparsemax / entmax) is attached separately by models.create_classifier.
+    global_pool="hopfield" pools with models/hopfield_pool.py (pool_mapping, pool_beta, pool_heads).
     """
+
+    __jit_unused_properties__ = ["has_hopfield_pool"]  # (TorchScript would compile the property)
 
     def __init__(self, img_size=224, patch_size=16, in_chans=3, num_classes=1000, embed_dim=384,
                  depth=12, mlp_ratio=4.0, norm="affine", init_values=None, drop_rate=0.0,
-                 drop_path_rate=0.0, global_pool="avg"):
+                 drop_path_rate=0.0, global_pool="avg", pool_mapping="softmax", pool_beta=None, pool_heads=1):
         super().__init__()
-        if global_pool not in ("avg", ""):
-            raise UserError(f"unknown global_pool '{global_pool}'; valid: 'avg', ''")
+        if global_pool not in POOLS + ("",):
+            raise UserError(f"unknown global_pool '{global_pool}'; valid: {', '.join(POOLS)} or ''")
+        check_pool(global_pool or "avg", pool_mapping, int(pool_heads), embed_dim, pool_beta)
         if int(img_size) <= 0 or int(img_size) % int(patch_size):
             raise UserError(
                 f"image size {img_size} is not divisible by patch size {patch_size}; "
@@ -121,7 +203,7 @@ class ResMLP(nn.Module):
         self.num_classes = num_classes
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
         self.global_pool = global_pool
-        self.norm_name = norm
+        self.grad_checkpointing = False
         self.init_values = layerscale_init(depth) if init_values is None else float(init_values)
 
         self.stem = nn.Module()
@@ -129,7 +211,13 @@ class ResMLP(nn.Module):
         self.blocks = nn.Sequential(*[
             ResMLPBlock(embed_dim, self.num_patches, mlp_ratio, norm, self.init_values, drop_path_rate)
             for _ in range(depth)])  # uniform drop-path rate across blocks, as in the paper
+        # timm's feature metadata: every block's tokens, d channels on the patch grid (stride = patch)
+        self.feature_info = [dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=self.patch_size)
+                             for i in range(depth)]
         self.norm = make_norm(norm, embed_dim)
+        # Hopfield pooling (models/hopfield_pool.py) has its own query; average pooling has nothing.
+        self.pool = (HopfieldPooling(embed_dim, int(pool_heads), pool_mapping, pool_beta)
+                     if global_pool == "hopfield" else nn.Identity())
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self.apply(self._init_weights)
@@ -143,14 +231,21 @@ class ResMLP(nn.Module):
                 nn.init.zeros_(m.bias)
 
     # --- timm interface -------------------------------------------------------------------
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True):
+        """Recompute each block in the backward pass instead of keeping its activations."""
+        self.grad_checkpointing = enable
+
+    @torch.jit.ignore
     def get_classifier(self):
         return self.head
 
     def reset_classifier(self, num_classes: int, global_pool=None):
         self.num_classes = num_classes
         if global_pool is not None:
-            if global_pool not in ("avg", ""):
-                raise UserError(f"unknown global_pool '{global_pool}'; valid: 'avg', ''")
+            if global_pool not in ("avg", "") and not (global_pool == "hopfield" and self.has_hopfield_pool):
+                raise UserError(f"global_pool '{global_pool}' cannot be set here; valid: 'avg', ''"
+                                + (", 'hopfield'" if self.has_hopfield_pool else " (hopfield: build with it)"))
             self.global_pool = global_pool
         p = next(self.parameters())
         self.head = (nn.Linear(self.embed_dim, num_classes, device=p.device, dtype=p.dtype)
@@ -167,12 +262,8 @@ class ResMLP(nn.Module):
         """Conv with kernel = stride = patch, written as one matmul on the patch pixels so the
         tokens come out as a contiguous (B, N, d) tensor (a conv + flatten + transpose would
         leave a transposed layout for the first block to copy)."""
+        check_input_shape(x, self.in_chans, self.img_size)
         B, C, H, W = x.shape
-        if (H, W) != (self.img_size, self.img_size) or C != self.in_chans:
-            raise UserError(
-                f"input of shape {tuple(x.shape)} does not match the model: expected "
-                f"(B, {self.in_chans}, {self.img_size}, {self.img_size}); set the model's img_size "
-                f"to the data's image size")
         p, g = self.patch_size, self.grid
         patches = x.reshape(B, C, g, p, g, p).permute(0, 2, 4, 1, 3, 5).reshape(B, g * g, C * p * p)
         w, b = self.stem.proj.weight, self.stem.proj.bias
@@ -180,11 +271,78 @@ class ResMLP(nn.Module):
 
     def forward_features(self, x):
         """Images (B, C, H, W) → normalised patch features (B, N, d)."""
-        return self.norm(self.blocks(self.patch_embed(x)))
+        x = self.patch_embed(x)
+        if self.grad_checkpointing and not torch.jit.is_scripting():
+            for blk in self.blocks:
+                x = checkpointed(blk, x)
+        else:
+            x = self.blocks(x)
+        return self.norm(x)
+
+    def forward_intermediates(
+            self,
+            x: torch.Tensor,
+            indices: Optional[Union[int, List[int]]] = None,
+            norm: bool = False,
+            stop_early: bool = False,
+            output_fmt: str = "NCHW",
+            intermediates_only: bool = False,
+    ) -> Union[List[torch.Tensor], Tuple[torch.Tensor, List[torch.Tensor]]]:
+        """Block outputs, as timm's MLP-Mixer family gives them (features_only builds on this).
+
+        indices: the last n blocks (int), the listed blocks (negative from the end) or all (None).
+        norm: pass each intermediate through the final norm. stop_early: skip the blocks after the
+        last one taken. output_fmt: "NCHW" (B, d, grid, grid) or "NLC" (B, N, d) tokens.
+        Returns the intermediates, or (final normalised features, intermediates).
+        """
+        if output_fmt not in ("NCHW", "NLC"):
+            raise UserError(f"unknown output_fmt '{output_fmt}'; valid: 'NCHW', 'NLC'")
+        take_indices, max_index = feature_take_indices(len(self.blocks), indices)
+        x = self.patch_embed(x)
+        blocks = self.blocks if torch.jit.is_scripting() or not stop_early else self.blocks[:max_index + 1]
+        intermediates = []
+        for i, blk in enumerate(blocks):
+            x = checkpointed(blk, x) if self.grad_checkpointing and not torch.jit.is_scripting() else blk(x)
+            if i in take_indices:
+                intermediates.append(self.norm(x) if norm else x)
+        if output_fmt == "NCHW":  # tokens are patches in row-major order on the grid
+            B, g = x.shape[0], self.grid
+            intermediates = [y.reshape(B, g, g, -1).permute(0, 3, 1, 2).contiguous() for y in intermediates]
+        if intermediates_only:
+            return intermediates
+        return self.norm(x), intermediates
+
+    def prune_intermediate_layers(self, indices: Union[int, List[int]] = 1, prune_norm: bool = False,
+                                  prune_head: bool = True) -> List[int]:
+        """Drop the blocks after the last one `indices` takes (and the norm / head); returns the
+        kept indices, counted from the first block."""
+        take_indices, max_index = feature_take_indices(len(self.blocks), indices)
+        self.blocks = self.blocks[:max_index + 1]
+        self.feature_info = self.feature_info[:max_index + 1]
+        if prune_norm:
+            self.norm = nn.Identity()
+        if prune_head:
+            self.reset_classifier(0, "")
+        return take_indices
+
+    @property
+    def has_hopfield_pool(self) -> bool:
+        return isinstance(self.pool, HopfieldPooling)
+
+    @torch.jit.ignore
+    def pooling_weights(self, x):
+        """Images (B, C, H, W) -> Hopfield pooling weights (B, heads, N) over the patches (row-major
+        on the grid; > 0 marks a patch the image's feature uses). Average pooling: 1/N everywhere."""
+        tokens = self.forward_features(x)
+        if self.has_hopfield_pool:
+            return self.pool.weights(tokens)
+        return tokens.new_full((tokens.shape[0], 1, tokens.shape[1]), 1.0 / tokens.shape[1])
 
     def forward_head(self, x, pre_logits: bool = False):
         if self.global_pool == "avg":
             x = x.mean(dim=1)
+        elif self.global_pool == "hopfield":
+            x = self.pool(x)
         x = self.head_drop(x)
         return x if pre_logits else self.head(x)
 
@@ -231,7 +389,13 @@ def create_resmlp(name: str, pretrained: bool = False, **kwargs) -> ResMLP:
     # timm resolves pretrained_cfg / pretrained_cfg_overlay and attaches model.pretrained_cfg.
     # Its own loader is not used: with a file whose class count differs from the config's it
     # would silently drop the head, where models.convert names the mismatch.
-    model = build_model_with_cfg(ResMLP, name, pretrained=False, **{**VARIANTS[name], **kwargs})
+    if pretrained and kwargs.get("features_only"):
+        return _pretrained_features(name, kwargs)
+    # features_only=True wraps the model in timm's FeatureGetterNet, which calls forward_intermediates
+    # for out_indices (as timm's MLP-Mixer: the last 3 blocks by default).
+    feature_cfg = dict(out_indices=kwargs.pop("out_indices", 3), feature_cls="getter")
+    model = build_model_with_cfg(ResMLP, name, pretrained=False, feature_cfg=feature_cfg,
+                                 **{**VARIANTS[name], **kwargs})
     if pretrained:
         path = model.pretrained_cfg.get("file")
         if not path:
@@ -240,6 +404,21 @@ def create_resmlp(name: str, pretrained: bool = False, **kwargs) -> ResMLP:
                             "(this project's, timm's or FB/DeiT weights, .safetensors or .pth)")
         load_pretrained(model, str(path))  # a pathlib.Path works too
     return model
+
+
+def _pretrained_features(name: str, kwargs: dict) -> nn.Module:
+    """features_only with local weights: load them into the whole model (so the file is checked
+    against it, head included), then copy the blocks the feature extractor kept."""
+    if kwargs.get("feature_cls", "getter") != "getter":
+        raise UserError("features_only with pretrained weights supports feature_cls='getter' only; "
+                        "build the model with pretrained=True and wrap it yourself for other extractors")
+    full = create_resmlp(name, True, **{k: v for k, v in kwargs.items()
+                                         if k not in ("features_only", "out_indices", "feature_cls")})
+    features = create_resmlp(name, False, **kwargs)
+    missing = features.model.load_state_dict(full.state_dict(), strict=False).missing_keys
+    if missing:  # cannot happen for the kept blocks; guards a future extractor that adds parameters
+        raise UserError(f"pretrained weights lack '{missing[0]}' of the feature extractor")
+    return features
 
 
 @register_model

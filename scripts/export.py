@@ -1,0 +1,237 @@
+"""Export a trained classifier as ONNX or TorchScript, with a JSON sidecar describing its input.
+
+    python scripts/export.py runs/quickstart --format onnx                       # -> runs/quickstart/model.onnx
+    python scripts/export.py runs/quickstart --format torchscript --head-probabilities --ema
+    python scripts/export.py w.safetensors --model resmlp_tiny --head sparsemax --format onnx --output m.onnx
+
+The exported module maps float32 images (B, C, H, W), already normalised with the sidecar's mean
+and std, to logits (B, K), or with --head-probabilities to the head's probabilities (B, K): for the
+sparse heads through the fixed-shape device threshold path (models/thresholds_device.py: sorted
+thresholds, fixed bisection + Newton steps), so the graph has no data-dependent branch. The batch
+dimension is dynamic; the image size is fixed by the model. Every head exports in both formats
+(ONNX opset EXPORT_OPSET); tests/test_export.py checks each against eager PyTorch with onnxruntime.
+
+TorchScript: the backbone is scripted (it keeps its one-line input-size error; with model.pool=
+hopfield it is traced); the head's mapping is traced, because the mappings are autograd Functions
+with a host-side choice of threshold path.
+Sidecar (OUTPUT.json): format, output (logits | probabilities), classes, mean, std, image size,
+interpolation and crop_pct of the evaluation transform, the model and the head with its settings.
+Both files are written atomically; an existing OUTPUT needs --overwrite. The run directory or
+weights file is read as eval.py reads it (config.yaml, classes.json, model[_ema].safetensors).
+"""
+import argparse
+import contextlib
+import copy
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+
+from common.errors import UserError  # noqa: E402
+from common.io import write_json  # noqa: E402
+from engine.cli import run_cli  # noqa: E402
+
+FORMATS = ("onnx", "torchscript")
+EXPORT_OPSET = 17  # ONNX opset: TopK, ReduceMax etc. as onnxruntime >= 1.14 runs them
+SUFFIX = {"onnx": ".onnx", "torchscript": ".torchscript.pt"}
+INPUT_NAME, BATCH_AXIS = "images", "batch"
+
+
+class ExportedClassifier(nn.Module):
+    """images -> logits, or -> probabilities when `probabilities` (the head's mapping) is given."""
+
+    def __init__(self, backbone: nn.Module, probabilities: nn.Module = None):
+        super().__init__()
+        self.backbone = backbone
+        self.probabilities = probabilities if probabilities is not None else nn.Identity()
+
+    def forward(self, images):
+        return self.probabilities(self.backbone(images))
+
+
+class InferenceContext:
+    """The `ctx` of an autograd Function's forward when nothing will be differentiated: it keeps
+    attributes and records no tensors."""
+
+    def save_for_backward(self, *tensors):
+        pass
+
+    def mark_non_differentiable(self, *tensors):
+        pass
+
+    def set_materialize_grads(self, value):
+        pass
+
+
+@contextlib.contextmanager
+def autograd_functions_inlined():
+    """While tracing: every autograd Function (the heads' mappings are ones) runs its forward
+    directly, so torch.jit.trace records its tensor ops instead of a Python call it cannot save.
+    The exported module is for inference only: its backward is never needed."""
+    original = torch.autograd.Function.__dict__["apply"]
+    torch.autograd.Function.apply = classmethod(lambda cls, *args: cls.forward(InferenceContext(), *args))
+    try:
+        yield
+    finally:
+        torch.autograd.Function.apply = original
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n")[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint", metavar="RUN_DIR|WEIGHTS", help="train.py run directory or a weights file")
+    p.add_argument("--format", required=True, help=f"one of: {', '.join(FORMATS)}")
+    p.add_argument("--head-probabilities", action="store_true",
+                   help="append the head's probability mapping (the output is probabilities, not logits)")
+    p.add_argument("--output", help="file to write (default: beside the checkpoint, model.onnx / "
+                                    "model.torchscript.pt in a run directory); the sidecar is OUTPUT.json")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing OUTPUT")
+    p.add_argument("--ema", action="store_true", help="export the run's EMA weights")
+    p.add_argument("--config", help="YAML config for a weights file (as eval.py --config)")
+    p.add_argument("--model", help="model name for a weights file without --config (e.g. resmlp_tiny)")
+    p.add_argument("--head", help="output head for a weights file without --config (default softmax)")
+    p.add_argument("--img-size", type=int, help="model image size for a weights file (default: the variant's)")
+    args, rest = p.parse_known_args(argv)
+    import eval as eval_cli  # the run / weights resolution eval.py uses
+
+    args.overrides = eval_cli._collect_overrides(rest, p)
+    args.dataset = args.data_root = args.batch_size = None  # (eval.resolve reads these flags too)
+    return args
+
+
+def check_format(fmt: str) -> str:
+    if fmt not in FORMATS:
+        raise UserError(f"unknown export format '{fmt}'; valid formats: {', '.join(FORMATS)}")
+    return fmt
+
+
+def default_output(checkpoint: str, fmt: str, ema: bool) -> str:
+    if os.path.isdir(checkpoint):
+        return os.path.join(checkpoint, ("model_ema" if ema else "model") + SUFFIX[fmt])
+    return os.path.splitext(checkpoint)[0] + SUFFIX[fmt]
+
+
+def class_names_of(checkpoint: str, cfg):
+    """The run's classes.json, else the configured dataset's class names."""
+    import data
+    from data.classes import load_class_names
+
+    names = load_class_names(checkpoint) if os.path.isdir(checkpoint) else None
+    return names if names is not None else list(data.class_names(cfg.data))
+
+
+def load_classifier(args):
+    """(cfg, model in eval mode, class names) as eval.py would evaluate them."""
+    import eval as eval_cli
+
+    cfg, weights, _ = eval_cli.resolve(args)
+    classes = class_names_of(args.checkpoint, cfg)
+    return cfg, eval_cli.build_model(cfg, weights, len(classes)), classes
+
+
+def split_head(model: nn.Module):
+    """(backbone without its output head, the head) from a models.create_classifier model."""
+    backbone = copy.deepcopy(model)
+    head = backbone.output_head
+    del backbone.output_head  # (an attribute TorchScript would otherwise try to compile)
+    return backbone.eval(), head.eval()
+
+
+def example_images(cfg, batch: int = 2) -> torch.Tensor:
+    size = cfg.model.img_size
+    return torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(0))
+
+
+def build_exported(model: nn.Module, cfg, fmt: str, head_probabilities: bool) -> nn.Module:
+    """The module to save: eager for ONNX (traced by the exporter), scripted for TorchScript."""
+    from models.mappings import threshold_path
+
+    backbone, head = split_head(model)
+    if fmt == "onnx":
+        return ExportedClassifier(backbone, head if head_probabilities else None).eval()
+    probabilities = None
+    # The device threshold path: fixed shapes, no branch on the values.
+    with threshold_path("device"), torch.no_grad(), autograd_functions_inlined():
+        if head_probabilities:
+            probabilities = torch.jit.trace(head, backbone(example_images(cfg)), check_trace=False)
+        if getattr(backbone, "has_hopfield_pool", False):
+            # Scripted, Hopfield pooling calls its mapping through Python (models/hopfield_pool.py),
+            # which torch.jit.save refuses: traced instead (the input-size error is then not kept).
+            backbone = torch.jit.trace(backbone, example_images(cfg), check_trace=False)
+    return torch.jit.script(ExportedClassifier(backbone, probabilities))
+
+
+def save_export(module: nn.Module, cfg, fmt: str, output: str, head_name: str) -> None:
+    """Write `module` to `output` atomically (a temp file beside it, then os.replace)."""
+    from models.mappings import threshold_path
+
+    tmp = f"{output}.tmp{os.getpid()}"
+    try:
+        if fmt == "torchscript":
+            torch.jit.save(module, tmp)
+        else:
+            with threshold_path("device"), torch.no_grad():
+                torch.onnx.export(module, (example_images(cfg),), tmp, dynamo=False, opset_version=EXPORT_OPSET,
+                                  input_names=[INPUT_NAME], output_names=["output"],
+                                  dynamic_axes={INPUT_NAME: {0: BATCH_AXIS}, "output": {0: BATCH_AXIS}})
+        os.replace(tmp, output)
+    except (RuntimeError, torch.jit.Error, torch.onnx.errors.OnnxExporterError) as err:
+        raise UserError(f"head '{head_name}' cannot be exported as {fmt}: "
+                        f"{str(err).strip().splitlines()[0]}") from None
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def sidecar(cfg, model, classes, fmt: str, head_probabilities: bool, output: str) -> dict:
+    head = model.output_head
+    size = cfg.model.img_size
+    return {
+        "format": fmt, "file": os.path.basename(output),
+        "opset": EXPORT_OPSET if fmt == "onnx" else None,
+        "input": {"name": INPUT_NAME, "shape": [BATCH_AXIS, 3, size, size], "dtype": "float32",
+                  "normalised": "(pixel / 255 - mean) / std, per channel, RGB"},
+        "output": "probabilities" if head_probabilities else "logits",
+        "classes": list(classes), "mean": list(cfg.data.mean), "std": list(cfg.data.std),
+        "image_size": size, "interpolation": cfg.data.interpolation, "crop_pct": cfg.data.crop_pct,
+        "model": cfg.model.name, "norm": cfg.model.norm,
+        "head": {"name": head.name, **head.hparams()},
+    }
+
+
+def export(args) -> str:
+    fmt = check_format(args.format)
+    if not os.path.exists(args.checkpoint):
+        raise UserError(f"checkpoint not found: {args.checkpoint} (give a train.py run directory or a weights file)")
+    output = args.output or default_output(args.checkpoint, fmt, args.ema)
+    if os.path.isdir(output):
+        raise UserError(f"--output {output} is a directory; give a file name "
+                        f"(e.g. {os.path.join(output, 'model' + SUFFIX[fmt])})")
+    for path in (output, output + ".json"):
+        if os.path.lexists(path) and not args.overwrite:
+            raise UserError(f"{path} exists; pass --overwrite to replace it, or choose --output")
+    cfg, model, classes = load_classifier(args)
+    module = build_exported(model, cfg, fmt, args.head_probabilities)
+    folder = os.path.dirname(os.path.abspath(output))
+    os.makedirs(folder, exist_ok=True)
+    from engine.runlock import RunLock
+
+    with RunLock(folder, purpose="export"):  # one writer per folder (a run directory: not while it trains)
+        save_export(module, cfg, fmt, output, model.output_head.name)
+        write_json(sidecar(cfg, model, classes, fmt, args.head_probabilities, output), output + ".json")
+    return output
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    output = export(args)
+    print(f"wrote {output} and {output}.json")
+
+
+if __name__ == "__main__":
+    run_cli(main)
