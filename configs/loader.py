@@ -406,6 +406,10 @@ def _check(cfg):
     check_alpha(cfg.head.alpha, cfg.head.learn_alpha, "config key 'head.alpha'")
     check_head_settings(cfg.head)
     check_finetune_settings(cfg)
+    model = cfg.model
+    if model.pool != "hopfield" and (model.pool_mapping != "softmax" or model.pool_beta is not None):
+        raise UserError(f"model.pool_mapping / model.pool_beta set the hopfield pooling, but model.pool is "
+                        f"'{model.pool}'; set model.pool=hopfield or drop them")
     return cfg
 
 

@@ -18,9 +18,6 @@ def create_classifier(model_cfg, head_cfg, num_classes):
 
     # model_cfg.name was checked by the config loader (schema choices); timm.create_model reaches
     # create_resmlp, which names the valid variants for a direct caller
-    if model_cfg.pool != "hopfield" and (model_cfg.pool_mapping != "softmax" or model_cfg.pool_beta is not None):
-        raise UserError(f"model.pool_mapping / model.pool_beta set the hopfield pooling, but model.pool is "
-                        f"'{model_cfg.pool}'; set model.pool=hopfield or drop them")
     model = timm.create_model(
         model_cfg.name,
         num_classes=num_classes,
