@@ -24,8 +24,9 @@ import time
 
 from common.errors import UserError
 
-FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
-DEBOUNCE_S = 2.0  # as engine.preemption.PreemptionGuard: a repeat within it is the same signal
+from .signal_handlers import DEBOUNCE_S, HANDLED_SIGNALS, SignalHandlers
+
+FORWARDED_SIGNALS = HANDLED_SIGNALS  # what train.py saves on (engine/preemption.py)
 EXIT_TIMEOUT = 124  # a child stopped because its time limit ran out (the `timeout` command's code)
 
 
@@ -42,7 +43,7 @@ def exit_status(returncode):
     return 128 - returncode if returncode < 0 else returncode
 
 
-class ChildProcesses:
+class ChildProcesses(SignalHandlers):
     """Runs children that receive the launcher's signals (see the module docstring)."""
 
     def __init__(self, signals=FORWARDED_SIGNALS, debounce_s=DEBOUNCE_S, stream=None):
@@ -137,22 +138,6 @@ class ChildProcesses:
             self._send(proc, signum)
         self._say(f"{name} received: forwarded to {len(children)} child process(es); waiting for them to save "
                   f"and stop (send it again to kill them at once)")
-
-    def install(self):
-        """Install the handlers (main thread only, as Python requires); returns self."""
-        if threading.current_thread() is not threading.main_thread():
-            raise RuntimeError("ChildProcesses.install() must be called from the main thread")
-        for sig in self.signals:
-            self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def uninstall(self):
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
-        self._previous.clear()
-
-    def __enter__(self):
-        return self.install()
 
     def __exit__(self, *exc):
         try:

@@ -45,22 +45,22 @@ Grace period: the signal must come early enough for up to `sync_every` more step
 """
 import os
 import signal
-import threading
 import time
+
+from .signal_handlers import DEBOUNCE_S, HANDLED_SIGNALS, SignalHandlers
 
 EXIT_CODES = {signal.SIGTERM: 143, signal.SIGINT: 130, signal.SIGUSR1: 138}
 EXIT_FORCED = 137
-HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
 
-class PreemptionGuard:
+class PreemptionGuard(SignalHandlers):
     """Turns the first SIGTERM/SIGINT/SIGUSR1 into a stop request; a second one exits at once.
 
     Attributes: `requested` (bool, this process got a signal), `signum` (the first signal),
     `exit_code` (for the first signal, 143/130/138; 0 when none), `stopping` (True once
     `should_stop` said yes)."""
 
-    def __init__(self, sync_every=1, signals=HANDLED_SIGNALS, debounce_s=2.0, stream_fd=2):
+    def __init__(self, sync_every=1, signals=HANDLED_SIGNALS, debounce_s=DEBOUNCE_S, stream_fd=2):
         if sync_every < 1:
             raise ValueError(f"sync_every must be >= 1, got {sync_every}")
         self.sync_every = int(sync_every)
@@ -99,26 +99,8 @@ class PreemptionGuard:
                   f"{EXIT_CODES.get(signum, 128 + signum)} (send it again to exit at once without saving)")
 
     def install(self):
-        """Install the handlers (main thread only, as Python requires); returns self."""
-        if threading.current_thread() is not threading.main_thread():
-            raise RuntimeError("PreemptionGuard.install() must be called from the main thread")
         self._pid = os.getpid()
-        for sig in self.signals:
-            self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def uninstall(self):
-        """Restore the handlers that were installed before."""
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
-        self._previous.clear()
-
-    def __enter__(self):
-        return self.install()
-
-    def __exit__(self, *exc):
-        self.uninstall()
-        return False
+        return super().install()
 
     # -------------------------------------------------------------- decision
     @property
