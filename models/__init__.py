@@ -1,8 +1,7 @@
 """Models: the ResMLP family (models/resmlp.py) and the swappable output heads (models/heads.py)."""
 from .convert import convert_state_dict, load_pretrained
 from common.errors import UserError
-from .heads import (HEAD_NAMES, Entmax15Loss, EntmaxBisectLoss, OutputHead, SoftmaxLoss, SparsemaxLoss,
-                    build_output_head, entmax15, entmax15_loss, entmax_bisect, entmax_bisect_loss, softmax,
+from .heads import (HEAD_NAMES, OutputHead, build_output_head, entmax15, entmax15_loss, entmax_bisect, entmax_bisect_loss, softmax,
                     softmax_loss, sparsemax, sparsemax_loss)
 from .resmlp import MODEL_NAMES, Affine, ResMLP, create_resmlp  # importing registers resmlp_* with timm
 

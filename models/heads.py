@@ -27,10 +27,6 @@ from common.errors import UserError
 from .am_softmax import am_softmax_loss, check_margin, check_scale, install_cosine_classifier
 from .losses import (
     REDUCTIONS,
-    Entmax15Loss,
-    EntmaxBisectLoss,
-    SoftmaxLoss,
-    SparsemaxLoss,
     entmax15_loss,
     entmax_bisect_loss,
     softmax_loss,
@@ -178,5 +174,4 @@ __all__ = [
     "softmax_loss", "sparsemax_loss", "entmax15_loss", "entmax_bisect_loss",
     "normmax", "normmax_loss", "topk_softmax", "topk_softmax_loss",
     "taylor_softmax", "taylor_softmax_loss", "am_softmax_loss",
-    "SoftmaxLoss", "SparsemaxLoss", "Entmax15Loss", "EntmaxBisectLoss",
 ]
