@@ -3,10 +3,10 @@
 Every YAML key maps onto a field here; `configs.loader` rejects unknown keys (suggesting the
 closest valid one) and wrong types (naming the key and the expected type).
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from typing import Optional, Tuple
 
-from models.heads import HEAD_NAMES
+from models.registry import HEAD_NAMES, HPARAMS
 from models.resmlp import NORMS
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -69,16 +69,18 @@ class ModelConfig:
     img_size: int = 32
 
 
-@dataclass
-class HeadConfig:
-    name: str = "softmax"  # any models.heads.HEAD_NAMES entry
-    alpha: float = 1.5  # entmax_bisect only: in [1, 2], strictly inside when learned (models/heads.py)
-    learn_alpha: bool = False  # entmax_bisect only: alpha = 1 + sigmoid(alpha_logit) is trained
-    gamma: float = 2.0  # normmax only: gamma > 1 (Santos et al. 2024 use 2)
-    k: int = 5  # sparse_softmax only: classes kept, 1 <= k <= num_classes (5: the top-5 metric)
-    order: int = 2  # taylor_softmax only: even order >= 2 (2: 1 + x + x^2/2)
-    scale: float = 30.0  # am_softmax only: s > 0, logits = s * cos (Wang et al. 2018 use 30)
-    margin: float = 0.35  # am_softmax only: m >= 0 subtracted from the true cosine in training (paper: 0.35)
+def _head_config_fields():
+    """The head section: head.name, then every head's hyperparameters as declared in
+    models/registry.py (type, default; range and doc in the field metadata)."""
+    fields = [("name", str, field(default="softmax", metadata={"doc": "any models.heads.HEAD_NAMES entry"}))]
+    for hp in HPARAMS.values():
+        fields.append((hp.name, hp.type, field(default=hp.default, metadata={"range": hp.range, "doc": hp.doc})))
+    return fields
+
+
+# HeadConfig: generated from the head registry, so a new head's settings need no edit here.
+HeadConfig = make_dataclass("HeadConfig", _head_config_fields())
+HeadConfig.__module__ = __name__
 
 
 @dataclass

@@ -16,6 +16,7 @@ import os
 import statistics
 
 from common.io import write_json
+from models.registry import is_sparse
 
 from . import metrics, ood_report, paired, plots, report, selective_report
 
@@ -151,7 +152,7 @@ def _plot_inputs(variants):
             cov_curves[(variant, method)] = [
                 (statistics.fmean(s for s, _ in pts), statistics.fmean(c for _, c in pts))
                 for pts in per_eps.values()]
-        if runs[0]["result"]["head"] != "softmax":
+        if is_sparse(runs[0]["result"]["head"]):  # a support worth plotting: exact zeros
             points[variant] = (statistics.fmean(r["result"]["support_mean"] for r in runs),
                                statistics.fmean(r["result"]["support_coverage"] for r in runs))
     return acc_curves, hists, diagrams, cov_curves, points

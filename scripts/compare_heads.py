@@ -105,8 +105,7 @@ def parse_args(argv=None):
 # ------------------------------------------------------------------------------------------ the plan
 def _variants(args):
     """[(variant name, variant stem without the norm, norm, head, alpha)] in plan order."""
-    from configs.loader import check_alpha
-    from models.heads import HEAD_NAMES
+    from models.registry import HEAD_NAMES, check_settings
 
     for head in args.heads:
         if head not in HEAD_NAMES:
@@ -114,7 +113,10 @@ def _variants(args):
     if args.alphas and "entmax_bisect" not in args.heads:
         raise UserError("--alphas applies to entmax_bisect; add it to --heads")
     for a in args.alphas or ():
-        check_alpha(a, args.learn_alpha, "--alphas")
+        try:
+            check_settings("entmax_bisect", {"alpha": a, "learn_alpha": args.learn_alpha})
+        except UserError as err:
+            raise UserError(f"--alphas: {err}") from None
     out = []
     for norm in args.norms or [None]:
         for head in args.heads:
