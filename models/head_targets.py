@@ -18,12 +18,10 @@ from torch import Tensor
 
 from common.errors import UserError
 
+from .mappings import all_rows_count
+from .rows import compute_dtype, from_rows, to_rows  # noqa: F401  (the heads import them from here)
+
 REDUCTIONS = ("mean", "sum", "none")
-
-
-def compute_dtype(x: Tensor) -> Tensor:
-    """fp16/bf16 are computed in fp32 (their range and precision are too small for the sums)."""
-    return x if x.dtype in (torch.float32, torch.float64) else x.float()
 
 
 def check_loss_args(reduction: str, label_smoothing: float) -> None:
@@ -87,16 +85,6 @@ def reduce_rows(loss: Tensor, valid: Optional[Tensor], reduction: str, lead: tor
     return loss.sum() / valid.sum().to(loss.dtype).clamp(min=1.0)
 
 
-def to_rows(x: Tensor, dim: int) -> Tuple[Tensor, torch.Size]:
-    """x with `dim` moved last and flattened to (R, K), and the moved shape to restore it."""
-    moved = x.movedim(dim, -1)
-    return moved.reshape(-1, moved.shape[-1]), moved.shape
-
-
-def from_rows(rows: Tensor, moved_shape: torch.Size, dim: int) -> Tensor:
-    return rows.reshape(moved_shape).movedim(-1, dim)
-
-
 def hard_or_dense_target(z: Tensor, t: Tensor, label_smoothing: float, ignore_index: int,
                          class_indices: bool) -> Tuple[Tensor, Optional[Tensor]]:
     """The per-row target of a loss Function and the mask of rows that count (None: all).
@@ -106,6 +94,8 @@ def hard_or_dense_target(z: Tensor, t: Tensor, label_smoothing: float, ignore_in
     the reduction); everything else becomes the dense q (N, K)."""
     if class_indices and not t.dtype.is_floating_point and label_smoothing == 0:
         valid = t != ignore_index
+        if all_rows_count(valid):
+            return t, None
         return torch.where(valid, t, torch.zeros_like(t)), valid
     with torch.no_grad():
         return dense_target(compute_dtype(z.detach()), t, label_smoothing, ignore_index)

@@ -88,13 +88,14 @@ class Projection:
         self.p, self.conjugate, self.omega, self.alpha_grad = p, conjugate, omega, alpha_grad
 
 
-def fenchel_young(proj: Projection, zc: Tensor, target: Tensor) -> Tensor:
-    """L(z; q) = Omega(q) + Omega*(z) - <z, q> per row, for z = zc (z - max: L is shift-invariant)."""
+def fenchel_young(proj: Projection, zf: Tensor, m: Tensor, target: Tensor) -> Tensor:
+    """L(z; q) = Omega(q) + Omega*(z) - <z, q> per row, computed for z - m (m: the row max; L is
+    shift-invariant, and Omega* is the projection's, of z - m)."""
     if not target.dtype.is_floating_point:
         # q = e_y: Omega(e_y) = 0 for every regularizer here, <z, e_y> = z_y (-inf -> +inf loss)
-        return finish_rows(proj.conjugate - zc.gather(1, target.unsqueeze(1)).squeeze(1))
+        return finish_rows(proj.conjugate - (zf.gather(1, target.unsqueeze(1)) - m).squeeze(1))
     # Omega*(z) = <z, p> - Omega(p): the same Omega on q and p makes L exactly 0 at q = p
-    return finish_rows(proj.omega(target) - proj.omega(proj.p) + masked_dot(zc, proj.p - target))
+    return finish_rows(proj.omega(target) - proj.omega(proj.p) + masked_dot(zf - m, proj.p - target))
 
 
 class Shannon:
@@ -103,8 +104,8 @@ class Shannon:
     alpha = ALPHA_OF["softmax"]
 
     @staticmethod
-    def project(zf: Tensor, zc: Tensor, alpha, n_iter, need_alpha_grad: bool) -> Projection:
-        e = zc.exp()
+    def project(zf: Tensor, m: Tensor, alpha, n_iter, need_alpha_grad: bool) -> Projection:
+        e = (zf - m).exp_()
         se = e.sum(-1, keepdim=True)
         return Projection(e.div_(_nonzero(se)), se.log().squeeze(-1), shannon_omega)
 
@@ -125,7 +126,7 @@ class Tsallis:
         p, d, tau = self.kernel(zf)
         return p, torch.linalg.vecdot(p, d).unsqueeze(-1), tau, None
 
-    def project(self, zf: Tensor, zc: Tensor, alpha, n_iter, need_alpha_grad: bool) -> Projection:
+    def project(self, zf: Tensor, m: Tensor, alpha, n_iter, need_alpha_grad: bool) -> Projection:
         a, near_one = self.alpha if self.kernel is not None else alpha, None
         if isinstance(a, Tensor):
             a, near_one = alpha_rows(a.to(zf.dtype).reshape(-1, 1).expand(zf.size(0), 1))
@@ -141,12 +142,12 @@ class Tsallis:
                                     else _tsallis_alpha_derivative_of(t, a) - of_p)
         if near_one is None:
             return Projection(p, conjugate, omega, alpha_grad)
-        return self._with_shannon_rows(Projection(p, conjugate, omega, alpha_grad), zc, a, near_one)
+        return self._with_shannon_rows(Projection(p, conjugate, omega, alpha_grad), zf, m, a, near_one)
 
     @staticmethod
-    def _with_shannon_rows(proj: Projection, zc: Tensor, a: Tensor, near_one: Tensor) -> Projection:
+    def _with_shannon_rows(proj: Projection, zf: Tensor, m: Tensor, a: Tensor, near_one: Tensor) -> Projection:
         """Rows with alpha within SOFTMAX_BELOW of 1 are softmax rows: Shannon's p, Omega*, Omega."""
-        shannon = Shannon.project(None, zc, None, None, False)
+        shannon = Shannon.project(zf, m, None, None, False)
         rows = near_one.squeeze(-1)
         tsallis_omega_of, tsallis_grad = proj.omega, proj.alpha_grad
         proj.p = with_softmax_rows(proj.p, shannon.p, a, near_one)
@@ -175,9 +176,9 @@ class FenchelYoungLoss(RowGradientLoss):
         with threads_for(z):
             zf = compute_dtype(z)
             # An all -inf row: m = lowest finite value keeps z - m = -inf there (not NaN); one op.
-            zc = zf - zf.amax(-1, keepdim=True).clamp_(min=torch.finfo(zf.dtype).min)
-            proj = regularizer.project(zf, zc, alpha, n_iter, need_alpha_grad)
-            loss = fenchel_young(proj, zc, target)
+            m = zf.amax(-1, keepdim=True).clamp_(min=torch.finfo(zf.dtype).min)
+            proj = regularizer.project(zf, m, alpha, n_iter, need_alpha_grad)
+            loss = fenchel_young(proj, zf, m, target)
             extra = (2, proj.alpha_grad(target), alpha.shape) if need_alpha_grad else None
             if target.dtype.is_floating_point:
                 grad = proj.p.sub_(target)

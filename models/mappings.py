@@ -42,7 +42,7 @@ from torch import Tensor
 from common.errors import UserError
 
 from . import thresholds_cpu, thresholds_device
-from .head_targets import compute_dtype, from_rows, to_rows
+from .rows import compute_dtype, from_rows, to_rows
 from .threshold_common import FLOOR, tsallis_mass
 from .thresholds_device import default_n_iter
 
@@ -165,6 +165,13 @@ def entmax15_threshold(zs: Tensor, dead: Tensor):
 def tsallis_threshold(zs: Tensor, dead: Tensor, beta, n_iter: Optional[int]):
     return _solve(zs, dead, lambda z: thresholds_device.tsallis_threshold(z, beta, n_iter),
                   lambda z: thresholds_cpu.tsallis_threshold(z, beta, n_iter))
+
+
+def all_rows_count(valid: Tensor) -> bool:
+    """Whether a loss may drop its row mask because every row counts: read on the CPU path (the
+    usual batch ignores nothing, and the masking ops are a few percent of a small loss there);
+    never on the device path, which keeps the mask."""
+    return not uses_device_path(valid) and bool(valid.all())
 
 
 def alpha_rows(a: Tensor):

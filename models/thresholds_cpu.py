@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from .threshold_common import FLOOR, tsallis_power
-from .thresholds_device import N_NEWTON, entmax15_tau_sorted, sparsemax_tau_sorted, tsallis_tau_fixed
+from .thresholds_device import N_NEWTON, default_n_iter, entmax15_tau_sorted, sparsemax_tau_sorted, tsallis_tau_fixed
 
 # Head work on CPU tensors with at most this many elements runs on one intra-op thread. The
 # cause of the slowdown it removes: every op over more than 32768 elements is an OpenMP fork/join,
@@ -172,11 +172,10 @@ def tsallis_tau_iter(c: Tensor, beta) -> Tensor:
     iterates increase monotonically and converge quadratically) until the step is at rounding.
 
     That needs f convex, i.e. every beta >= 1 (alpha <= 2). For alpha > 2 the safeguarded
-    bisection + Newton of the device path runs instead, with more steps (ALPHA_ABOVE_2_STEPS)."""
+    bisection + Newton of the device path runs instead, with its alpha > 2 step count."""
     min_beta = beta if isinstance(beta, float) else float(beta.min())
     if min_beta < 1.0:
-        n_iter, n_newton = ALPHA_ABOVE_2_STEPS[c.dtype == torch.float64]
-        return tsallis_tau_fixed(c, beta, -1, n_iter, n_newton)
+        return tsallis_tau_fixed(c, beta, -1, default_n_iter(c.dtype, min_beta), N_NEWTON)
     tau = torch.full_like(c[:, :1], -1.0)
     tol = 8.0 * torch.finfo(c.dtype).eps
     power = _newton_power(beta, min_beta)
@@ -191,12 +190,6 @@ def tsallis_tau_iter(c: Tensor, beta) -> Tensor:
         if float(step.abs().max()) <= tol:
             break
     return tau
-
-
-# (bisection, safeguarded Newton) steps for alpha > 2 on the CPU path, (fp32, fp64): f is not
-# convex there, so the iteration cannot stop on a small step; these reach rounding level in the
-# tests' float64 comparisons (tests/test_entmax_contract.py).
-ALPHA_ABOVE_2_STEPS = {False: (16, 8), True: (30, 10)}
 
 
 # Eager thresholds work on the full slice up to these sizes; above, they first gather the
