@@ -151,7 +151,8 @@ class Tsallis:
         rows = near_one.squeeze(-1)
         tsallis_omega_of, tsallis_grad = proj.omega, proj.alpha_grad
         proj.p = with_softmax_rows(proj.p, shannon.p, a, near_one)
-        proj.conjugate = torch.where(rows, shannon.conjugate, proj.conjugate)
+        # (a * 0 + 1: NaN on rows whose alpha < 1, which the device path marks instead of refusing)
+        proj.conjugate = torch.where(rows, shannon.conjugate * (a * 0.0 + 1.0).squeeze(-1), proj.conjugate)
         proj.omega = lambda t: torch.where(rows, shannon_omega(t), tsallis_omega_of(t))  # noqa: E731
         if tsallis_grad is not None:
             proj.alpha_grad = lambda t: tsallis_grad(t).masked_fill(rows, 0.0)  # noqa: E731

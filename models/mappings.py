@@ -379,8 +379,8 @@ class Entmax15Function(torch.autograd.Function):
         return _rows_backward(ctx, g, _entmax_backward)
 
 
-def _alpha_as_rows(alpha: Tensor, x: Tensor, dim: int):
-    """A tensor alpha broadcastable to x with size 1 along dim -> ((R, 1) rows, its broadcast view)."""
+def param_rows(alpha: Tensor, x: Tensor, dim: int):
+    """A per-slice parameter (alpha, gamma) broadcastable to x with size 1 along dim -> ((R, 1) rows, its broadcast view)."""
     a = alpha.to(x.dtype)
     if a.dim() < x.dim():
         a = a.view((1,) * (x.dim() - a.dim()) + tuple(a.shape))
@@ -401,7 +401,7 @@ class EntmaxBisectFunction(torch.autograd.Function):
         with threads_for(x):
             a_arg = alpha
             if isinstance(alpha, Tensor):
-                a_rows, a_view = _alpha_as_rows(alpha, xf, dim)
+                a_rows, a_view = param_rows(alpha, xf, dim)
                 a_arg, near_one = alpha_rows(a_rows)
             p, _, _, _, s = entmax_alpha_kernel(rows, a_arg, n_iter, need_s=True)
             if near_one is not None:
