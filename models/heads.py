@@ -22,6 +22,7 @@ from .head_targets import REDUCTIONS
 from .losses import entmax15_loss, entmax_bisect_loss, softmax_loss, sparsemax_loss
 from .mappings import entmax15, entmax_bisect, softmax, sparsemax
 from .normmax import normmax, normmax_loss
+from .perturbmax import EVAL_SEED, perturbmax, perturbmax_loss
 from .registry import (ENTMAX_HEAD_NAMES, HEAD_NAMES, HPARAMS, SPARSE_HEAD_NAMES, check_settings, head_spec,
                        learned_alpha_logit)
 from .taylor_softmax import taylor_softmax, taylor_softmax_loss
@@ -45,6 +46,9 @@ class OutputHead(nn.Module):
         self.learn_alpha = bool(self.settings.get("learn_alpha", False))
         if self.learn_alpha:
             self.alpha_logit = nn.Parameter(torch.tensor(learned_alpha_logit(self.settings["alpha"])))
+        # A random head's noise: draw (run seed, count of training-mode loss calls); eval mode
+        # always takes the fixed draw (EVAL_SEED, 0), so every evaluation sees the same noise.
+        self.draw_seed, self.draw_step = torch.initial_seed(), 0
 
     @property
     def alpha(self) -> Tensor:
@@ -72,9 +76,13 @@ class OutputHead(nn.Module):
         return model
 
     def _live_settings(self) -> dict:
-        if not self.learn_alpha:
-            return self.settings
-        return {**self.settings, "alpha": 1.0 + torch.sigmoid(self.alpha_logit)}
+        settings = self.settings
+        if self.learn_alpha:
+            settings = {**settings, "alpha": 1.0 + torch.sigmoid(self.alpha_logit)}
+        if self.spec.draws:
+            draw = (self.draw_seed, self.draw_step) if self.training else (EVAL_SEED, 0)
+            settings = {**settings, "draw": draw}
+        return settings
 
     def forward(self, logits: Tensor, dim: int = -1) -> Tensor:
         return self.spec.mapping(logits, dim, self._live_settings())
@@ -84,6 +92,8 @@ class OutputHead(nn.Module):
         """The head's training loss (its Fenchel-Young loss where it has one); target is int64
         classes (B,) or float probability rows (B, K). am_softmax's margin applies in training
         mode only (`self.training`), so evaluation reports the margin-free cross-entropy."""
+        if self.spec.draws and self.training:
+            self.draw_step += 1  # a host integer: no device read
         return self.spec.loss(logits, target, self._live_settings(), self.training, label_smoothing=label_smoothing,
                               ignore_index=ignore_index, reduction=reduction)
 
@@ -105,5 +115,5 @@ __all__ = [
     "softmax", "sparsemax", "entmax15", "entmax_bisect",
     "softmax_loss", "sparsemax_loss", "entmax15_loss", "entmax_bisect_loss",
     "normmax", "normmax_loss", "topk_softmax", "topk_softmax_loss",
-    "taylor_softmax", "taylor_softmax_loss", "am_softmax_loss",
+    "taylor_softmax", "taylor_softmax_loss", "am_softmax_loss", "perturbmax", "perturbmax_loss",
 ]

@@ -30,6 +30,7 @@ from .am_softmax import am_softmax_loss, check_margin, check_scale
 from .losses import entmax15_loss, entmax_bisect_loss, softmax_loss, sparsemax_loss
 from .mappings import ALPHA_OF, entmax15, entmax_bisect, softmax, sparsemax
 from .normmax import check_gamma, normmax, normmax_loss
+from .perturbmax import NOISES, check_noise, check_samples, check_sigma, perturbmax, perturbmax_loss
 from .taylor_softmax import check_order, taylor_softmax, taylor_softmax_loss
 from .topk_softmax import check_k, topk_softmax, topk_softmax_loss
 
@@ -62,6 +63,7 @@ class HeadSpec:
     doc: str
     check_settings: Optional[Callable[[dict], None]] = None  # cross-field checks of its settings
     check_classes: Optional[Callable[[dict, int], None]] = None  # checks against the class count
+    draws: bool = False  # random: its settings get "draw" = (seed, step) of its noise (OutputHead)
 
 
 HEADS: Dict[str, HeadSpec] = {}
@@ -240,6 +242,23 @@ register(HeadSpec(
     lambda z, t, s, training, **kw: am_softmax_loss(z, t, s["scale"], s["margin"] if training else 0.0, **kw),
     (SCALE, MARGIN), None, sparse=False, conformal_support=False, cosine_classifier=True,
     doc="additive-margin softmax on a cosine classifier (Wang et al. 2018)"))
+
+SIGMA = HParam("sigma", float, 1.0, "(0, inf)", check_sigma,
+               "perturbmax only: noise scale sigma > 0 (Gumbel, sigma = 1: softmax in expectation)")
+SAMPLES = HParam("samples", int, 16, "[1, inf)", check_samples, "perturbmax only: Monte-Carlo draws per row")
+NOISE = HParam("noise", str, "gumbel", " | ".join(NOISES), check_noise, "perturbmax only: noise distribution")
+
+
+def _perturbmax_args(s: dict) -> dict:
+    seed, step = s["draw"]
+    return dict(sigma=s["sigma"], samples=s["samples"], noise=s["noise"], seed=seed, step=step)
+
+
+register(HeadSpec(
+    "perturbmax", lambda z, dim, s: perturbmax(z, dim=dim, **_perturbmax_args(s)),
+    lambda z, t, s, training, **kw: perturbmax_loss(z, t, **_perturbmax_args(s), **kw),
+    (SIGMA, SAMPLES, NOISE), None, sparse=False, conformal_support=False, cosine_classifier=False,
+    doc="Monte-Carlo perturbed argmax and its perturbed Fenchel-Young loss (Berthet et al. 2020)", draws=True))
 
 HEAD_NAMES = tuple(HEADS)
 # Heads whose probabilities have exact zeros: their support is a prediction set.

@@ -136,7 +136,13 @@ def entmax15_tau_iter(c: Tensor) -> Tensor:
     torch.sub(c, tau_c, out=d).clamp_(min=0.0)
     if torch.equal(_count(d), k):
         return tau_c, d
-    # General loop (a boundary entry within rounding of tau, or a slow Newton phase).
+    return _entmax15_tau_loop(c, tau)
+
+
+def _entmax15_tau_loop(c: Tensor, tau: Tensor):
+    """entmax15_tau_iter's general loop from tau (left of the root): closed-form steps left of the
+    root, Newton steps right of it, until a closed-form step keeps its support count or |f| is at
+    rounding (a boundary entry within rounding of tau, or a slow Newton phase)."""
     k_prev = torch.full_like(tau, -1.0)
     closed = torch.zeros_like(tau, dtype=torch.bool)
     tol = 4.0 * torch.finfo(c.dtype).eps

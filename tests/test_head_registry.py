@@ -56,7 +56,8 @@ def test_every_head_trains_one_step_evaluates_and_reports_its_sparse_flag(name):
     probs = head(logits)
     torch.testing.assert_close(probs.sum(-1), torch.ones(8))
     spec = HEADS[name]
-    assert bool((probs == 0).any()) == spec.sparse, "exact zeros iff the head is declared sparse"
+    if spec.sparse:  # (a dense head may still have zeros: perturbmax's classes that won no draw)
+        assert bool((probs == 0).any()), "a sparse head has exact zeros"
     assert (name in SPARSE_HEAD_NAMES) == spec.sparse and (name in ENTMAX_HEAD_NAMES) == spec.conformal_support
     assert type(model.head).__name__ == ("CosineLinear" if spec.cosine_classifier else "Linear")
 

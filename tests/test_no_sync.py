@@ -314,3 +314,16 @@ def test_guard_has_the_ops_the_issue_names():
     names = {str(op).split(".")[1] for op in BLOCKED_OPS}
     assert {"_local_scalar_dense", "nonzero", "masked_select", "is_nonzero", "item", "_unique",
             "_unique2", "unique_dim", "unique_consecutive", "equal", "allclose"} <= names
+
+
+@pytest.mark.parametrize("noise", ["gumbel", "gaussian"])
+def test_perturbmax_without_host_reads(noise):
+    """The random head: noise from a generator seeded on the host, fixed shapes, no reads."""
+    x = _logits(50)
+    targets = _targets(x)
+    head = build_output_head("perturbmax", samples=8, noise=noise).train()
+    _run_guarded(head, x)
+    for target, kw in targets.values():
+        _run_guarded(lambda v: head.loss(v, target, **kw), x)
+    head.eval()
+    _run_guarded(lambda v: head.loss(v, targets["hard"][0]), x)
