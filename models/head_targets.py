@@ -1,5 +1,5 @@
-"""Targets, label smoothing, ignore_index and reductions for the losses of the extra heads
-(normmax, top-k softmax, Taylor softmax, AM-softmax), with the conventions of models/losses.py:
+"""The loss pipeline of every head (row_loss, RowGradientLoss): targets, label smoothing,
+ignore_index and reductions, with these conventions:
 
 * logits are (N, K) or (..., K) with classes last; targets are class indices (...) or probability
   rows (..., K) (Mixup/CutMix);
@@ -7,7 +7,9 @@
   classes, so a masked class stays impossible;
 * rows whose class index equals `ignore_index` give 0 and are left out of the mean (an all-ignored
   batch gives 0, not NaN);
-* everything is tensor arithmetic: no host reads, no data-dependent branches (GPU-safe).
+* everything is tensor arithmetic: no host reads, no data-dependent branches (GPU-safe); the one
+  exception is the CPU path's check that no row is ignored (mappings.all_rows_count), which
+  drops the row mask there.
 """
 from __future__ import annotations
 
