@@ -71,10 +71,10 @@ class ModelConfig:
 
 def _head_config_fields():
     """The head section: head.name, then every head's hyperparameters as declared in
-    models/registry.py (type, default; range and doc in the field metadata)."""
+    models/registry.py (type, default; doc and range text in the field metadata: the checks are the registry's)."""
     fields = [("name", str, field(default="softmax", metadata={"doc": "any models.heads.HEAD_NAMES entry"}))]
     for hp in HPARAMS.values():
-        fields.append((hp.name, hp.type, field(default=hp.default, metadata={"range": hp.range, "doc": hp.doc})))
+        fields.append((hp.name, hp.type, field(default=hp.default, metadata={"doc": hp.doc, "range_doc": hp.range})))
     return fields
 
 

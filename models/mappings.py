@@ -380,7 +380,8 @@ class Entmax15Function(torch.autograd.Function):
 
 
 def param_rows(alpha: Tensor, x: Tensor, dim: int):
-    """A per-slice parameter (alpha, gamma) broadcastable to x with size 1 along dim -> ((R, 1) rows, its broadcast view)."""
+    """A per-slice parameter (alpha, gamma) broadcastable to x with size 1 along dim ->
+    ((R, 1) rows, its broadcast view)."""
     a = alpha.to(x.dtype)
     if a.dim() < x.dim():
         a = a.view((1,) * (x.dim() - a.dim()) + tuple(a.shape))

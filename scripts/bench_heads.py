@@ -95,6 +95,8 @@ def make_cases(K, B, device):
     cases = {"ce": (fb(lambda: F.cross_entropy(x, y)), None)}
     for name, spec in HEADS.items():
         settings = {**check_settings(name, {}), **bench_settings(name, K, a_ours)}
+        if spec.draws:  # a random head: a fixed draw (OutputHead passes the run's (seed, step))
+            settings["draw"] = (0, 1)
         pkg_map, pkg_loss = oracles.get(name, (None, None))
         cases[f"map:{name}"] = (map_case(lambda v, spec=spec, s=settings: spec.mapping(v, -1, s)),
                                 map_case(pkg_map) if pkg_map else None)

@@ -75,7 +75,7 @@ def test_names_and_config_section_come_from_the_registry():
     assert set(fields) == {"name"} | set(HPARAMS)
     for key, hp in HPARAMS.items():
         assert fields[key].default == hp.default and fields[key].type is hp.type
-        assert fields[key].metadata["range"] == hp.range
+        assert fields[key].metadata["range_doc"] == hp.range
     cfg = config_from_dict({})
     assert {k: getattr(cfg.head, k) for k in HPARAMS} == registry.defaults()
     for name, spec in HEADS.items():
