@@ -20,13 +20,16 @@ def _yaml_value(value):
     return json.dumps(value)
 
 
-def _facts(key, tp, default, value, help_text):
-    """'float, > 0, default 0.005; peak learning rate ...' for one key."""
+def _facts(key, tp, default, value, help_text, range_doc=None):
+    """'float, > 0, default 0.005; peak learning rate ...' for one key (range_doc: a range the
+    schema cannot check itself, e.g. a head's k in [1, num_classes], checked by the head registry)."""
     facts = [_type_name(tp)]
     if key in CHOICES:
         facts.append("one of " + "|".join(CHOICES[key]))
     if key in RANGES:
         facts.append(_interval_check(RANGES[key])[1])
+    elif range_doc:
+        facts.append(range_doc)
     if value != default:
         facts.append(f"default {_yaml_value(default)}")
     text = ", ".join(facts)
@@ -51,7 +54,7 @@ def describe_config(cfg=None, source=None):
             section = head
             lines.append(f"{head}:")
         indent = "  " if head else ""
-        facts = _facts(key, tp, defaults[key], values[key], f.metadata.get("help", ""))
+        facts = _facts(key, tp, defaults[key], values[key], f.metadata.get("help", ""), f.metadata.get("range_doc"))
         lines.append(f"{indent}{leaf}: {_yaml_value(values[key])}  # {facts}")
     lines += [f"# {old}: the old name of {new}, still read (older configs and runs)" for old, new in ALIASES.items()]
     lines.append(f"# sections: {', '.join(section_names())}")

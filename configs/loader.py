@@ -30,11 +30,7 @@ from common import rundir
 from common.io import atomic_write_text
 from common.errors import UserError
 
-from models.am_softmax import check_margin, check_scale
-from models.heads import build_output_head
-from models.normmax import check_gamma
-from models.taylor_softmax import check_order
-from models.topk_softmax import check_k
+from models.registry import HPARAMS, check_settings
 
 from .finetune_checks import check_finetune_settings
 from .schema import ALIASES, CHOICES, RANGES, Config, is_key, schema_fields, section_names
@@ -403,7 +399,6 @@ def _check(cfg):
         if values[key] not in choices:
             raise UserError(f"config key '{key}' must be one of {', '.join(choices)}; got {_show(values[key])}")
     _check_numbers(cfg)
-    check_alpha(cfg.head.alpha, cfg.head.learn_alpha, "config key 'head.alpha'")
     check_head_settings(cfg.head)
     check_finetune_settings(cfg)
     model = cfg.model
@@ -413,23 +408,13 @@ def _check(cfg):
     return cfg
 
 
-def check_alpha(alpha, learn_alpha=False, what="head.alpha"):
-    """The entmax alpha range, as the output head itself checks it (models/heads.py holds the rule),
-    for every head: a typo fails at load even where the head ignores alpha."""
-    try:
-        build_output_head("entmax_bisect", alpha=alpha, learn_alpha=learn_alpha)
-    except UserError as err:
-        raise UserError(f"{what}: {err}") from None
-
-
 def check_head_settings(head):
-    """The other heads' settings by each head's own rule (models/), for every head, as for alpha."""
-    for key, check in (("gamma", check_gamma), ("k", check_k), ("order", check_order), ("scale", check_scale),
-                       ("margin", check_margin)):
-        try:
-            check(getattr(head, key))
-        except UserError as err:
-            raise UserError(f"config key 'head.{key}': {err}") from None
+    """The head section by the heads' own rules (models/registry.py), every head's values (a typo
+    fails at load even where the selected head ignores it) plus the selected head's cross-checks."""
+    try:
+        check_settings(head.name, {key: getattr(head, key) for key in HPARAMS}, every_head=True)
+    except UserError as err:
+        raise UserError(f"config key {err}") from None
 
 
 def _fold_aliases(data):

@@ -19,13 +19,13 @@ The image size has one key, data.image_size. `model.img_size` (the model's copy,
 builder reads) is derived from it; older configs and run directories that set `model.img_size`
 still load: the loader reads it as data.image_size (a one-line error when both are set and differ).
 """
-from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass, make_dataclass
 from typing import Optional, Tuple, get_type_hints
 
 from data.names import BACKENDS, DATASET_NAMES
 from data.transforms import INTERPOLATIONS, TRAIN_CROPS
-from models.heads import HEAD_NAMES
 from models.hopfield_pool import POOL_MAPPINGS, POOLS
+from models.registry import HEAD_NAMES, HPARAMS
 from models.resmlp import MODEL_NAMES, NORMS
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -145,17 +145,25 @@ class ModelConfig:
                                          range="[0, inf)")
 
 
-@dataclass
-class HeadConfig:
-    name: str = setting("softmax", "the output head (models/heads.py)", choices=HEAD_NAMES, resume=FROZEN)
-    alpha: float = 1.5  # entmax_bisect only: in [1, 2], strictly inside when learned (models/heads.py)
-    learn_alpha: bool = setting(False, "entmax_bisect only: alpha = 1 + sigmoid(alpha_logit) is trained",
-                                resume=FROZEN)
-    gamma: float = 2.0  # normmax only: gamma > 1 (Santos et al. 2024 use 2)
-    k: int = 5  # sparse_softmax only: classes kept, 1 <= k <= num_classes (5: the top-5 metric)
-    order: int = 2  # taylor_softmax only: even order >= 2 (2: 1 + x + x^2/2)
-    scale: float = 30.0  # am_softmax only: s > 0, logits = s * cos (Wang et al. 2018 use 30)
-    margin: float = 0.35  # am_softmax only: m >= 0 subtracted from the true cosine in training (paper: 0.35)
+# Head settings that fix what the checkpoint holds: a learned alpha is a parameter of the model.
+_FROZEN_HEAD_SETTINGS = ("learn_alpha",)
+
+
+def _head_config_fields():
+    """The head section: head.name, then every head's hyperparameters as declared in
+    models/registry.py (type, default, meaning and range text; the checks are the registry's, so the
+    range text is `range_doc`, shown by --help-config, not a RANGES entry)."""
+    out = [("name", str, setting("softmax", "the output head (models/registry.py)", choices=HEAD_NAMES,
+                                 resume=FROZEN))]
+    for hp in HPARAMS.values():
+        resume = FROZEN if hp.name in _FROZEN_HEAD_SETTINGS else None
+        out.append((hp.name, hp.type, setting(hp.default, hp.doc, resume=resume, range_doc=hp.range)))
+    return out
+
+
+# HeadConfig: generated from the head registry, so a new head's settings need no edit here.
+HeadConfig = make_dataclass("HeadConfig", _head_config_fields())
+HeadConfig.__module__ = __name__
 
 
 @dataclass

@@ -22,6 +22,7 @@ import statistics
 
 from common import rundir
 from common.io import atomic_write_text, read_json, write_json
+from models.registry import is_sparse
 
 from . import metrics, ood_report, paired, plots, report, sanity, selective_report
 from .examples import load_examples
@@ -178,7 +179,7 @@ def _plot_inputs(variants):
             cov_curves[(variant, method)] = [
                 (statistics.fmean(s for s, _ in pts), statistics.fmean(c for _, c in pts))
                 for pts in per_eps.values()]
-        if runs[0]["result"]["head"] != "softmax":
+        if is_sparse(runs[0]["result"]["head"]):  # a support worth plotting: exact zeros
             points[variant] = (statistics.fmean(r["result"]["support_mean"] for r in runs),
                                statistics.fmean(r["result"]["support_coverage"] for r in runs))
     return acc_curves, hists, diagrams, cov_curves, points

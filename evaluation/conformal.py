@@ -32,7 +32,7 @@ import math
 import torch
 
 from common.seeding import mix_seed
-from models.heads import ENTMAX_HEAD_NAMES
+from models.registry import HEADS
 
 EPSILONS = (0.1, 0.05)
 # A finer sweep for the coverage-vs-set-size plot.
@@ -263,7 +263,7 @@ def set_mask(method, q, logits=None, probs=None, alpha=None, u=None):
 
 def methods_for_head(head_name):
     """Score families that make sense for a head: its own support if sparse, LAC and APS always."""
-    return (("support",) if head_name in ENTMAX_HEAD_NAMES else ()) + ("lac", "aps")
+    return (("support",) if head_name in HEADS and HEADS[head_name].conformal_support else ()) + ("lac", "aps")
 
 
 def _scores_and_sizer(method, logits, probs, labels, alpha, stream=0, aps_seed=0):

@@ -10,7 +10,7 @@ import math
 import numpy as np
 
 from common.errors import UserError
-from models.heads import SPARSE_HEAD_NAMES
+from models.registry import is_sparse
 
 from .ood import ood_detection, ood_scores
 
@@ -57,7 +57,7 @@ def _histograms(scores_in, scores_out, num_classes):
 def run_summary(probs_in, probs_out, head_name, dataset, tpr=0.95):
     """JSON-ready OOD results of one evaluation from the head's probabilities (N, K) on the
     in-distribution split and on the OOD set."""
-    sparse = head_name in SPARSE_HEAD_NAMES
+    sparse = is_sparse(head_name)
     scores_in, scores_out = ood_scores(probs_in, sparse=sparse), ood_scores(probs_out, sparse=sparse)
     detection = ood_detection(scores_in, scores_out, tpr=tpr)
     return {"dataset": dataset, "n_in": int(probs_in.shape[0]), "n_out": int(probs_out.shape[0]), "tpr": tpr,

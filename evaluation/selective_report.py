@@ -9,7 +9,7 @@ per-example records (`pooled`), and draws its plot from the very values its tabl
 """
 import numpy as np
 
-from models.heads import SPARSE_HEAD_NAMES
+from models.registry import is_sparse
 
 from .selective import risk_at_coverage, risk_coverage, support_confidence
 
@@ -22,7 +22,7 @@ def confidences(records, head_name):
     """{name: (N,) float64 confidence} for this head: max_prob always, support for sparse heads."""
     max_prob = np.asarray(records["max_prob"], dtype=np.float64)
     out = {"max_prob": max_prob}
-    if head_name in SPARSE_HEAD_NAMES:
+    if is_sparse(head_name):
         out["support"] = support_confidence(np.asarray(records["support_size"]), max_prob)
     return out
 

@@ -1,8 +1,8 @@
 """Models: the ResMLP family (models/resmlp.py) and the swappable output heads (models/heads.py)."""
 from .convert import convert_state_dict, load_pretrained
-from .heads import (HEAD_NAMES, Entmax15Loss, EntmaxBisectLoss, OutputHead, SoftmaxLoss, SparsemaxLoss,
-                    build_output_head, entmax15, entmax15_loss, entmax_bisect, entmax_bisect_loss, softmax,
-                    softmax_loss, sparsemax, sparsemax_loss)
+from .heads import (HEAD_NAMES, OutputHead, build_output_head, entmax15, entmax15_loss, entmax_bisect,
+                    entmax_bisect_loss, softmax, softmax_loss, sparsemax, sparsemax_loss)
+from .registry import HPARAMS
 from .resmlp import MODEL_NAMES, Affine, ResMLP, create_resmlp  # importing registers resmlp_* with timm
 
 
@@ -12,7 +12,8 @@ def create_classifier(model_cfg, head_cfg, num_classes):
     `model(x)` returns logits, exactly as a timm model; `model.output_head(logits)` gives the
     head's probabilities and `model.output_head.loss(logits, target)` its Fenchel-Young loss.
     A learned entmax alpha therefore lives in the model's state dict and optimizer like any weight.
-    With head.name=am_softmax, `model.head` is a CosineLinear (scale * cosine, no bias).
+    With a head flagged cosine_classifier (am_softmax), `model.head` is a CosineLinear (scale * cosine,
+    no bias). The head's settings are the config's head section (models/registry.py names them).
     """
     import timm
 
@@ -29,9 +30,7 @@ def create_classifier(model_cfg, head_cfg, num_classes):
         pool_mapping=model_cfg.pool_mapping,
         pool_beta=model_cfg.pool_beta,
     )
-    model.output_head = build_output_head(
-        head_cfg.name, alpha=head_cfg.alpha, learn_alpha=head_cfg.learn_alpha, gamma=head_cfg.gamma,
-        k=head_cfg.k, order=head_cfg.order, scale=head_cfg.scale, margin=head_cfg.margin)
-    # am_softmax swaps the final Linear for a cosine classifier; sparse_softmax checks head.k
+    model.output_head = build_output_head(head_cfg.name, **{key: getattr(head_cfg, key) for key in HPARAMS})
+    # a cosine_classifier head (am_softmax) swaps the final Linear; sparse_softmax checks head.k
     model.output_head.prepare_classifier(model)
     return model

@@ -1,5 +1,5 @@
-"""Targets, label smoothing, ignore_index and reductions for the losses of the extra heads
-(normmax, top-k softmax, Taylor softmax, AM-softmax), with the conventions of models/losses.py:
+"""The loss pipeline of every head (row_loss, RowGradientLoss): targets, label smoothing,
+ignore_index and reductions, with these conventions:
 
 * logits are (N, K) or (..., K) with classes last; targets are class indices (...) or probability
   rows (..., K) (Mixup/CutMix);
@@ -7,7 +7,9 @@
   classes, so a masked class stays impossible;
 * rows whose class index equals `ignore_index` give 0 and are left out of the mean (an all-ignored
   batch gives 0, not NaN);
-* everything is tensor arithmetic: no host reads, no data-dependent branches (GPU-safe).
+* everything is tensor arithmetic: no host reads, no data-dependent branches (GPU-safe); the one
+  exception is the CPU path's check that no row is ignored (mappings.all_rows_count), which
+  drops the row mask there.
 """
 from __future__ import annotations
 
@@ -18,12 +20,10 @@ from torch import Tensor
 
 from common.errors import UserError
 
+from .mappings import all_rows_count
+from .rows import compute_dtype, from_rows, to_rows  # noqa: F401  (the heads import them from here)
+
 REDUCTIONS = ("mean", "sum", "none")
-
-
-def compute_dtype(x: Tensor) -> Tensor:
-    """fp16/bf16 are computed in fp32 (their range and precision are too small for the sums)."""
-    return x if x.dtype in (torch.float32, torch.float64) else x.float()
 
 
 def check_loss_args(reduction: str, label_smoothing: float) -> None:
@@ -87,40 +87,54 @@ def reduce_rows(loss: Tensor, valid: Optional[Tensor], reduction: str, lead: tor
     return loss.sum() / valid.sum().to(loss.dtype).clamp(min=1.0)
 
 
-def to_rows(x: Tensor, dim: int) -> Tuple[Tensor, torch.Size]:
-    """x with `dim` moved last and flattened to (R, K), and the moved shape to restore it."""
-    moved = x.movedim(dim, -1)
-    return moved.reshape(-1, moved.shape[-1]), moved.shape
+def hard_or_dense_target(z: Tensor, t: Tensor, label_smoothing: float, ignore_index: int,
+                         class_indices: bool) -> Tuple[Tensor, Optional[Tensor]]:
+    """The per-row target of a loss Function and the mask of rows that count (None: all).
 
-
-def from_rows(rows: Tensor, moved_shape: torch.Size, dim: int) -> Tensor:
-    return rows.reshape(moved_shape).movedim(-1, dim)
+    With `class_indices` (losses with a one-hot fast path: the entmax family) a class-index target
+    without label smoothing stays indices (N,) (ignored rows point at class 0 and are masked by
+    the reduction); everything else becomes the dense q (N, K)."""
+    if class_indices and not t.dtype.is_floating_point and label_smoothing == 0:
+        valid = t != ignore_index
+        if all_rows_count(valid):
+            return t, None
+        return torch.where(valid, t, torch.zeros_like(t)), valid
+    with torch.no_grad():
+        return dense_target(compute_dtype(z.detach()), t, label_smoothing, ignore_index)
 
 
 def row_loss(function, logits: Tensor, target: Tensor, label_smoothing: float, ignore_index: int, reduction: str,
-             *args) -> Tensor:
-    """The loss pipeline of a head: rows of logits (classes last), the dense target q,
-    `function.apply(z, q, *args)` per row, then ignore_index and the reduction."""
+             *args, class_indices: bool = False) -> Tensor:
+    """The loss pipeline of every head: rows of logits (classes last), the per-row target (the
+    dense q, or class indices with `class_indices`), `function.apply(z, target, *args)` per row,
+    then ignore_index and the reduction."""
     check_loss_args(reduction, label_smoothing)
     z, t, lead = flatten(logits, target)
-    with torch.no_grad():
-        q, valid = dense_target(compute_dtype(z.detach()), t, label_smoothing, ignore_index)
-    return reduce_rows(function.apply(z, q, *args), valid, reduction, lead)
+    rows_target, valid = hard_or_dense_target(z, t, label_smoothing, ignore_index, class_indices)
+    return reduce_rows(function.apply(z, rows_target, *args), valid, reduction, lead)
 
 
 class RowGradientLoss(torch.autograd.Function):
     """Base of the per-row loss Functions of the heads: `forward` computes each row's loss and its
     gradient with respect to the logits (p - q, or the head's own), keeps only that gradient with
-    `save_row_gradient`, and the shared `backward` scales it by the incoming per-row gradient (no
-    gradient for the other inputs)."""
+    `save_row_gradient`, and the shared `backward` scales it by the incoming per-row gradient.
+    A Function with one more differentiable input (the learned entmax alpha, argument `index`)
+    passes its per-row gradient as `extra=(index, per_row, shape)`; the others get None."""
 
     @staticmethod
-    def save_row_gradient(ctx, grad: Tensor, z: Tensor) -> None:
-        ctx.save_for_backward(grad)
-        ctx.z_dtype = z.dtype
+    def save_row_gradient(ctx, grad: Tensor, z: Tensor, extra=None) -> None:
+        index, per_row, shape = extra if extra is not None else (None, None, None)
+        ctx.save_for_backward(grad, per_row)
+        ctx.z_dtype, ctx.extra_index, ctx.extra_shape = z.dtype, index, shape
 
     @staticmethod
     def backward(ctx, g: Tensor):
-        (grad,) = ctx.saved_tensors
-        dz = (grad * g.to(grad.dtype).unsqueeze(-1)).to(ctx.z_dtype)
-        return (dz,) + (None,) * (len(ctx.needs_input_grad) - 1)
+        grad, per_row = ctx.saved_tensors
+        g = g.to(grad.dtype)
+        out = [None] * len(ctx.needs_input_grad)
+        out[0] = (grad * g.unsqueeze(-1)).to(ctx.z_dtype)
+        if per_row is not None and ctx.needs_input_grad[ctx.extra_index]:
+            total = g * per_row
+            shape = ctx.extra_shape
+            out[ctx.extra_index] = (total.sum() if shape.numel() == 1 else total).reshape(shape)
+        return tuple(out)

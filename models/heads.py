@@ -1,94 +1,54 @@
-"""Swappable output heads: a named probability mapping plus its Fenchel-Young loss.
+"""Swappable output heads: a named probability mapping plus its training loss.
 
-The mappings live in models/mappings.py and the losses in models/losses.py; everything public is
-re-exported here so callers only need `from models.heads import ...`.
+Each head is one declaration in models/registry.py (mapping, loss, hyperparameters, flags); the
+mappings live in models/mappings.py and models/<head>.py, the entmax family's losses in
+models/losses.py. Everything public is re-exported here so callers only need
+`from models.heads import ...`.
 
 `OutputHead` holds no classifier weights (the model's `head` Linear produces the logits); it maps
-logits to probabilities, computes the matching loss for hard or soft targets, and reports the
+logits to probabilities, computes the head's loss for hard or soft targets, and reports the
 support. With `learn_alpha=True` (entmax_bisect only) alpha = 1 + sigmoid(alpha_logit) is a
 parameter, so it stays in (1, 2) by construction (Correia et al. 2019 learn it the same way).
-
-Heads from the wider literature, each with its own training loss (one module each):
-normmax (gamma-normmax, models/normmax.py), sparse_softmax (top-k softmax, models/topk_softmax.py),
-taylor_softmax (models/taylor_softmax.py) and am_softmax (additive-margin softmax,
-models/am_softmax.py). am_softmax also needs a cosine classifier: `prepare_classifier(model)`
-swaps the model's final Linear for a CosineLinear (models.create_classifier calls it).
+A head flagged `cosine_classifier` (am_softmax) swaps the model's final Linear for a
+CosineLinear in `prepare_classifier(model)` (models.create_classifier calls it).
 """
 from __future__ import annotations
-
-import math
-from typing import Optional
 
 import torch
 from torch import Tensor, nn
 
-from common.errors import UserError
-
-from .am_softmax import am_softmax_loss, check_margin, check_scale, install_cosine_classifier
-from .losses import (
-    REDUCTIONS,
-    Entmax15Loss,
-    EntmaxBisectLoss,
-    SoftmaxLoss,
-    SparsemaxLoss,
-    entmax15_loss,
-    entmax_bisect_loss,
-    softmax_loss,
-    sparsemax_loss,
-)
+from .am_softmax import am_softmax_loss, install_cosine_classifier
+from .head_targets import REDUCTIONS
+from .losses import entmax15_loss, entmax_bisect_loss, softmax_loss, sparsemax_loss
 from .mappings import entmax15, entmax_bisect, softmax, sparsemax
-from .normmax import check_gamma, normmax, normmax_loss
-from .taylor_softmax import check_order, taylor_softmax, taylor_softmax_loss
-from .topk_softmax import check_k, topk_softmax, topk_softmax_loss
-
-HEAD_NAMES = ("softmax", "sparsemax", "entmax15", "entmax_bisect",
-              "normmax", "sparse_softmax", "taylor_softmax", "am_softmax")
-# Heads whose probabilities have exact zeros: their support is a prediction set.
-SPARSE_HEAD_NAMES = ("sparsemax", "entmax15", "entmax_bisect", "normmax", "sparse_softmax")
-# The entmax family, whose support has a closed-form conformal score (evaluation/conformal.py).
-ENTMAX_HEAD_NAMES = ("sparsemax", "entmax15", "entmax_bisect")
-
-_FIXED_ALPHA = {"softmax": 1.0, "sparsemax": 2.0, "entmax15": 1.5}
-_MAPPINGS = {"softmax": softmax, "sparsemax": sparsemax, "entmax15": entmax15}
-_LOSSES = {"softmax": softmax_loss, "sparsemax": sparsemax_loss, "entmax15": entmax15_loss}
+from .normmax import normmax, normmax_loss
+from .perturbmax import EVAL_SEED, perturbmax, perturbmax_loss
+from .registry import (ENTMAX_HEAD_NAMES, HEAD_NAMES, HPARAMS, SPARSE_HEAD_NAMES, check_settings, head_spec,
+                       learned_alpha_logit)
+from .taylor_softmax import taylor_softmax, taylor_softmax_loss
+from .topk_softmax import topk_softmax, topk_softmax_loss
 
 
 class OutputHead(nn.Module):
-    """logits -> probabilities with the named mapping, and its Fenchel-Young loss."""
+    """logits -> probabilities with the named head's mapping, and its loss.
 
-    def __init__(self, name: str = "softmax", alpha: float = 1.5, learn_alpha: bool = False,
-                 gamma: float = 2.0, k: int = 5, order: int = 2, scale: float = 30.0, margin: float = 0.35):
+    `settings` are the head settings by name (models.registry.HPARAMS, defaults from there); only
+    the selected head's own are checked and kept (the others read as None)."""
+
+    def __init__(self, name: str = "softmax", **settings):
         super().__init__()
-        if name not in HEAD_NAMES:
-            raise UserError(f"unknown output head '{name}'; valid names: {', '.join(HEAD_NAMES)}")
-        if learn_alpha and name != "entmax_bisect":
-            raise UserError(f"learn_alpha=True needs head 'entmax_bisect' (got '{name}'); "
-                            f"set head.name=entmax_bisect or head.learn_alpha=false")
+        self.spec = head_spec(name)
         self.name = name
-        self.learn_alpha = bool(learn_alpha)
-        self._fixed_alpha: Optional[float] = _FIXED_ALPHA.get(name)
-        if name == "entmax_bisect":
-            try:
-                alpha = float(alpha)
-            except (TypeError, ValueError):
-                raise UserError(f"head alpha must be a number, got {alpha!r}") from None
-            if learn_alpha:
-                if not 1.0 < alpha < 2.0:
-                    raise UserError(f"a learned alpha starts strictly inside (1, 2), got {alpha}; "
-                                    f"e.g. head.alpha=1.5")
-                # alpha = 1 + sigmoid(alpha_logit)  =>  alpha_logit = logit(alpha - 1)
-                self.alpha_logit = nn.Parameter(torch.tensor(math.log((alpha - 1.0) / (2.0 - alpha))))
-            else:
-                if not 1.0 <= alpha <= 2.0:
-                    raise UserError(f"entmax_bisect alpha must be in [1, 2] (1 = softmax, "
-                                    f"2 = sparsemax), got {alpha}")
-                self._fixed_alpha = alpha
-        # Only the selected head's own hyperparameters are checked (and kept).
-        self.gamma = check_gamma(gamma) if name == "normmax" else None
-        self.k = check_k(k) if name == "sparse_softmax" else None
-        self.order = check_order(order) if name == "taylor_softmax" else None
-        self.scale = check_scale(scale) if name == "am_softmax" else None
-        self.margin = check_margin(margin) if name == "am_softmax" else None
+        self.settings = check_settings(name, settings)
+        for key in HPARAMS:  # head.gamma etc. as attributes (alpha is the property below)
+            if key != "alpha":
+                setattr(self, key, self.settings.get(key))
+        self.learn_alpha = bool(self.settings.get("learn_alpha", False))
+        if self.learn_alpha:
+            self.alpha_logit = nn.Parameter(torch.tensor(learned_alpha_logit(self.settings["alpha"])))
+        # A random head's noise: draw (run seed, count of training-mode loss calls); eval mode
+        # always takes the fixed draw (EVAL_SEED, 0), so every evaluation sees the same noise.
+        self.draw_seed, self.draw_step = torch.initial_seed(), 0
 
     @property
     def alpha(self) -> Tensor:
@@ -96,80 +56,58 @@ class OutputHead(nn.Module):
         outside the entmax family (normmax, sparse_softmax, taylor_softmax, am_softmax)."""
         if self.learn_alpha:
             return 1.0 + torch.sigmoid(self.alpha_logit)
-        return torch.tensor(float("nan") if self._fixed_alpha is None else self._fixed_alpha)
+        alpha = self.spec.alpha
+        return torch.tensor(float("nan") if alpha is None else float(self.settings.get(alpha, alpha)))
 
     def hparams(self) -> dict:
         """The selected head's own hyperparameters, e.g. {"gamma": 2.0} for normmax."""
-        if self.name == "entmax_bisect":
-            return {"alpha": float(self.alpha.detach()), "learn_alpha": self.learn_alpha}
-        keys = {"normmax": ("gamma",), "sparse_softmax": ("k",), "taylor_softmax": ("order",),
-                "am_softmax": ("scale", "margin")}.get(self.name, ())
-        return {key: getattr(self, key) for key in keys}
+        out = dict(self.settings)
+        if "alpha" in out:
+            out["alpha"] = float(self.alpha.detach())
+        return out
 
     def prepare_classifier(self, model: nn.Module) -> nn.Module:
-        """Fit the model's classifier to this head (called once by models.create_classifier).
-
-        am_softmax: the final Linear `model.head` becomes a CosineLinear returning scale * cos
-        (normalised features and weights). sparse_softmax: checks head.k against the classes.
-        Other heads: nothing to do."""
-        if self.name == "am_softmax":
-            install_cosine_classifier(model, self.scale)
-        elif self.name == "sparse_softmax" and getattr(model, "num_classes", None):
-            check_k(self.k, int(model.num_classes))
+        """Fit the model's classifier to this head (called once by models.create_classifier):
+        a cosine classifier where the head needs one, and the head's checks against the classes."""
+        if self.spec.cosine_classifier:
+            install_cosine_classifier(model, self.settings["scale"])
+        if self.spec.check_classes is not None and getattr(model, "num_classes", None):
+            self.spec.check_classes(self.settings, int(model.num_classes))
         return model
 
-    def _alpha_arg(self):
-        return 1.0 + torch.sigmoid(self.alpha_logit) if self.learn_alpha else self._fixed_alpha
+    def _live_settings(self) -> dict:
+        settings = self.settings
+        if self.learn_alpha:
+            settings = {**settings, "alpha": 1.0 + torch.sigmoid(self.alpha_logit)}
+        if self.spec.draws:
+            draw = (self.draw_seed, self.draw_step) if self.training else (EVAL_SEED, 0)
+            settings = {**settings, "draw": draw}
+        return settings
 
     def forward(self, logits: Tensor, dim: int = -1) -> Tensor:
-        if self.name in _MAPPINGS:
-            return _MAPPINGS[self.name](logits, dim)
-        if self.name == "normmax":
-            return normmax(logits, self.gamma, dim)
-        if self.name == "sparse_softmax":
-            return topk_softmax(logits, self.k, dim)
-        if self.name == "taylor_softmax":
-            return taylor_softmax(logits, self.order, dim)
-        if self.name == "am_softmax":  # the margin belongs to the training loss only
-            return softmax(logits, dim)
-        return entmax_bisect(logits, self._alpha_arg(), dim)
+        return self.spec.mapping(logits, dim, self._live_settings())
 
     def loss(self, logits: Tensor, target: Tensor, label_smoothing: float = 0.0,
              ignore_index: int = -100, reduction: str = "mean") -> Tensor:
         """The head's training loss (its Fenchel-Young loss where it has one); target is int64
         classes (B,) or float probability rows (B, K). am_softmax's margin applies in training
         mode only (`self.training`), so evaluation reports the margin-free cross-entropy."""
-        kw = dict(label_smoothing=label_smoothing, ignore_index=ignore_index, reduction=reduction)
-        if self.name in _LOSSES:
-            return _LOSSES[self.name](logits, target, **kw)
-        if self.name == "normmax":
-            return normmax_loss(logits, target, self.gamma, **kw)
-        if self.name == "sparse_softmax":
-            return topk_softmax_loss(logits, target, self.k, **kw)
-        if self.name == "taylor_softmax":
-            return taylor_softmax_loss(logits, target, self.order, **kw)
-        if self.name == "am_softmax":
-            return am_softmax_loss(logits, target, self.scale, self.margin if self.training else 0.0, **kw)
-        return entmax_bisect_loss(logits, target, alpha=self._alpha_arg(), **kw)
-
-    @staticmethod
-    def support(probs: Tensor) -> Tensor:
-        return probs > 0
+        if self.spec.draws and self.training:
+            self.draw_step += 1  # a host integer: no device read
+        return self.spec.loss(logits, target, self._live_settings(), self.training, label_smoothing=label_smoothing,
+                              ignore_index=ignore_index, reduction=reduction)
 
     @staticmethod
     def support_size(probs: Tensor) -> Tensor:
         return (probs > 0).sum(-1)
 
     def extra_repr(self) -> str:
-        if self.name == "entmax_bisect":
-            return f"name={self.name}, alpha={float(self.alpha.detach()):.4g}, learn_alpha={self.learn_alpha}"
-        return ", ".join([f"name={self.name}"] + [f"{k}={v:g}" for k, v in self.hparams().items()])
+        return ", ".join([f"name={self.name}"] + [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                                  for k, v in self.hparams().items()])
 
 
-def build_output_head(name: str, alpha: float = 1.5, learn_alpha: bool = False, gamma: float = 2.0,
-                      k: int = 5, order: int = 2, scale: float = 30.0, margin: float = 0.35) -> OutputHead:
-    return OutputHead(name, alpha=alpha, learn_alpha=learn_alpha, gamma=gamma, k=k, order=order,
-                      scale=scale, margin=margin)
+def build_output_head(name: str, **settings) -> OutputHead:
+    return OutputHead(name, **settings)
 
 
 __all__ = [
@@ -177,6 +115,5 @@ __all__ = [
     "softmax", "sparsemax", "entmax15", "entmax_bisect",
     "softmax_loss", "sparsemax_loss", "entmax15_loss", "entmax_bisect_loss",
     "normmax", "normmax_loss", "topk_softmax", "topk_softmax_loss",
-    "taylor_softmax", "taylor_softmax_loss", "am_softmax_loss",
-    "SoftmaxLoss", "SparsemaxLoss", "Entmax15Loss", "EntmaxBisectLoss",
+    "taylor_softmax", "taylor_softmax_loss", "am_softmax_loss", "perturbmax", "perturbmax_loss",
 ]

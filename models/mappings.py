@@ -7,21 +7,24 @@ All four are `torch.autograd.Function`s with closed-form backward passes:
 * 1.5-entmax (Peters, Niculae & Martins 2019, "Sparse Sequence-to-Sequence Models"):
   p = [z/2 - tau]_+^2 with an exact threshold.
 * alpha-entmax (Correia, Niculae & Martins 2019, "Adaptively Sparse Transformers"):
-  p = [(alpha-1) z - tau]_+^{1/(alpha-1)}, differentiable in alpha (their closed form for
-  dp/dalpha).
+  p = [(alpha-1) z - tau]_+^{1/(alpha-1)} for any alpha >= 1 (alpha > 2 too), differentiable in
+  alpha (their closed form for dp/dalpha).
 
 For every entmax, s = p^(2-alpha) on the support and dx = s*g - (sum(s*g)/sum(s)) * s.
 
 Conventions shared by all mappings:
-* any `dim`, any leading shape;
+* any `dim`, any leading shape (the kernels work on rows (R, K): classes last);
 * -inf logits are masked: they get exact zeros and do not influence the other entries;
   a slice that is entirely -inf maps to all zeros, with a zero (not NaN) gradient;
 * fp16/bf16 inputs are computed in fp32 and returned in the input dtype.
 
-Two ways to find the threshold tau, picked by the device of the logits (`threshold_path`):
+Two ways to find the threshold tau (`threshold_path`), and ONE place that picks between them:
+the threshold functions of the seam below (`sparsemax_threshold`, `entmax15_threshold`,
+`tsallis_threshold`, plus `alpha_rows` for what a tensor alpha needs). Kernels, Functions and
+losses never see the choice.
 * the device path (models/thresholds_device.py), for GPUs and other accelerators and always under
   torch.compile: fixed shapes, no data-dependent branch, no host read in forward or backward
-  (sort-based exact thresholds; a fixed bisection then Newton for alpha-entmax);
+  (sort-based exact thresholds; a fixed bisection then safeguarded Newton for alpha-entmax);
 * the CPU path (models/thresholds_cpu.py), for CPU tensors: sort-free iterations that stop as
   soon as they are exact, checked on the host (free on CPU, a sync per check on CUDA), run on one
   intra-op thread for the sizes where threads only add fork/join cost.
@@ -39,7 +42,8 @@ from torch import Tensor
 from common.errors import UserError
 
 from . import thresholds_cpu, thresholds_device
-from .threshold_common import FLOOR, tsallis_power
+from .rows import compute_dtype, from_rows, to_rows
+from .threshold_common import FLOOR, tsallis_mass
 from .thresholds_device import default_n_iter
 
 # A tensor alpha with alpha - 1 below this is computed as softmax (alpha = 1): the power
@@ -47,6 +51,11 @@ from .thresholds_device import default_n_iter
 # by O(alpha - 1) and the alpha gradient of those rows is 0. A float alpha that close to 1 is
 # computed as exact softmax.
 SOFTMAX_BELOW = 1e-3
+ALPHA_BELOW_ONE = "entmax alpha must be >= 1 (1 = softmax, 2 = sparsemax, > 2 sparser), got {}"
+
+# The alpha of the entmax family's fixed members (one source: the losses, the registry and the
+# dispatch of a float alpha below read it from here).
+ALPHA_OF = {"softmax": 1.0, "entmax15": 1.5, "sparsemax": 2.0}
 
 THRESHOLD_PATHS = ("auto", "device", "cpu")
 _threshold_path = "auto"
@@ -54,10 +63,6 @@ _threshold_path = "auto"
 
 def _compiling() -> bool:
     return torch.compiler.is_compiling()
-
-
-def _compute_dtype(x: Tensor) -> Tensor:
-    return x if x.dtype in (torch.float32, torch.float64) else x.float()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -111,7 +116,7 @@ def uses_device_path(x: Tensor) -> bool:
 _NO_CONTEXT = contextlib.nullcontext()
 
 
-def _threads_for(x: Tensor):
+def threads_for(x: Tensor):
     """One intra-op thread for small head work on CPU tensors (thresholds_cpu.one_thread_below).
 
     Called on every forward and backward: the cheap checks (is_cpu, not device.type) come first."""
@@ -125,251 +130,264 @@ def _check_n_iter(n_iter) -> None:
         raise UserError(f"n_iter (bisection steps) must be a positive integer or None, got {n_iter!r}")
 
 
-# ---------------------------------------------------------------------------------------------
-# Shared steps of the forward kernels.
+def _check_alpha_value(alpha: float) -> float:
+    alpha = float(alpha)
+    if not alpha >= 1.0:
+        raise UserError(ALPHA_BELOW_ONE.format(alpha))
+    return alpha
 
-def _shift(x: Tensor, dim: int, scale: Union[float, Tensor], device_path: bool):
-    """scale * (x - max) clamped at FLOOR, the mask of slices that are entirely -inf, and
-    whether there may be such slices (always True on the device path: nothing is read)."""
-    m = x.amax(dim, keepdim=True)
+
+# ---------------------------------------------------------------------------------------------
+# The seam: the only functions that know which path runs. Inputs are rows (R, K) of shifted,
+# scaled, clamped logits zs (threshold_common) and `dead`, the rows that are entirely -inf;
+# each returns tau (R, 1) (+inf on dead rows: all zeros, zero gradient) and the solver's
+# by-product: d = [zs - tau]_+ or the candidate block of alpha-entmax (None: not produced).
+
+def _solve(zs: Tensor, dead: Tensor, device_solver, cpu_solver):
+    if uses_device_path(zs):
+        return device_solver(zs).masked_fill_(dead, float("inf")), None
+    if bool(dead.any()):
+        # an all -inf row would start the CPU iterations with an empty support (0/0 steps, then
+        # MAX_STEPS passes and the sort fallback for the whole batch): solve a constant row there
+        tau = cpu_solver(zs.masked_fill(dead, 0.0))[0]
+        return tau.masked_fill_(dead, float("inf")), None
+    return cpu_solver(zs)
+
+
+def sparsemax_threshold(zs: Tensor, dead: Tensor):
+    return _solve(zs, dead, thresholds_device.sparsemax_threshold, thresholds_cpu.sparsemax_threshold)
+
+
+def entmax15_threshold(zs: Tensor, dead: Tensor):
+    return _solve(zs, dead, thresholds_device.entmax15_threshold, thresholds_cpu.entmax15_threshold)
+
+
+def tsallis_threshold(zs: Tensor, dead: Tensor, beta, n_iter: Optional[int]):
+    return _solve(zs, dead, lambda z: thresholds_device.tsallis_threshold(z, beta, n_iter),
+                  lambda z: thresholds_cpu.tsallis_threshold(z, beta, n_iter))
+
+
+def all_rows_count(valid: Tensor) -> bool:
+    """Whether a loss may drop its row mask because every row counts: read on the CPU path (the
+    usual batch ignores nothing, and the masking ops are a few percent of a small loss there);
+    never on the device path, which keeps the mask."""
+    return not uses_device_path(valid) and bool(valid.all())
+
+
+def alpha_rows(a: Tensor):
+    """A tensor alpha (R, 1) -> (alpha to compute with, rows within SOFTMAX_BELOW of 1 or None).
+
+    alpha < 1 is refused as a float alpha is on the CPU path (reading it is free there); the
+    device path cannot read it without a sync, so those rows come out NaN instead (never a silent
+    softmax). Rows near 1 are computed as softmax (see SOFTMAX_BELOW): the device path always
+    takes that where, the CPU path only when such rows exist (None otherwise)."""
+    if not uses_device_path(a):
+        lowest = float(a.detach().min())  # one read for both checks
+        if not lowest >= 1.0:
+            raise UserError(ALPHA_BELOW_ONE.format(lowest))
+        if lowest > 1.0 + SOFTMAX_BELOW:
+            return a, None
+    near_one = a <= 1.0 + SOFTMAX_BELOW
+    below_one = a < 1.0
+    return torch.where(near_one, torch.full_like(a, 1.5), a).masked_fill_(below_one, float("nan")), near_one
+
+
+def with_softmax_rows(p: Tensor, p_soft: Tensor, a: Tensor, near_one: Tensor) -> Tensor:
+    """p with the rows near alpha = 1 replaced by their softmax p_soft (NaN where a is NaN)."""
+    return torch.where(near_one, p_soft * (a * 0.0 + 1.0), p)
+
+
+# ---------------------------------------------------------------------------------------------
+# Forward kernels: rows (R, K) in fp32/fp64; shared by the mappings and the losses.
+
+def _shift(x: Tensor, scale: Union[float, Tensor]):
+    """scale * (x - max) clamped at FLOOR, and the mask of rows that are entirely -inf."""
+    m = x.amax(-1, keepdim=True)
     dead = m == float("-inf")
-    # An all -inf slice has m = -inf; clamping m to the lowest finite value keeps x - m = -inf
-    # there (not NaN) and leaves every other slice unchanged: one op instead of a where.
+    # An all -inf row has m = -inf; clamping m to the lowest finite value keeps x - m = -inf
+    # there (not NaN) and leaves every other row unchanged: one op instead of a where.
     z = x - m.clamp_(min=torch.finfo(m.dtype).min)
     if not (isinstance(scale, float) and scale == 1.0):
         z = z * scale
-    z = z.clamp_(min=FLOOR)
-    # An all -inf slice would start the CPU iterations with an empty support (0/0 steps, then
-    # MAX_STEPS passes and the sort fallback for the whole batch). A constant slice converges at
-    # once; its tau is replaced by +inf afterwards (_dead_tau). The device path fills always.
-    may_be_dead = device_path or bool(dead.any())
-    if may_be_dead:
-        z.masked_fill_(dead, 0.0)
-    return z, dead, may_be_dead
+    return z.clamp_(min=FLOOR), dead
 
 
-def _threshold(z: Tensor, dim: int, kind: str, device_path: bool, beta=None, n_iter: Optional[int] = None):
-    """(tau, d, cand): see thresholds_cpu.threshold; the device path gives (tau, None, None)."""
-    if device_path:
-        return thresholds_device.threshold(z, dim, kind, beta, n_iter), None, None
-    return thresholds_cpu.threshold(z, dim, kind, beta, n_iter)
-
-
-def _dead_tau(tau: Tensor, dead: Tensor) -> Tensor:
-    # All -inf slice: tau = +inf puts every entry outside the support (zeros, zero gradient).
-    return tau.masked_fill(dead, float("inf"))
-
-
-def _device_path_of(x: Tensor, device_path: Optional[bool]) -> bool:
-    return uses_device_path(x) if device_path is None else device_path
-
-
-# ---------------------------------------------------------------------------------------------
-# Forward kernels (fp32/fp64 in); shared by the mappings and the losses. device_path None means
-# "as uses_device_path(x) says".
-
-def softmax_forward(x: Tensor, dim: int) -> Tensor:
-    m = x.amax(dim, keepdim=True)
-    m = torch.where(m == float("-inf"), torch.zeros_like(m), m)
+def softmax_rows(x: Tensor) -> Tensor:
+    """Softmax of rows (any dim works: only the last is reduced); an all -inf row gives zeros."""
+    m = x.amax(-1, keepdim=True).clamp_(min=torch.finfo(x.dtype).min)
     e = (x - m).exp_()
-    s = e.sum(dim, keepdim=True)
-    # An all -inf slice has s == 0: e is all zeros there, divide by 1 instead of 0.
+    s = e.sum(-1, keepdim=True)
     return e.div_(torch.where(s > 0, s, torch.ones_like(s)))
 
 
-def sparsemax_kernel(x: Tensor, dim: int, device_path: Optional[bool] = None):
+def sparsemax_kernel(x: Tensor):
     """(p, d, tau) with d = p = [zs - tau]_+, zs = x - max clamped."""
-    device_path = _device_path_of(x, device_path)
-    zs, dead, may_be_dead = _shift(x, dim, 1.0, device_path)
-    tau, d, _ = _threshold(zs, dim, "sparsemax", device_path)
-    tau = _dead_tau(tau, dead)
-    if d is None or may_be_dead:
+    zs, dead = _shift(x, 1.0)
+    tau, d = sparsemax_threshold(zs, dead)
+    if d is None:
         d = (zs - tau).clamp_(min=0.0)
     return d, d, tau
 
 
-def entmax15_kernel(x: Tensor, dim: int, device_path: Optional[bool] = None):
+def entmax15_kernel(x: Tensor):
     """(p, d, tau) with d = [zs - tau]_+, p = d^2, zs = (x - max) / 2 clamped."""
-    device_path = _device_path_of(x, device_path)
-    zs, dead, may_be_dead = _shift(x, dim, 0.5, device_path)
-    tau, d, _ = _threshold(zs, dim, "entmax15", device_path)
-    tau = _dead_tau(tau, dead)
-    if d is None or may_be_dead:
+    zs, dead = _shift(x, 0.5)
+    tau, d = entmax15_threshold(zs, dead)
+    if d is None:
         d = (zs - tau).clamp_(min=0.0)
     return d * d, d, tau
 
 
-def entmax_alpha_kernel(x: Tensor, alpha, dim: int, n_iter: Optional[int] = None,
-                        need_log: bool = False, need_s: bool = False,
-                        device_path: Optional[bool] = None):
-    """alpha-entmax for alpha > 1 (float or tensor broadcastable to x with size 1 along dim).
+def entmax_alpha_kernel(x: Tensor, alpha, n_iter: Optional[int] = None, need_log: bool = False,
+                        need_s: bool = False):
+    """alpha-entmax of rows x (R, K) for alpha > 1, a float or a tensor (R, 1) or scalar.
 
-    Returns (p, spd, tau, splogp): p normalized to sum 1, spd = sum_i p_i d_i (keepdim) with
-    d = [zs - tau]_+, zs = (alpha - 1)(x - max) clamped, which is sum p^alpha (p = d^beta / S with
-    S = 1 up to rounding), and with need_log, splogp = sum p^alpha log p (else None).
-    With need_s a fifth value: s = p / d on the support, 0 elsewhere. It is proportional to
-    p^(2-alpha) per slice (p^(alpha-1) = d / S^(alpha-1)), and the backward formulas only use
-    s / sum(s): this avoids a pow (and a where) over the full tensor in the backward."""
-    device_path = _device_path_of(x, device_path)
-    if isinstance(alpha, Tensor):
-        am1 = alpha.to(x.dtype) - 1.0
-    else:
-        am1 = float(alpha) - 1.0
+    Returns (p, spd, tau, splogp, s): p normalized to sum 1; spd = sum_i p_i d_i (R, 1) with
+    d = [zs - tau]_+, zs = (alpha - 1)(x - max) clamped, which is sum p^alpha (p = d^beta / S,
+    S = 1 up to rounding); with need_log splogp = sum p^alpha log p (else None); with need_s,
+    s = p / d on the support, 0 elsewhere (else None): proportional to p^(2-alpha) per row, and
+    the backward formulas only use s / sum(s), which avoids a pow over the full tensor there.
+    Everything is computed on the threshold's candidate block when it gave one (pow is costly
+    on CPU) and scattered back."""
+    am1 = alpha - 1.0 if isinstance(alpha, Tensor) else float(alpha) - 1.0
     beta = 1.0 / am1
-    zs, dead, may_be_dead = _shift(x, dim, am1, device_path)
-    tau, _, cand = _threshold(zs, dim, "alpha", device_path, beta, n_iter)
-    tau = _dead_tau(tau, dead)
-    if cand is not None and not may_be_dead:
-        # pow only on the candidate block (pow is costly on CPU), then scattered back.
-        d_c = (cand.values - cand.tau).clamp_(min=0.0)
-        p_c = tsallis_power(d_c, cand.beta)[0]
-        s = p_c.sum(-1, keepdim=True)
-        p_c = p_c.div_(s)
-        K = zs.size(dim)
-        p = cand.scatter(p_c).reshape(*cand.lead, K).movedim(-1, dim)
-        pd = p_c * d_c
-        spd = pd.sum(-1, keepdim=True).reshape(*cand.lead, 1).movedim(-1, dim)
-        splogp = None
-        if need_log:
-            # sum p^alpha log p on the block: p^alpha = p d / S^(alpha-1) ~ p d.
-            splogp = (pd * p_c.clamp(min=torch.finfo(p_c.dtype).tiny).log()).sum(-1, keepdim=True)
-            splogp = splogp.reshape(*cand.lead, 1).movedim(-1, dim)
-        if need_s:
-            s_c = p_c.div_(d_c.clamp_(min=torch.finfo(d_c.dtype).tiny))  # p_c is no longer needed
-            s_full = cand.scatter(s_c).reshape(*cand.lead, K).movedim(-1, dim)
-            return p, spd, tau, splogp, s_full
-        return p, spd, tau, splogp
-    d = (zs - tau).clamp_(min=0.0)
-    p = tsallis_power(d, beta)[0]
-    s = p.sum(dim, keepdim=True)
-    p = p.div_(torch.where(s > 0, s, torch.ones_like(s)))
+    zs, dead = _shift(x, am1)
+    tau, block = tsallis_threshold(zs, dead, beta, n_iter)
+    d = ((zs if block is None else block.values) - tau).clamp_(min=0.0)
+    p = tsallis_mass(d, beta)
+    p = p.clone() if p is d else p
+    total = p.sum(-1, keepdim=True)
+    p = p.div_(torch.where(total > 0, total, torch.ones_like(total)))
     pd = p * d
-    splogp = None
-    if need_log:
-        splogp = (pd * p.clamp(min=torch.finfo(p.dtype).tiny).log()).sum(dim, keepdim=True)
-    if need_s:
-        # d is not needed after this: reuse it. 0 / tiny = 0 off the support.
-        d_safe = d.clamp_(min=torch.finfo(d.dtype).tiny)
-        s_full = p / d_safe if p is d else torch.div(p, d_safe, out=d)
-        return p, pd.sum(dim, keepdim=True), tau, splogp, s_full
-    return p, pd.sum(dim, keepdim=True), tau, splogp
-
-
-def sparsemax_forward(x: Tensor, dim: int) -> Tensor:
-    return sparsemax_kernel(x, dim)[0]
-
-
-def entmax15_forward(x: Tensor, dim: int) -> Tensor:
-    return entmax15_kernel(x, dim)[0]
-
-
-def entmax_alpha_forward(x: Tensor, alpha, dim: int, n_iter: Optional[int] = None) -> Tensor:
-    return entmax_alpha_kernel(x, alpha, dim, n_iter)[0]
+    splogp = (pd * p.clamp(min=torch.finfo(p.dtype).tiny).log()).sum(-1, keepdim=True) if need_log else None
+    s = p / d.clamp_(min=torch.finfo(d.dtype).tiny) if need_s else None  # 0 / tiny = 0 off the support
+    full = (lambda t: t) if block is None else block.scatter
+    return full(p), pd.sum(-1, keepdim=True), tau, splogp, (None if s is None else full(s))
 
 
 # ---------------------------------------------------------------------------------------------
-# Backward kernels (branch-free: shared by both paths).
+# Backward kernels on rows (branch-free: shared by both paths).
 
 def _softmax_backward(p: Tensor, g: Tensor, dim: int) -> Tensor:
     pg = p * g
     return pg.sub_(p * pg.sum(dim, keepdim=True))
 
 
-def _sparsemax_backward(p: Tensor, g: Tensor, dim: int) -> Tensor:
+def _sparsemax_backward(p: Tensor, g: Tensor) -> Tensor:
     """g minus its mean over the support, on the support (arithmetic only: cheap on CPU)."""
     s = p.ceil()  # support indicator: p in [0, 1]
     gs = g * s
-    n = s.sum(dim, keepdim=True).clamp_(min=1.0)
-    mean = gs.sum(dim, keepdim=True).div_(n)
+    n = s.sum(-1, keepdim=True).clamp_(min=1.0)
+    mean = gs.sum(-1, keepdim=True).div_(n)
     return gs.sub_(s.mul_(mean))
 
 
-def _entmax_backward(s: Tensor, g: Tensor, dim: int) -> Tensor:
+def _entmax_backward(s: Tensor, g: Tensor) -> Tensor:
     """dx = s*g - (sum(s*g)/sum(s)) * s with s = p^(2-alpha) on the support."""
     sg = s * g
-    ss = s.sum(dim, keepdim=True)
-    coef = sg.sum(dim, keepdim=True) / torch.where(ss > 0, ss, torch.ones_like(ss))
+    ss = s.sum(-1, keepdim=True)
+    coef = sg.sum(-1, keepdim=True) / torch.where(ss > 0, ss, torch.ones_like(ss))
     return sg.sub_(coef * s)
 
 
-def _grad_like(dx: Tensor, x: Tensor) -> Tensor:
-    return dx if dx.dtype == x.dtype else dx.to(x.dtype)
-
-
-def _check_alpha_value(alpha: float) -> float:
-    alpha = float(alpha)
-    if not alpha >= 1.0:
-        raise UserError(f"entmax alpha must be >= 1 (1 = softmax, 2 = sparsemax), got {alpha}")
-    return alpha
-
-
-# ---------------------------------------------------------------------------------------------
-# autograd Functions (one per mapping; device_path is decided once per call by the caller).
-
-class SoftmaxFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: Tensor, dim: int):
-        with _threads_for(x):
-            p = softmax_forward(_compute_dtype(x), dim)
-        ctx.dim = dim
-        ctx.save_for_backward(p)
-        return p.to(x.dtype)
-
-    @staticmethod
-    def backward(ctx, g: Tensor):
-        (p,) = ctx.saved_tensors
-        with _threads_for(p):
-            return _grad_like(_softmax_backward(p, g.to(p.dtype), ctx.dim), g), None
-
-
-class SparsemaxFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: Tensor, dim: int, device_path: bool):
-        with _threads_for(x):
-            p = sparsemax_kernel(_compute_dtype(x), dim, device_path)[0]
-        ctx.dim = dim
-        ctx.save_for_backward(p)
-        return p.to(x.dtype)
-
-    @staticmethod
-    def backward(ctx, g: Tensor):
-        (p,) = ctx.saved_tensors
-        with _threads_for(p):
-            return _grad_like(_sparsemax_backward(p, g.to(p.dtype), ctx.dim), g), None, None
-
-
-class Entmax15Function(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: Tensor, dim: int, device_path: bool):
-        with _threads_for(x):
-            p, d, _ = entmax15_kernel(_compute_dtype(x), dim, device_path)
-        ctx.dim = dim
-        ctx.save_for_backward(d)  # s = p^(1/2) = d
-        return p.to(x.dtype)
-
-    @staticmethod
-    def backward(ctx, g: Tensor):
-        (d,) = ctx.saved_tensors
-        with _threads_for(d):
-            return _grad_like(_entmax_backward(d, g.to(d.dtype), ctx.dim), g), None, None
-
-
-def entmax_alpha_grad_dot(g: Tensor, p: Tensor, s: Tensor, alpha: Tensor, dim: int) -> Tensor:
-    """sum_i g_i dp_i/dalpha (Correia et al. 2019, Prop. 1) per slice (keepdim); zero where
+def entmax_alpha_grad_dot(g: Tensor, p: Tensor, s: Tensor, alpha: Tensor) -> Tensor:
+    """sum_i g_i dp_i/dalpha (Correia et al. 2019, Prop. 1) per row (R, 1); zero where
     alpha - 1 <= SOFTMAX_BELOW. s is proportional to p^(2-alpha) on the support (only s / sum s
     enters). Expanded into row sums so that only 3 products touch the full tensor (CPU-cheap)."""
     am1 = alpha - 1.0
     am1_safe = torch.where(am1 > 0, am1, torch.ones_like(am1))
     # p log p with 0 log 0 = 0: p = 0 times the finite log(tiny) is 0, no where needed.
     plogp = p.clamp(min=torch.finfo(p.dtype).tiny).log_().mul_(p)
-    ent = plogp.sum(dim, keepdim=True)
-    ss = s.sum(dim, keepdim=True)
-    g_skewed = (g * s).sum(dim, keepdim=True) / torch.where(ss > 0, ss, torch.ones_like(ss))
-    gp = (g * p).sum(dim, keepdim=True)
-    g_plogp = plogp.mul_(g).sum(dim, keepdim=True)
+    ent = plogp.sum(-1, keepdim=True)
+    ss = s.sum(-1, keepdim=True)
+    g_skewed = (g * s).sum(-1, keepdim=True) / torch.where(ss > 0, ss, torch.ones_like(ss))
+    gp = (g * p).sum(-1, keepdim=True)
+    g_plogp = plogp.mul_(g).sum(-1, keepdim=True)
     # dp = (p - skewed) / am1^2 - (plogp - skewed * ent) / am1, dotted with g
     dot = (gp - g_skewed) / am1_safe**2 - (g_plogp - g_skewed * ent) / am1_safe
     return dot * (am1 > SOFTMAX_BELOW).to(dot.dtype)
+
+
+def _grad_like(dx: Tensor, x: Tensor) -> Tensor:
+    return dx if dx.dtype == x.dtype else dx.to(x.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# autograd Functions (one per mapping): rows in, rows out, the input's shape restored.
+
+class SoftmaxFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, dim: int):
+        with threads_for(x):
+            p = softmax_rows(compute_dtype(x).movedim(dim, -1)).movedim(-1, dim)
+        ctx.dim = dim
+        ctx.save_for_backward(p)
+        return p.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        (p,) = ctx.saved_tensors
+        with threads_for(p):
+            return _grad_like(_softmax_backward(p, g.to(p.dtype), ctx.dim), g), None
+
+
+def _rows_forward(ctx, x: Tensor, dim: int, forward_rows) -> Tensor:
+    """Shared shape handling: forward_rows(rows) -> (p rows, the one tensor the backward needs)."""
+    rows, shape = to_rows(compute_dtype(x), dim)
+    with threads_for(x):
+        p, saved = forward_rows(rows)
+    ctx.dim, ctx.shape = dim, shape
+    ctx.save_for_backward(saved)
+    return from_rows(p, shape, dim).to(x.dtype)
+
+
+def _rows_backward(ctx, g: Tensor, backward_rows):
+    (saved,) = ctx.saved_tensors
+    g_rows, _ = to_rows(g.to(saved.dtype), ctx.dim)
+    with threads_for(saved):
+        dx = backward_rows(saved, g_rows)
+    return _grad_like(from_rows(dx, ctx.shape, ctx.dim), g), None
+
+
+def _sparsemax_rows(rows: Tensor):
+    p = sparsemax_kernel(rows)[0]
+    return p, p
+
+
+def _entmax15_rows(rows: Tensor):
+    p, d, _ = entmax15_kernel(rows)
+    return p, d  # s = p^(1/2) = d
+
+
+class SparsemaxFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, dim: int):
+        return _rows_forward(ctx, x, dim, _sparsemax_rows)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        return _rows_backward(ctx, g, _sparsemax_backward)
+
+
+class Entmax15Function(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, dim: int):
+        return _rows_forward(ctx, x, dim, _entmax15_rows)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        return _rows_backward(ctx, g, _entmax_backward)
+
+
+def param_rows(alpha: Tensor, x: Tensor, dim: int):
+    """A per-slice parameter (alpha, gamma) broadcastable to x with size 1 along dim ->
+    ((R, 1) rows, its broadcast view)."""
+    a = alpha.to(x.dtype)
+    if a.dim() < x.dim():
+        a = a.view((1,) * (x.dim() - a.dim()) + tuple(a.shape))
+    shape = list(x.shape)
+    shape[dim] = 1
+    return a.expand(shape).movedim(dim, -1).reshape(-1, 1), a
 
 
 class EntmaxBisectFunction(torch.autograd.Function):
@@ -377,49 +395,38 @@ class EntmaxBisectFunction(torch.autograd.Function):
     size 1 along dim) that gets a gradient."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, alpha: Union[float, Tensor], dim: int, n_iter: Optional[int],
-                device_path: bool):
-        xf = _compute_dtype(x)
-        a = None
-        with _threads_for(x):
+    def forward(ctx, x: Tensor, alpha: Union[float, Tensor], dim: int, n_iter: Optional[int]):
+        xf = compute_dtype(x)
+        rows, shape = to_rows(xf, dim)
+        a_rows = a_view = near_one = None
+        with threads_for(x):
+            a_arg = alpha
             if isinstance(alpha, Tensor):
-                a = alpha.to(xf.dtype)
-                if a.dim() < xf.dim():
-                    a = a.view((1,) * (xf.dim() - a.dim()) + tuple(a.shape))
-                is_one = a <= 1.0 + SOFTMAX_BELOW
-                # alpha - 1 <= SOFTMAX_BELOW is softmax (the power 1/(alpha-1) is numerically
-                # useless there): computed on every call on the device path (no data-dependent
-                # branch), only when present on the CPU path.
-                need_softmax = device_path or bool(is_one.any())
-                a_safe = torch.where(is_one, torch.full_like(a, 1.5), a)
-            else:
-                need_softmax = False
-                a_safe = alpha
-            p, _, _, _, s = entmax_alpha_kernel(xf, a_safe, dim, n_iter, need_s=True,
-                                                device_path=device_path)
-            if need_softmax:
-                p_soft = softmax_forward(xf, dim)
-                p = torch.where(is_one, p_soft, p)
-                s = torch.where(is_one, p_soft, s)  # p^(2 - 1) = p
-        ctx.dim = dim
-        ctx.alpha_shape = alpha.shape if a is not None else None
-        ctx.save_for_backward(p, s, a)
-        return p.to(x.dtype)
+                a_rows, a_view = param_rows(alpha, xf, dim)
+                a_arg, near_one = alpha_rows(a_rows)
+            p, _, _, _, s = entmax_alpha_kernel(rows, a_arg, n_iter, need_s=True)
+            if near_one is not None:
+                p_soft = softmax_rows(rows)
+                p = with_softmax_rows(p, p_soft, a_arg, near_one)
+                s = torch.where(near_one, p_soft, s)  # p^(2 - 1) = p
+        ctx.dim, ctx.shape = dim, shape
+        ctx.alpha_shape = None if a_view is None else (a_view.shape, alpha.shape)
+        ctx.save_for_backward(p, s, a_rows)
+        return from_rows(p, shape, dim).to(x.dtype)
 
     @staticmethod
     def backward(ctx, g: Tensor):
-        p, s, a = ctx.saved_tensors
-        dim = ctx.dim
-        with _threads_for(p):
-            g = g.to(p.dtype)
-            dx = _entmax_backward(s, g, dim) if ctx.needs_input_grad[0] else None
-            d_alpha = None
-            if a is not None and ctx.needs_input_grad[1]:
-                d_alpha = entmax_alpha_grad_dot(g, p, s, a, dim)
-                d_alpha = d_alpha.sum_to_size(a.shape).reshape(ctx.alpha_shape)
-            if dx is not None:
-                dx = _grad_like(dx, g)
-        return dx, d_alpha, None, None, None
+        p, s, a_rows = ctx.saved_tensors
+        g_rows = to_rows(g.to(p.dtype), ctx.dim)[0]
+        dx = d_alpha = None
+        with threads_for(p):
+            if ctx.needs_input_grad[0]:
+                dx = _grad_like(from_rows(_entmax_backward(s, g_rows), ctx.shape, ctx.dim), g)
+            if a_rows is not None and ctx.needs_input_grad[1]:
+                view_shape, alpha_shape = ctx.alpha_shape
+                dot = from_rows(entmax_alpha_grad_dot(g_rows, p, s, a_rows), ctx.shape[:-1] + (1,), ctx.dim)
+                d_alpha = dot.sum_to_size(view_shape).reshape(alpha_shape)
+        return dx, d_alpha, None, None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -432,22 +439,25 @@ def softmax(x: Tensor, dim: int = -1) -> Tensor:
 
 def sparsemax(x: Tensor, dim: int = -1) -> Tensor:
     """Sparsemax (Martins & Astudillo 2016): Euclidean projection of x onto the simplex."""
-    return SparsemaxFunction.apply(x, dim, uses_device_path(x))
+    return SparsemaxFunction.apply(x, dim)
 
 
 def entmax15(x: Tensor, dim: int = -1) -> Tensor:
     """1.5-entmax (Peters et al. 2019) with an exact threshold."""
-    return Entmax15Function.apply(x, dim, uses_device_path(x))
+    return Entmax15Function.apply(x, dim)
 
 
 def entmax_bisect(x: Tensor, alpha: Union[float, Tensor] = 1.5, dim: int = -1,
                   n_iter: Optional[int] = None) -> Tensor:
-    """alpha-entmax (Correia et al. 2019) for alpha >= 1; alpha may be a per-slice tensor.
+    """alpha-entmax (Correia et al. 2019) for any alpha >= 1 (alpha > 2 too); alpha may be a
+    per-slice tensor. alpha < 1 raises UserError (a tensor's on the CPU path; on the device path,
+    which reads nothing on the host, those slices come out NaN).
 
     A float alpha of 1, 1.5 or 2 dispatches to the exact softmax, 1.5-entmax or sparsemax; an
     alpha within SOFTMAX_BELOW of 1 is computed as softmax. The threshold comes from Newton steps
-    run to rounding level (CPU path, n_iter=None) or from `n_iter` bisection steps then 4 Newton
-    steps (n_iter given, or on the device path: 12 in fp32, 20 in fp64 by default).
+    run to rounding level (CPU path, n_iter=None; alpha > 2: a longer fixed safeguarded search)
+    or from `n_iter` bisection steps then 4 safeguarded Newton steps (n_iter given, or on the
+    device path: 12 in fp32, 20 in fp64 by default).
     A tensor alpha is differentiable; it must be broadcastable to x with size 1 along `dim`
     (e.g. shape (B, 1) or a scalar).
     """
@@ -456,13 +466,13 @@ def entmax_bisect(x: Tensor, alpha: Union[float, Tensor] = 1.5, dim: int = -1,
         alpha = _check_alpha_value(alpha)
         if alpha - 1.0 <= SOFTMAX_BELOW:
             return softmax(x, dim)
-        if alpha == 2.0:
+        if alpha == ALPHA_OF["sparsemax"]:
             return sparsemax(x, dim)
-        if alpha == 1.5:
+        if alpha == ALPHA_OF["entmax15"]:
             return entmax15(x, dim)
     # A float alpha stays a Python number: a tensor made from it on the logits' device would be
     # a host-to-device copy (a sync on CUDA) on every call.
-    return EntmaxBisectFunction.apply(x, alpha, dim, n_iter, uses_device_path(x))
+    return EntmaxBisectFunction.apply(x, alpha, dim, n_iter)
 
 
 __all__ = ["softmax", "sparsemax", "entmax15", "entmax_bisect", "default_n_iter",

@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from common.errors import UserError
+from .mappings import param_rows, uses_device_path
 from .head_targets import compute_dtype, finish_rows, from_rows, masked_dot, row_loss, RowGradientLoss, to_rows
 
 # In shifted units (z - max) the threshold is >= -1, so entries below -1 are never in the
@@ -41,13 +42,24 @@ from .head_targets import compute_dtype, finish_rows, from_rows, masked_dot, row
 _FLOOR = -1.5
 
 
+GAMMA_ABOVE_ONE = "head.gamma must be > 1 for normmax (2 is the paper's default), got {}"
+
+
 def check_gamma(gamma) -> float:
+    """A float gamma > 1. A tensor gamma (per slice) is checked where reading it is free (the CPU
+    path); on the device path a gamma <= 1 gives NaN."""
+    if isinstance(gamma, Tensor):
+        if not uses_device_path(gamma):
+            lowest = float(gamma.detach().min())
+            if not lowest > 1.0:
+                raise UserError(GAMMA_ABOVE_ONE.format(lowest))
+        return gamma
     try:
         gamma = float(gamma)
     except (TypeError, ValueError):
         raise UserError(f"head.gamma must be a number > 1, got {gamma!r}") from None
     if not gamma > 1.0:
-        raise UserError(f"head.gamma must be > 1 for normmax (2 is the paper's default), got {gamma}")
+        raise UserError(GAMMA_ABOVE_ONE.format(gamma))
     return gamma
 
 
@@ -57,17 +69,18 @@ def default_steps(dtype: torch.dtype):
     return (20, 5) if dtype == torch.float64 else (12, 4)
 
 
-def _powers(d: Tensor, gamma: float):
-    """(d^(1/(gamma-1)), d^(gamma/(gamma-1))) for d >= 0; gamma = 2 needs no pow."""
-    if gamma == 2.0:
+def _powers(d: Tensor, gamma):
+    """(d^(1/(gamma-1)), d^(gamma/(gamma-1))) for d >= 0; a float gamma = 2 needs no pow."""
+    if isinstance(gamma, float) and gamma == 2.0:
         return d, d * d
     u = d.pow(1.0 / (gamma - 1.0))
     return u, u * d
 
 
-def normmax_kernel(x: Tensor, gamma: float, n_bisect: Optional[int] = None,
+def normmax_kernel(x: Tensor, gamma, n_bisect: Optional[int] = None,
                    n_newton: Optional[int] = None):
-    """Rows of x (R, K) in fp32/fp64 -> (p, d): p = normmax(x), d = [x - max - tau]_+ ."""
+    """Rows of x (R, K) in fp32/fp64 -> (p, d): p = normmax(x), d = [x - max - tau]_+ .
+    gamma: a float or a tensor (R, 1) (per row) or scalar."""
     if n_bisect is None or n_newton is None:
         b, n = default_steps(x.dtype)
         n_bisect = b if n_bisect is None else n_bisect
@@ -81,7 +94,7 @@ def normmax_kernel(x: Tensor, gamma: float, n_bisect: Optional[int] = None,
     lo = torch.full_like(zs[:, :1], -1.0)  # f(lo) >= 0 throughout: the max entry alone gives 1
     width = 1.0 - K ** (-1.0 / beta)  # root <= -K^(-1/beta): there f <= K (K^(-1/beta))^beta = 1
     for _ in range(n_bisect):
-        width *= 0.5
+        width = width * 0.5
         mid = lo + width
         f = _powers((zs - mid).clamp_(min=0.0), gamma)[1].sum(-1, keepdim=True)
         lo = torch.where(f >= 1.0, mid, lo)
@@ -110,8 +123,11 @@ def _normmax_backward(p: Tensor, w: Tensor, g: Tensor) -> Tensor:
 
 class NormmaxFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, gamma: float, dim: int, n_bisect: Optional[int], n_newton: Optional[int]):
-        rows, shape = to_rows(compute_dtype(x), dim)
+    def forward(ctx, x: Tensor, gamma, dim: int, n_bisect: Optional[int], n_newton: Optional[int]):
+        xf = compute_dtype(x)
+        rows, shape = to_rows(xf, dim)
+        if isinstance(gamma, Tensor):
+            gamma = param_rows(gamma, xf, dim)[0]
         p, d = normmax_kernel(rows, gamma, n_bisect, n_newton)
         ctx.save_for_backward(p, _skew(p, d, gamma))
         ctx.dim, ctx.shape = dim, shape
@@ -125,9 +141,11 @@ class NormmaxFunction(torch.autograd.Function):
         return dx.to(g.dtype), None, None, None, None
 
 
-def normmax(x: Tensor, gamma: float = 2.0, dim: int = -1, n_bisect: Optional[int] = None,
+def normmax(x: Tensor, gamma=2.0, dim: int = -1, n_bisect: Optional[int] = None,
             n_newton: Optional[int] = None) -> Tensor:
-    """gamma-normmax along `dim` (Santos et al. 2024); sparse, sums to 1 (all -inf slice: zeros)."""
+    """gamma-normmax along `dim` (Santos et al. 2024); sparse, sums to 1 (all -inf slice: zeros).
+    gamma: a float > 1, or a tensor broadcastable to x with size 1 along dim (per slice, as the
+    `entmax` package's normmax_bisect takes it; no gradient for it)."""
     return NormmaxFunction.apply(x, check_gamma(gamma), dim, n_bisect, n_newton)
 
 

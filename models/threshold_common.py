@@ -23,16 +23,26 @@ def positions(n: int, like: Tensor, dim: int) -> Tensor:
 
 
 def tsallis_power(d: Tensor, beta):
-    """d ** beta and d ** (beta - 1) for d >= 0 (the latter zero where d == 0 when beta > 1).
+    """d ** beta and d ** (beta - 1) on the support, both exactly 0 where d == 0, for any beta > 0.
 
     beta = 1 / (alpha - 1) is a float or a tensor broadcastable to d. The float cases 2 (alpha =
-    1.5) and 1 (alpha = 2) avoid a pow, the costly op on CPU. A tensor beta equal to 1 gets
-    d ** 0 = 1 off the support too: that only overestimates f' in the Newton steps, which then
-    still never overshoot.
+    1.5) and 1 (alpha = 2) avoid a pow, the costly op on CPU. Otherwise d ** (beta - 1) is taken
+    as d ** beta / d, with 0 / tiny = 0 off the support: a plain pow would give 0 ** 0 = 1 there
+    at beta = 1 (overestimating f' in the Newton steps, so they stop short of the root) and
+    0 ** (beta - 1) = inf at beta < 1 (alpha > 2), then inf * 0 = NaN.
     """
     if isinstance(beta, float) and beta == 2.0:
         return d * d, d
     if isinstance(beta, float) and beta == 1.0:
         return d, d.ceil()
-    d_bm1 = d.pow(beta - 1.0)
-    return d_bm1 * d, d_bm1
+    u = d.pow(beta)
+    return u, u / d.clamp(min=torch.finfo(d.dtype).tiny)
+
+
+def tsallis_mass(d: Tensor, beta) -> Tensor:
+    """d ** beta for d >= 0 (only the first output of tsallis_power: one op less)."""
+    if isinstance(beta, float) and beta == 2.0:
+        return d * d
+    if isinstance(beta, float) and beta == 1.0:
+        return d
+    return d.pow(beta)

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from .threshold_common import FLOOR, tsallis_power
-from .thresholds_device import N_NEWTON, entmax15_tau_sorted, sparsemax_tau_sorted, tsallis_tau_fixed
+from .thresholds_device import N_NEWTON, default_n_iter, entmax15_tau_sorted, sparsemax_tau_sorted, tsallis_tau_fixed
 
 # Head work on CPU tensors with at most this many elements runs on one intra-op thread. The
 # cause of the slowdown it removes: every op over more than 32768 elements is an OpenMP fork/join,
@@ -136,7 +136,13 @@ def entmax15_tau_iter(c: Tensor) -> Tensor:
     torch.sub(c, tau_c, out=d).clamp_(min=0.0)
     if torch.equal(_count(d), k):
         return tau_c, d
-    # General loop (a boundary entry within rounding of tau, or a slow Newton phase).
+    return _entmax15_tau_loop(c, tau)
+
+
+def _entmax15_tau_loop(c: Tensor, tau: Tensor):
+    """entmax15_tau_iter's general loop from tau (left of the root): closed-form steps left of the
+    root, Newton steps right of it, until a closed-form step keeps its support count or |f| is at
+    rounding (a boundary entry within rounding of tau, or a slow Newton phase)."""
     k_prev = torch.full_like(tau, -1.0)
     closed = torch.zeros_like(tau, dtype=torch.bool)
     tol = 4.0 * torch.finfo(c.dtype).eps
@@ -158,16 +164,27 @@ def entmax15_tau_iter(c: Tensor) -> Tensor:
     return entmax15_tau_sorted(c.sort(-1, descending=True).values, -1), None
 
 
+def _newton_power(beta, min_beta: float):
+    """d -> d ** (beta - 1) for the Newton steps: a plain pow where every beta > 1 (0 ** positive
+    = 0 off the support), the exact-zero form of tsallis_power where some beta is 1."""
+    if min_beta > 1.0 and not (isinstance(beta, float) and beta == 2.0):
+        bm1 = beta - 1.0  # once, not per pass: at small widths every op costs the same
+        return lambda d: d.pow(bm1)
+    return lambda d: tsallis_power(d, beta)[1]
+
+
 def tsallis_tau_iter(c: Tensor, beta) -> Tensor:
     """alpha-entmax threshold of rows of c (R, m): Newton from tau = -1 (left of the root, so the
-    iterates increase monotonically and converge quadratically) until the step is at rounding."""
+    iterates increase monotonically and converge quadratically) until the step is at rounding.
+
+    That needs f convex, i.e. every beta >= 1 (alpha <= 2). For alpha > 2 the safeguarded
+    bisection + Newton of the device path runs instead, with its alpha > 2 step count."""
+    min_beta = beta if isinstance(beta, float) else float(beta.min())
+    if min_beta < 1.0:
+        return tsallis_tau_fixed(c, beta, -1, default_n_iter(c.dtype, min_beta), N_NEWTON)
     tau = torch.full_like(c[:, :1], -1.0)
     tol = 8.0 * torch.finfo(c.dtype).eps
-    if isinstance(beta, float):
-        power = lambda d: tsallis_power(d, beta)[1]  # noqa: E731  (cheap special cases)
-    else:
-        bm1 = beta - 1.0  # once, not per pass: at small widths every op costs the same
-        power = lambda d: d.pow(bm1)  # noqa: E731
+    power = _newton_power(beta, min_beta)
     d = torch.empty_like(c)
     for _ in range(MAX_STEPS):
         torch.sub(c, tau, out=d).clamp_(min=0.0)
@@ -224,47 +241,40 @@ class Candidates:
         return full.scatter_add_(1, self.index, block.masked_fill(self.pad, 0.0))
 
 
-def threshold(z: Tensor, dim: int, kind: str, beta=None, n_iter: Optional[int] = None):
-    """(tau, d, cand) for kind in {"sparsemax", "entmax15", "alpha"}: tau keepdim along dim;
-    d = [z - tau]_+ when the solver produced it for the full slice (else None); cand the
-    Candidates block the solver worked on (alpha-entmax with a large K) or None.
+def _compact(c: Tensor, kind: str, scatter_back: bool = False) -> Optional[Candidates]:
+    """The candidate block of rows c (R, K) when it pays off (large K, few candidates), else None."""
+    if c.size(-1) <= COMPACT_MIN_K[kind]:
+        return None
+    block = Candidates(c, scatter_back=scatter_back)
+    return block if block.useful else None
 
-    Tiny rows (K <= SORT_MAX_K) use the sort-based thresholds: sorting 16 values is cheap (and
-    their cumulative sums are exact enough without the device path's closed-form finish). A given
-    n_iter asks for the fixed bisection + Newton of alpha-entmax (the same as the device path)."""
-    K = z.size(dim)
-    if K <= SORT_MAX_K and kind != "alpha":
-        zs = z.sort(dim, descending=True).values
-        tau = (sparsemax_tau_sorted if kind == "sparsemax" else entmax15_tau_sorted)(zs, dim)
-        return tau, None, None
-    zt = z.movedim(dim, -1)
-    lead = zt.shape[:-1]
-    c = zt.reshape(-1, K)
-    cand = None
-    if K > COMPACT_MIN_K[kind]:
-        cand = Candidates(c, scatter_back=kind == "alpha")
-        if cand.useful:
-            c = cand.values
-        else:
-            cand = None
-    d = None
-    if kind == "sparsemax":
-        tau, d = michelot_tau(c)
-    elif kind == "entmax15":
-        tau, d = entmax15_tau_iter(c)
-    else:
-        if isinstance(beta, Tensor) and beta.dim() > 0:
-            beta = beta.movedim(dim, -1).expand(*lead, 1).reshape(-1, 1)
-        if n_iter is not None:
-            tau = tsallis_tau_fixed(c, beta, -1, n_iter, N_NEWTON)
-        else:
-            tau = tsallis_tau_iter(c, beta)
-        if cand is not None:
-            cand.beta = beta
-            cand.tau = tau
-            cand.lead = lead
-    if cand is not None and kind != "alpha":
-        d, cand = None, None
-    if d is not None:
-        d = d.reshape(*lead, K).movedim(-1, dim)
-    return tau.reshape(*lead, 1).movedim(-1, dim), d, cand
+
+def sparsemax_threshold(c: Tensor):
+    """(tau (R, 1), d = [c - tau]_+ or None) for rows c (R, K). Tiny rows (K <= SORT_MAX_K) use
+    the sort-based threshold: sorting 16 values is cheap and their cumulative sums exact enough."""
+    if c.size(-1) <= SORT_MAX_K:
+        return sparsemax_tau_sorted(c.sort(-1, descending=True).values, -1), None
+    block = _compact(c, "sparsemax")
+    tau, d = michelot_tau(c if block is None else block.values)
+    return tau, (d if block is None else None)
+
+
+def entmax15_threshold(c: Tensor):
+    """(tau (R, 1), d = [c - tau]_+ or None) for rows c (R, K) of 1.5-entmax (see sparsemax_threshold)."""
+    if c.size(-1) <= SORT_MAX_K:
+        return entmax15_tau_sorted(c.sort(-1, descending=True).values, -1), None
+    block = _compact(c, "entmax15")
+    tau, d = entmax15_tau_iter(c if block is None else block.values)
+    return tau, (d if block is None else None)
+
+
+def tsallis_threshold(c: Tensor, beta, n_iter: Optional[int] = None):
+    """(tau (R, 1), block) for rows c (R, K) of alpha-entmax, beta = 1/(alpha-1) a float or (R, 1).
+
+    block: the Candidates the solver worked on (its `values` and `scatter` back to (R, K)), or
+    None for the full rows. A given n_iter asks for the fixed bisection + Newton of the device path."""
+    block = _compact(c, "alpha", scatter_back=True)
+    values = c if block is None else block.values
+    if n_iter is not None:
+        return tsallis_tau_fixed(values, beta, -1, n_iter, N_NEWTON), block
+    return tsallis_tau_iter(values, beta), block

@@ -27,16 +27,25 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .threshold_common import positions, tsallis_power
+from .threshold_common import positions, tsallis_mass, tsallis_power
 
 # Newton steps after the bisection: quadratic convergence from a bracket of width 2^-n_iter
 # reaches rounding level in 2-3 steps; the fourth is a margin for alpha close to 1.
 N_NEWTON = 4
 
 
-def default_n_iter(dtype: torch.dtype) -> int:
-    """Bisection steps before the Newton polish: enough for quadratic convergence to the dtype."""
-    return 20 if dtype == torch.float64 else 12
+def default_n_iter(dtype: torch.dtype, beta=None) -> int:
+    """Bisection steps before the Newton polish: enough for quadratic convergence to the dtype.
+
+    For beta < 1 (alpha > 2) an entry entering the support has an infinite slope, which stalls
+    Newton; there the bisection alone reaches the dtype's rounding (24 steps in fp32, 52 in fp64).
+    That is the count for a float beta < 1 and for any tensor beta (the device path cannot read it
+    to know); a float beta >= 1 takes 12 / 20."""
+    if isinstance(beta, float) and beta >= 1.0:
+        return 20 if dtype == torch.float64 else 12
+    if beta is None:
+        return 20 if dtype == torch.float64 else 12
+    return 52 if dtype == torch.float64 else 24
 
 
 def sparsemax_tau_sorted(zs: Tensor, dim: int) -> Tensor:
@@ -75,27 +84,41 @@ def tsallis_tau_fixed(z: Tensor, beta, dim: int, n_iter: int, n_newton: int = N_
     """Root of f(tau) = sum [z - tau]_+^beta - 1 with a fixed number of steps.
 
     beta = 1 / (alpha - 1), a float or a tensor broadcastable to z with size 1 along dim.
-    Bisection keeps tau <= root (f(-1) >= 0 since max z = 0); the Newton steps that follow move
-    right and stop at the root (convexity), converging quadratically."""
+    Bisection keeps the bracket [lo, hi] (f(lo) >= 0 > f(hi); f(-1) >= 0 since max z = 0). For
+    beta >= 1 (alpha <= 2) f is convex, so Newton from lo moves right and stops at the root,
+    quadratically. For beta < 1 (alpha > 2) f is not convex and a step may overshoot: every
+    Newton step updates the bracket and one that leaves it is replaced by the bracket's middle
+    (safeguarded Newton), so the iterate never leaves the bracket."""
     lo = torch.full_like(z.narrow(dim, 0, 1), -1.0)
     width = 1.0
     for _ in range(n_iter):
         width *= 0.5
         mid = lo + width
-        f = tsallis_power((z - mid).clamp_(min=0.0), beta)[0].sum(dim, keepdim=True)
+        f = tsallis_mass((z - mid).clamp_(min=0.0), beta).sum(dim, keepdim=True)
         lo = torch.where(f >= 1.0, mid, lo)
+    hi = lo + width
+    tau = lo
     for _ in range(n_newton):
-        p, d_bm1 = tsallis_power((z - lo).clamp_(min=0.0), beta)
-        lo = lo + (p.sum(dim, keepdim=True) - 1.0) / (d_bm1.sum(dim, keepdim=True) * beta)
-    return lo
+        p, d_bm1 = tsallis_power((z - tau).clamp_(min=0.0), beta)
+        f = p.sum(dim, keepdim=True) - 1.0
+        left = f >= 0.0
+        lo, hi = torch.where(left, tau, lo), torch.where(left, hi, tau)
+        step = tau + f / (d_bm1.sum(dim, keepdim=True) * beta)
+        tau = torch.where((step >= lo) & (step <= hi), step, 0.5 * (lo + hi))
+    return tau
 
 
-def threshold(z: Tensor, dim: int, kind: str, beta=None, n_iter: Optional[int] = None) -> Tensor:
-    """tau (keepdim along dim) for kind in {"sparsemax", "entmax15", "alpha"}; beta = 1/(alpha-1)
-    for "alpha", whose threshold takes n_iter bisection steps (default_n_iter if None)."""
-    if kind == "alpha":
-        return tsallis_tau_fixed(z, beta, dim, default_n_iter(z.dtype) if n_iter is None else n_iter)
-    zs = z.sort(dim, descending=True).values
-    if kind == "sparsemax":
-        return sparsemax_tau_sorted(zs, dim)
-    return entmax15_closed_form_step(z, entmax15_tau_sorted(zs, dim), dim)
+def sparsemax_threshold(z: Tensor) -> Tensor:
+    """tau (R, 1) of rows z (R, K): the sort-based exact threshold."""
+    return sparsemax_tau_sorted(z.sort(-1, descending=True).values, -1)
+
+
+def entmax15_threshold(z: Tensor) -> Tensor:
+    """tau (R, 1) of rows z (R, K): sort-based, then the closed-form step on its support."""
+    return entmax15_closed_form_step(z, entmax15_tau_sorted(z.sort(-1, descending=True).values, -1), -1)
+
+
+def tsallis_threshold(z: Tensor, beta, n_iter: Optional[int] = None) -> Tensor:
+    """tau (R, 1) of rows z (R, K) of alpha-entmax: n_iter bisection steps (default_n_iter if None)
+    then N_NEWTON safeguarded Newton steps."""
+    return tsallis_tau_fixed(z, beta, -1, default_n_iter(z.dtype, beta) if n_iter is None else n_iter)

@@ -29,8 +29,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from models import heads  # noqa: E402
 from models.mappings import threshold_path  # noqa: E402
+from models.registry import HEADS, check_settings  # noqa: E402
 
 try:
     import entmax as entmax_pkg  # oracle only
@@ -38,8 +38,7 @@ except ImportError:  # pragma: no cover
     entmax_pkg = None
 
 SIZES = [(10, 256), (100, 256), (1000, 256), (32000, 64)]
-ALPHA = 1.5  # ours: a tensor that requires grad (learned alpha); the package loss gets a float
-# (its loss backward fails for a tensor alpha), which only makes the package faster.
+ALPHA = 1.5
 
 
 def _sync(device):
@@ -47,8 +46,31 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
+# Settings the benchmark gives a head (others: the registry's defaults). entmax_bisect: a tensor
+# alpha that requires grad (learned alpha); the package loss gets a float (its loss backward fails
+# for a tensor alpha), which only makes the package faster.
+def bench_settings(name, K, a_ours):
+    return {"entmax_bisect": {"alpha": a_ours}, "sparse_softmax": {"k": min(5, K)}}.get(name, {})
+
+
+def package_oracles(a_pkg):
+    """head -> (package mapping, package loss) where the `entmax` package has the head."""
+    if entmax_pkg is None:
+        return {}
+    return {
+        "sparsemax": (entmax_pkg.sparsemax, lambda x, y: entmax_pkg.sparsemax_loss(x, y).mean()),
+        "entmax15": (entmax_pkg.entmax15, lambda x, y: entmax_pkg.entmax15_loss(x, y).mean()),
+        "entmax_bisect": (lambda v: entmax_pkg.entmax_bisect(v, a_pkg),
+                          lambda x, y: entmax_pkg.entmax_bisect_loss(x, y, ALPHA).mean()),
+        # the package's normmax: its default 50 bisection steps
+        "normmax": (lambda v: entmax_pkg.normmax_bisect(v, alpha=2.0),
+                    lambda x, y: entmax_pkg.normmax_bisect_loss(x, y, alpha=2.0).mean()),
+    }
+
+
 def make_cases(K, B, device):
-    """name -> (ours, package) zero-arg callables doing forward + backward."""
+    """name -> (ours, package) zero-arg callables doing forward + backward: map:<head> and
+    loss:<head> for every head of the registry (models/registry.py), in training mode."""
     g = torch.Generator(device="cpu").manual_seed(K)
     x = (torch.randn(B, K, generator=g) * 2).to(device).requires_grad_()
     y = torch.randint(0, K, (B,), generator=g).to(device)
@@ -69,28 +91,17 @@ def make_cases(K, B, device):
             f(x).backward(w)
         return run
 
-    cases = {
-        "ce": (fb(lambda: F.cross_entropy(x, y)), None),
-        "map:sparsemax": (map_case(heads.sparsemax), map_case(entmax_pkg.sparsemax) if entmax_pkg else None),
-        "map:entmax15": (map_case(heads.entmax15), map_case(entmax_pkg.entmax15) if entmax_pkg else None),
-        "map:entmax_a": (map_case(lambda v: heads.entmax_bisect(v, a_ours)),
-                         map_case(lambda v: entmax_pkg.entmax_bisect(v, a_pkg)) if entmax_pkg else None),
-        "loss:softmax": (fb(lambda: heads.softmax_loss(x, y)), None),
-        "loss:sparsemax": (fb(lambda: heads.sparsemax_loss(x, y)),
-                           fb(lambda: entmax_pkg.sparsemax_loss(x, y).mean()) if entmax_pkg else None),
-        "loss:entmax15": (fb(lambda: heads.entmax15_loss(x, y)),
-                          fb(lambda: entmax_pkg.entmax15_loss(x, y).mean()) if entmax_pkg else None),
-        "loss:entmax_a": (fb(lambda: heads.entmax_bisect_loss(x, y, a_ours)),
-                          fb(lambda: entmax_pkg.entmax_bisect_loss(x, y, ALPHA).mean()) if entmax_pkg else None),
-        # The other heads of the literature (issue 12); the package has normmax (its default 50 bisection steps).
-        "map:normmax": (map_case(lambda v: heads.normmax(v, 2.0)),
-                        map_case(lambda v: entmax_pkg.normmax_bisect(v, alpha=2.0)) if entmax_pkg else None),
-        "loss:normmax": (fb(lambda: heads.normmax_loss(x, y, 2.0)),
-                         fb(lambda: entmax_pkg.normmax_bisect_loss(x, y, alpha=2.0).mean()) if entmax_pkg else None),
-        "loss:topk5": (fb(lambda: heads.topk_softmax_loss(x, y, min(5, K))), None),
-        "loss:taylor2": (fb(lambda: heads.taylor_softmax_loss(x, y, 2)), None),
-        "loss:am_softmax": (fb(lambda: heads.am_softmax_loss(x, y, 30.0, 0.35)), None),
-    }
+    oracles = package_oracles(a_pkg)
+    cases = {"ce": (fb(lambda: F.cross_entropy(x, y)), None)}
+    for name, spec in HEADS.items():
+        settings = {**check_settings(name, {}), **bench_settings(name, K, a_ours)}
+        if spec.draws:  # a random head: a fixed draw (OutputHead passes the run's (seed, step))
+            settings["draw"] = (0, 1)
+        pkg_map, pkg_loss = oracles.get(name, (None, None))
+        cases[f"map:{name}"] = (map_case(lambda v, spec=spec, s=settings: spec.mapping(v, -1, s)),
+                                map_case(pkg_map) if pkg_map else None)
+        cases[f"loss:{name}"] = (fb(lambda spec=spec, s=settings: spec.loss(x, y, s, True)),
+                                 fb(lambda f=pkg_loss: f(x, y)) if pkg_loss else None)
     return cases
 
 
@@ -146,13 +157,13 @@ def report_cpu(K, B, cases, t, thread_counts):
     rows = []
     for name in cases:
         if name == "ce":
-            rows.append(f"{K:>6} {B:>4} {'F.cross_entropy':<15} {ce * 1e3:>9.3f}")
+            rows.append(f"{K:>6} {B:>4} {'F.cross_entropy':<20} {ce * 1e3:>9.3f}")
             continue
         ours = t[(name, "ours", t1)][1]
         dev = t[(name, "dev", t1)][1]
         pkg = t.get((name, "pkg", t1))
         pkg_s = f"{pkg[1] * 1e3:>9.3f} {pkg[1] / ours:>8.1f}x" if pkg else f"{'-':>9} {'-':>9}"
-        rows.append(f"{K:>6} {B:>4} {name:<15} {ours * 1e3:>9.3f} {pkg_s} {ours / ce:>7.2f}x "
+        rows.append(f"{K:>6} {B:>4} {name:<20} {ours * 1e3:>9.3f} {pkg_s} {ours / ce:>7.2f}x "
                     f"{dev * 1e3:>9.3f} {dev / ours:>7.2f}x")
     scaling = []
     for name in cases:
@@ -198,13 +209,13 @@ def main(argv=None):
                 ours = t[(name, "ours", counts[0])][0]
                 pkg = t.get((name, "pkg", counts[0]))
                 pkg_s = f"{pkg[0] * 1e3:>9.3f} {pkg[0] / ours:>8.1f}x" if pkg else f"{'-':>9} {'-':>9}"
-                tables.append(f"{K:>6} {B:>4} {name:<15} {ours * 1e3:>9.3f} {pkg_s} {ours / ce:>7.2f}x")
+                tables.append(f"{K:>6} {B:>4} {name:<20} {ours * 1e3:>9.3f} {pkg_s} {ours / ce:>7.2f}x")
         if dev == "cpu":
             print(f"-- {counts[0]} thread(s), process CPU time; [dev] = device path forced on CPU --")
-            print(f"{'K':>6} {'B':>4} {'case':<15} {'ours ms':>9} {'pkg ms':>9} {'pkg/ours':>9} {'ours/CE':>8} "
+            print(f"{'K':>6} {'B':>4} {'case':<20} {'ours ms':>9} {'pkg ms':>9} {'pkg/ours':>9} {'ours/CE':>8} "
                   f"{'[dev] ms':>9} {'dev/ours':>8}")
         else:
-            print(f"{'K':>6} {'B':>4} {'case':<15} {'ours ms':>9} {'pkg ms':>9} {'pkg/ours':>9} {'ours/CE':>8}")
+            print(f"{'K':>6} {'B':>4} {'case':<20} {'ours ms':>9} {'pkg ms':>9} {'pkg/ours':>9} {'ours/CE':>8}")
         print("\n".join(tables))
         if dev == "cpu" and len(counts) > 1:
             print(f"\n-- thread scaling, wall time ms at {', '.join(map(str, counts))} threads; "

@@ -58,7 +58,7 @@ from common import rundir  # noqa: E402
 from common.errors import UserError  # noqa: E402
 from common.io import atomic_write_text, json_text, write_json  # noqa: E402
 from engine.runlock import RunLock  # noqa: E402
-from models.heads import HEAD_NAMES  # noqa: E402
+from models.registry import HEAD_NAMES, check_settings  # noqa: E402
 
 REQUEST_FILE = rundir.COMPARE_REQUEST  # what this script asked train.py for, to detect clashes
 LOG_FILE = rundir.COMPARE_LOG  # a run's train + eval output under --jobs N > 1
@@ -135,15 +135,16 @@ def parse_args(argv=None):
 # ------------------------------------------------------------------------------------------ the plan
 def _variants(args):
     """[(variant name, variant stem without the norm, norm, head, alpha)] in plan order."""
-    from configs.loader import check_alpha
-
     for head in args.heads:
         if head not in HEAD_NAMES:
             raise UserError(f"unknown head '{head}' in --heads; valid: {', '.join(HEAD_NAMES)}")
     if args.alphas and "entmax_bisect" not in args.heads:
         raise UserError("--alphas applies to entmax_bisect; add it to --heads")
     for a in args.alphas or ():
-        check_alpha(a, args.learn_alpha, "--alphas")
+        try:
+            check_settings("entmax_bisect", {"alpha": a, "learn_alpha": args.learn_alpha})
+        except UserError as err:
+            raise UserError(f"--alphas: {err}") from None
     out = []
     for norm in args.norms or [None]:
         for head in args.heads:

@@ -15,11 +15,7 @@ from hypothesis import strategies as st
 from common.errors import UserError
 from models.heads import (
     HEAD_NAMES,
-    Entmax15Loss,
-    EntmaxBisectLoss,
     OutputHead,
-    SoftmaxLoss,
-    SparsemaxLoss,
     build_output_head,
     entmax15,
     entmax15_loss,
@@ -422,18 +418,6 @@ def test_neg_inf_logits(name):
     assert bad[0] == float("inf") and torch.isfinite(bad[1:]).all()
 
 
-def test_loss_modules_match_functions():
-    z = _x((4, 9), 2.0, seed=23)
-    y = torch.tensor([1, 2, 3, 4])
-    assert SoftmaxLoss()(z, y) == softmax_loss(z, y)
-    assert SparsemaxLoss(reduction="sum")(z, y) == sparsemax_loss(z, y, reduction="sum")
-    assert Entmax15Loss(label_smoothing=0.1)(z, y) == entmax15_loss(z, y, label_smoothing=0.1)
-    torch.testing.assert_close(EntmaxBisectLoss(alpha=1.3)(z, y), entmax_bisect_loss(z, y, 1.3))
-    torch.testing.assert_close(EntmaxBisectLoss(alpha=1.5)(z, y), entmax15_loss(z, y))
-    torch.testing.assert_close(EntmaxBisectLoss(alpha=2.0)(z, y), sparsemax_loss(z, y))
-    torch.testing.assert_close(EntmaxBisectLoss(alpha=1.0)(z, y), softmax_loss(z, y))
-
-
 def test_loss_backward_saves_no_logits_copy():
     z = _x((4, 50), 2.0, seed=24).requires_grad_()
     y = torch.tensor([1, 2, 3, 4])
@@ -527,7 +511,6 @@ def test_output_head_forward_loss_support():
         p = h(z)
         torch.testing.assert_close(p, f(z))
         torch.testing.assert_close(h.loss(z, y, label_smoothing=0.1), lf(z, y, label_smoothing=0.1))
-        assert torch.equal(h.support(p), p > 0)
         assert h.support_size(p).dtype == torch.long and torch.equal(h.support_size(p), (p > 0).sum(-1))
     assert (build_output_head("softmax").support_size(softmax(z)) == 12).all()
     assert (build_output_head("sparsemax").support_size(sparsemax(z)) < 12).any()

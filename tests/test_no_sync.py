@@ -8,12 +8,8 @@ mask indexing in the heads fails these tests), the last ones run the heads under
 import pytest
 import torch
 
-from models import losses, thresholds_device
+from models import head_targets, thresholds_device
 from models.heads import (
-    Entmax15Loss,
-    EntmaxBisectLoss,
-    SoftmaxLoss,
-    SparsemaxLoss,
     build_output_head,
     entmax15,
     entmax15_loss,
@@ -171,14 +167,14 @@ def test_guard_catches_an_item_added_to_the_device_threshold(monkeypatch):
 
 
 def test_guard_catches_bool_mask_indexing_added_to_a_loss(monkeypatch):
-    original = losses._dense_target
+    original = head_targets.dense_target
 
     def with_mask_indexing(zf, target, label_smoothing, ignore_index):
         q, valid = original(zf, target, label_smoothing, ignore_index)
         q[q < 0] = 0.0  # the kind of clean-up someone might add
         return q, valid
 
-    monkeypatch.setattr(losses, "_dense_target", with_mask_indexing)
+    monkeypatch.setattr(head_targets, "dense_target", with_mask_indexing)
     x = _x((3, 20))
     y = torch.tensor([1, 2, 3])
     with threshold_path("device"):
@@ -296,9 +292,10 @@ def test_losses_forward_backward_without_host_reads(name, K, reduction):
 def test_loss_modules_and_output_heads_without_host_reads():
     x = _logits(50)
     y = _targets(x)["hard ignore_index"][0]
-    for module in (SoftmaxLoss(), SparsemaxLoss(label_smoothing=0.1), Entmax15Loss(reduction="sum"),
-                   EntmaxBisectLoss(alpha=1.7, ignore_index=-100)):
-        _run_guarded(lambda v: module(v, y), x)
+    for loss in (lambda v: softmax_loss(v, y), lambda v: sparsemax_loss(v, y, label_smoothing=0.1),
+                 lambda v: entmax15_loss(v, y, reduction="sum"),
+                 lambda v: entmax_bisect_loss(v, y, alpha=1.7, ignore_index=-100)):
+        _run_guarded(loss, x)
     for name in ("softmax", "sparsemax", "entmax15"):
         head = build_output_head(name)
         _run_guarded(head, x)
@@ -317,3 +314,16 @@ def test_guard_has_the_ops_the_issue_names():
     names = {str(op).split(".")[1] for op in BLOCKED_OPS}
     assert {"_local_scalar_dense", "nonzero", "masked_select", "is_nonzero", "item", "_unique",
             "_unique2", "unique_dim", "unique_consecutive", "equal", "allclose"} <= names
+
+
+@pytest.mark.parametrize("noise", ["gumbel", "gaussian"])
+def test_perturbmax_without_host_reads(noise):
+    """The random head: noise from a generator seeded on the host, fixed shapes, no reads."""
+    x = _logits(50)
+    targets = _targets(x)
+    head = build_output_head("perturbmax", samples=8, noise=noise).train()
+    _run_guarded(head, x)
+    for target, kw in targets.values():
+        _run_guarded(lambda v: head.loss(v, target, **kw), x)
+    head.eval()
+    _run_guarded(lambda v: head.loss(v, targets["hard"][0]), x)
