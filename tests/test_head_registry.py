@@ -28,7 +28,7 @@ def _tiny_head_cfg(name):
 
 def _run_result(name, logits, labels, head):
     """What a finished run contributes to the comparison: its eval result and curve."""
-    result = metrics.classification_metrics(logits, labels, head)
+    result = metrics.metrics_from_records(metrics.example_records(logits, labels, head), logits.shape[1])
     result["head"] = name
     return {"run_dir": f"runs/{name}", "curve": [(1, result["top1"])], "result": result}
 
