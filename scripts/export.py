@@ -33,8 +33,9 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
 from common.errors import UserError  # noqa: E402
-from common.io import write_json  # noqa: E402
+from common.io import atomic_write, ensure_folder, write_json  # noqa: E402
 from engine.cli import run_cli  # noqa: E402
+from engine.runlock import RunLock  # noqa: E402
 
 FORMATS = ("onnx", "torchscript")
 EXPORT_OPSET = 17  # ONNX opset: TopK, ReduceMax etc. as onnxruntime >= 1.14 runs them
@@ -167,25 +168,24 @@ def build_exported(model: nn.Module, cfg, fmt: str, head_probabilities: bool) ->
 
 
 def save_export(module: nn.Module, cfg, fmt: str, output: str, head_name: str) -> None:
-    """Write `module` to `output` atomically (a temp file beside it, then os.replace)."""
+    """Write `module` to `output` through the one atomic writer (common/io.py: a temp file beside it,
+    then os.replace; a write failure is one line, exit 74, and leaves no temp file)."""
     from models.mappings import threshold_path
 
-    tmp = f"{output}.tmp{os.getpid()}"
-    try:
+    def write(path):
         if fmt == "torchscript":
-            torch.jit.save(module, tmp)
+            torch.jit.save(module, path)
         else:
             with threshold_path("device"), torch.no_grad():
-                torch.onnx.export(module, (example_images(cfg),), tmp, dynamo=False, opset_version=EXPORT_OPSET,
+                torch.onnx.export(module, (example_images(cfg),), path, dynamo=False, opset_version=EXPORT_OPSET,
                                   input_names=[INPUT_NAME], output_names=["output"],
                                   dynamic_axes={INPUT_NAME: {0: BATCH_AXIS}, "output": {0: BATCH_AXIS}})
-        os.replace(tmp, output)
+
+    try:
+        atomic_write(output, write)
     except (RuntimeError, torch.jit.Error, torch.onnx.errors.OnnxExporterError) as err:
         raise UserError(f"head '{head_name}' cannot be exported as {fmt}: "
                         f"{str(err).strip().splitlines()[0]}") from None
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def sidecar(cfg, model, classes, fmt: str, head_probabilities: bool, output: str) -> dict:
@@ -216,10 +216,14 @@ def export(args) -> str:
         if os.path.lexists(path) and not args.overwrite:
             raise UserError(f"{path} exists; pass --overwrite to replace it, or choose --output")
     cfg, model, classes = load_classifier(args)
+    head = model.output_head
+    if fmt == "onnx" and args.head_probabilities and head.spec.draws:
+        raise UserError(f"head '{head.name}' cannot be exported as onnx with --head-probabilities: its Monte-Carlo "
+                        f"draws come from a torch.Generator, which ONNX has no operator for; export the logits "
+                        f"(drop --head-probabilities) or use --format torchscript")
     module = build_exported(model, cfg, fmt, args.head_probabilities)
     folder = os.path.dirname(os.path.abspath(output))
-    os.makedirs(folder, exist_ok=True)
-    from engine.runlock import RunLock
+    ensure_folder(folder)
 
     with RunLock(folder, purpose="export"):  # one writer per folder (a run directory: not while it trains)
         save_export(module, cfg, fmt, output, model.output_head.name)
