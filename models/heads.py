@@ -46,8 +46,11 @@ class OutputHead(nn.Module):
         self.learn_alpha = bool(self.settings.get("learn_alpha", False))
         if self.learn_alpha:
             self.alpha_logit = nn.Parameter(torch.tensor(learned_alpha_logit(self.settings["alpha"])))
-        # A random head's noise: draw (run seed, count of training-mode loss calls); eval mode
-        # always takes the fixed draw (EVAL_SEED, 0), so every evaluation sees the same noise.
+        # A random head's noise in training: draw (torch's current seed, calls since it was set).
+        # train.py reseeds torch before every micro-batch from (run seed, update, micro-batch, rank),
+        # so the draws follow the update, not this process's history: a resumed run draws what an
+        # uninterrupted one does, and ranks draw independently. Eval mode always takes the fixed draw
+        # (EVAL_SEED, 0), so every evaluation sees the same noise.
         self.draw_seed, self.draw_step = torch.initial_seed(), 0
 
     @property
@@ -93,7 +96,10 @@ class OutputHead(nn.Module):
         classes (B,) or float probability rows (B, K). am_softmax's margin applies in training
         mode only (`self.training`), so evaluation reports the margin-free cross-entropy."""
         if self.spec.draws and self.training:
-            self.draw_step += 1  # a host integer: no device read
+            seed = torch.initial_seed()  # host integers only: no device read
+            if seed != self.draw_seed:
+                self.draw_seed, self.draw_step = seed, 0
+            self.draw_step += 1
         return self.spec.loss(logits, target, self._live_settings(), self.training, label_smoothing=label_smoothing,
                               ignore_index=ignore_index, reduction=reduction)
 

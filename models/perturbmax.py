@@ -15,7 +15,8 @@ with nu = -log density: Z for Gaussian noise, 1 - exp(-Z) for Gumbel noise.
 
 Determinism: the noise comes from a torch.Generator on the logits' device, seeded on the host from
 (seed, step) (`draw_seed`): no host read of device data, fixed shapes (M, R, K), so the sync-guard
-tests cover it. OutputHead passes the run's seed and its count of training-mode calls as the step;
+tests cover it. OutputHead passes torch's current seed (train.py sets it before every micro-batch
+from the run seed, update, micro-batch and rank) and its count of calls since that seed as the step;
 in eval mode it uses the fixed draw (seed EVAL_SEED, step 0), so eval.py reproduces training's
 evaluation exactly. -inf logits never win a draw (an all -inf row maps to zeros).
 

@@ -207,6 +207,29 @@ def test_learned_alpha_head_keeps_its_open_interval():
         build_output_head("entmax_bisect", alpha=2.5, learn_alpha=True)
 
 
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_learned_alpha_head_takes_the_short_search_and_stays_exact(dtype, path, monkeypatch):
+    """A learned alpha is a tensor in (1, 2): the head asks for the short bisection (12 / 20 steps),
+    which the device path could not choose alone, and the result still meets the reference."""
+    from models import registry
+    from models.heads import build_output_head
+    from models.thresholds_device import default_n_iter
+
+    asked = []
+    real = registry._entmax_bisect_steps
+    monkeypatch.setattr(registry, "_entmax_bisect_steps", lambda z, s: asked.append(real(z, s)) or asked[-1])
+    h = build_output_head("entmax_bisect", alpha=1.3, learn_alpha=True).to(dtype)
+    x = _logits(dtype)
+    with threshold_path(path):
+        p = h(x)
+        loss = h.loss(x, x.argmax(-1))  # a kept class: a masked one would give an infinite loss
+    assert asked == [default_n_iter(dtype, beta=1.0)] * 2 and asked[0] < default_n_iter(dtype, beta=torch.tensor(1.0))
+    np.testing.assert_allclose(p.detach().double().numpy(), reference(x.double().numpy(), float(h.alpha)),
+                               atol=TOL[dtype], rtol=0)
+    assert torch.isfinite(loss)
+
+
 @pytest.mark.parametrize("gamma", [1.5, 2.0, 3.0])
 def test_normmax_takes_gamma_per_row(gamma):
     x = _logits(torch.float64, rows=4, K=30)

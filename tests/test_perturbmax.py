@@ -90,6 +90,21 @@ def test_deterministic_given_seed_and_step():
     assert torch.equal(again.loss(z, y), twin.loss(z, y))  # same run seed, same step: same draw
 
 
+def test_training_draws_follow_torchs_seed_so_a_resumed_run_draws_the_same():
+    """train.py reseeds torch before every micro-batch from (run seed, update, micro-batch, rank): the
+    draws must depend on that seed alone, not on how many steps this process (or head) has taken."""
+    z, y = _z(), torch.arange(6)
+    long_lived = build_output_head("perturbmax", samples=16).train()
+    per_update = []
+    for update in range(3):
+        torch.manual_seed(1000 + update)  # what reseed(seed, "step", update, micro, rank) does
+        per_update.append(long_lived.loss(z, y))
+    resumed = build_output_head("perturbmax", samples=16).train()  # a new process at update 2
+    torch.manual_seed(1002)
+    assert torch.equal(resumed.loss(z, y), per_update[2])
+    assert not torch.equal(per_update[0], per_update[1])  # and each update draws anew
+
+
 @pytest.mark.parametrize("settings,needle", [(dict(sigma=0.0), "head.sigma"), (dict(samples=0), "head.samples"),
                                              (dict(noise="uniform"), "head.noise")])
 def test_bad_settings_are_one_line_user_errors(settings, needle):
