@@ -142,7 +142,8 @@ def check_input_shape(x: torch.Tensor, in_chans: int, img_size: int) -> None:
     shape: List[int] = list(x.shape)
     if len(shape) != 4 or shape[1] != in_chans or shape[2] != img_size or shape[3] != img_size:
         raise UserError(f"input of shape {shape} does not match the model: expected (B, {in_chans}, {img_size}, "
-                        f"{img_size}); set the model's img_size to the data's image size")
+                        f"{img_size}): the model's img_size is {img_size} and its token-mixing layers fix the patch "
+                        f"grid, so resize the images to {img_size} px (train.py and eval.py resize to data.image_size)")
 
 
 torch.fx.wrap("check_input_shape")  # plain torch.fx.symbolic_trace: the same call node
