@@ -29,9 +29,11 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+
 def extract(*args):
     """scripts/extract_features.py in this process (Accelerate's singletons reset first)."""
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
     import extract_features
 
     reset_accelerate_state()
@@ -288,3 +290,39 @@ def test_eval_reads_the_ood_features(tmp_path, source, features):
     assert result["dataset"] == "features" and result["ood"]["dataset"] == "features"
     assert result["ood"]["n_in"] == result["ood"]["n_out"] == 64
     assert result["selective"] and result["prediction_sets"]["methods"]
+
+
+# ----------------------------------------------------------------------------- compare_heads --features
+def test_compare_heads_runs_the_plan_on_cached_features(tmp_path, features):
+    import compare_heads
+    import configs
+
+    cfg = tmp_path / "cmp.yaml"
+    configs.save_config(tiny_cfg(str(tmp_path / "unused"), *NO_AUG, *FAST), str(cfg))
+    runs, report = tmp_path / "runs", tmp_path / "report"
+    argv = ["--config", str(cfg), "--features", features, "--heads", "softmax", "entmax15", "--seeds", "0", "1",
+            "--runs-dir", str(runs), "--report-dir", str(report)]
+    assert compare_heads.main(argv) == 0
+    text = open(report / "report.md").read()
+    assert "entmax15" in text and "softmax" in text
+    for name in ("runs.csv", "paired_statistics.json", "ood_histograms.png", "risk_coverage.png"):
+        assert (report / name).is_file(), name
+    result = json.load(open(runs / "entmax15-s1" / "eval.json"))
+    assert result["dataset"] == "features" and result["ood"]["dataset"] == "features"
+    assert result["prediction_sets"]["methods"] and result["selective"]
+    saved = configs.load_run_config(str(runs / "entmax15-s1"), [])
+    assert (saved.data.dataset, saved.data.root, saved.train.seed) == ("features", features, 1)
+    # a rerun finds everything done
+    assert compare_heads.main(argv) == 0
+
+
+def test_compare_heads_refuses_bad_feature_arguments(tmp_path, features):
+    import compare_heads
+
+    base = ["--config", os.path.join(ROOT, "configs", "quickstart.yaml"), "--heads", "softmax"]
+    for extra, match in ((["--features", str(tmp_path / "none")], "no such folder"),
+                         (["--features", features, "data.dataset=builtin10"], "drop the override"),
+                         (["--features", features, "--ood-dataset", "builtin10_ood"], "OOD features")):
+        with pytest.raises(UserError, match=match) as err:
+            compare_heads.main(base + extra + ["--dry-run", "--runs-dir", str(tmp_path / "r")])
+        _one_line(err)
