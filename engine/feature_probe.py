@@ -3,7 +3,7 @@ the linear probe (models/linear_probe.py) that trains on it.
 
 `resolve_features` (train.py, before the resume fingerprint): reads FEATURE_DIR/features.json,
 refuses what cannot apply (model.pretrained, model.freeze=backbone: the backbone ran already, at
-extraction; Mixup/CutMix and pixel augmentations: data/features.py) and sets the model keys that
+extraction; train.distill: a teacher needs the images; Mixup/CutMix and pixel augmentations: data/features.py) and sets the model keys that
 decide the classifier's initial weights (model.name, norm, init_values, pool..., data.image_size)
 and data.calib_fraction to the source's, one line naming any the config had otherwise, so
 config.yaml says which architecture's features the probe reads.
@@ -34,6 +34,9 @@ def resolve_features(cfg, say):
     if cfg.model.freeze != "none":
         raise UserError("model.freeze=backbone does not apply to data.dataset=features: the probe has no backbone "
                         "(it trains the classifier only); set model.freeze=none")
+    if cfg.train.distill != "none":
+        raise UserError(f"train.distill={cfg.train.distill} does not apply to data.dataset=features: the teacher "
+                        f"needs the images; distil on the image path, or set train.distill=none")
     feature_data.check_feature_config(cfg.data)
     meta = feature_data.read_meta(root)
     source = meta.get("config") or {}

@@ -252,6 +252,7 @@ def test_bad_settings_of_a_features_run_are_one_line(tmp_path, source, features,
 
     for extra, match in (([f"model.pretrained={source}"], "model.pretrained does not apply"),
                          (["data.mixup=0.8"], "data.mixup=0.8 is an image augmentation"),
+                         (["train.distill=soft", f"train.teacher={source}"], "teacher needs the images"),
                          ([f"data.root={tmp_path / 'nowhere'}"], "no such folder")):
         cfg = tiny_cfg(str(tmp_path / "r"), "data.dataset=features", f"data.root={features}", *FAST, *extra)
         reset_accelerate_state()
