@@ -229,9 +229,8 @@ def extract_folder(model, cfg, out_dir, splits, *, views, augment, shard_size, s
     view_of = {s: (views if (augment and s == "train") else 1) for s in splits}
     args = dict(views=views, augment=augment, shard_size=shard_size, splits=splits, ood=ood)
     main = accelerator.is_main_process
-    if main:
-        check_same_settings(out_dir, folder_meta(cfg, source, dim, classes, counts=counts, complete=False, **args))
-    accelerator.wait_for_everyone()
+    # every rank checks (a cheap read), so a refusal stops every rank rather than leave the others waiting
+    check_same_settings(out_dir, folder_meta(cfg, source, dim, classes, counts=counts, complete=False, **args))
     written = 0
     for split in splits:
         written += extract_split(model, datasets[split], cfg.data, out_dir, split, views=view_of[split],

@@ -327,3 +327,34 @@ def test_compare_heads_refuses_bad_feature_arguments(tmp_path, features):
         with pytest.raises(UserError, match=match) as err:
             compare_heads.main(base + extra + ["--dry-run", "--runs-dir", str(tmp_path / "r")])
         _one_line(err)
+
+
+def test_ranks_share_the_shards_and_together_write_the_one_process_folder(tmp_path, source, features):
+    """accelerate launch: rank r writes shards i % world == r; the union is the 1-process extraction."""
+    import configs
+    import data
+    import extract_features
+
+    class Rank:
+        def __init__(self, rank, world):
+            self.process_index, self.num_processes, self.is_main_process = rank, world, rank == 0
+            self.device = torch.device("cpu")
+
+    cfg = configs.load_run_config(source, PROBE_DATA)
+    model, _ = extract_features.build_source_model(cfg, os.path.join(source, "model.safetensors"), 100, print)
+    ds = data.build_dataset(cfg.data, "train")
+    out = str(tmp_path / "f")
+    written = []
+    for rank in (1, 0):
+        written.append(extract_features.extract_split(model, ds, cfg.data, out, "train", views=1, augment=False,
+                                                      seed=0, shard_size=50, sha256="x" * 64,
+                                                      accelerator=Rank(rank, 2)))
+        names = sorted(os.listdir(os.path.join(out, "train")))
+        if rank == 1:
+            assert names == ["shard_00001.safetensors", "shard_00003.safetensors"]
+    assert written == [2, 2]
+    for i in range(4):
+        ours = load_file(os.path.join(out, "train", f"shard_{i:05d}.safetensors"))
+        ref = load_file(os.path.join(features, "train", f"shard_{i:05d}.safetensors"))
+        assert torch.equal(ours["index"], ref["index"]) and torch.equal(ours["labels"], ref["labels"])
+        torch.testing.assert_close(ours["features"], ref["features"], rtol=1e-5, atol=1e-6)
