@@ -26,7 +26,6 @@ import os
 import numpy as np
 import torch
 
-from common import rundir
 from common.errors import UserError
 from common.weights import read_safetensors
 
@@ -270,12 +269,3 @@ def _on_device(dataset, device, epoch):
         cache.clear()
         cache[key] = (dataset.view(epoch).to(device), dataset.labels.to(device))
     return cache[key]
-
-
-def write_classes(root, names):
-    from .classes import save_class_names
-
-    save_class_names(root, names)
-
-
-CLASSES_FILE = rundir.CLASSES

@@ -49,7 +49,6 @@ from common.weights import read_safetensors_metadata, save_safetensors  # noqa: 
 from configs.loader import config_to_dict  # noqa: E402
 from data import features as F  # noqa: E402
 from data.loaders import TaskLoader  # noqa: E402
-from data.samplers import eval_batches  # noqa: E402
 from engine.cli import run_cli  # noqa: E402
 from engine.logging import progress_bar  # noqa: E402
 from engine.runlock import RunLock  # noqa: E402
