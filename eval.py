@@ -52,6 +52,7 @@ from data.classes import check_class_names, load_class_names
 from engine import checkpoint as ck
 from engine import resume_policy as rp
 from engine.cli import run_cli
+from engine.feature_probe import build_eval_probe
 from engine.runlock import RunLock
 from evaluation import conformal, ood_report, report, selective_report
 from evaluation import metrics as M
@@ -205,6 +206,10 @@ def resolve_checkpoint_dir(args, ckpt):
 
 def build_model(cfg, weights, num_classes):
     state_dict = read_state_dict(weights)
+    if data.features.is_features(cfg.data):  # a linear probe on cached features
+        model = build_eval_probe(cfg, num_classes)
+        load_into(model, state_dict, weights)
+        return model.eval()
     grid = weights_patch_grid(state_dict)
     if grid is not None and grid[0] != cfg.model.img_size and grid[1] == VARIANTS[cfg.model.name]["patch_size"]:
         # the token-mixing layers fix the patch count: name the size, not the first mismatched tensor
@@ -235,6 +240,8 @@ def ood_data_config(cfg, args):
         if args.ood_root:
             raise UserError("--ood-root needs --ood-dataset NAME")
         return None
+    if data.features.is_features(cfg.data):
+        return feature_ood_config(cfg, args)
     name = ood_report.resolve_ood_dataset(args.ood_dataset, cfg.data.dataset)
     if name not in data.DATASET_NAMES:
         raise UserError(f"unknown --ood-dataset '{name}'; valid: auto, {', '.join(data.DATASET_NAMES)}")
@@ -243,6 +250,22 @@ def ood_data_config(cfg, args):
     if args.ood_root:
         ood.root = args.ood_root
     ood.calib_fraction = 0.0  # the whole OOD val split is evaluated
+    return ood
+
+
+def feature_ood_config(cfg, args):
+    """cfg.data for the OOD features of a feature folder (FEATURE_DIR/ood, scripts/extract_features.py --ood):
+    --ood-dataset auto or features; --ood-root another feature folder."""
+    if args.ood_dataset not in ("auto", "features"):
+        raise UserError(f"--ood-dataset {args.ood_dataset}: a probe on cached features is tested on OOD features; "
+                        f"use --ood-dataset auto (FEATURE_DIR/ood, extracted with scripts/extract_features.py --ood) "
+                        f"or --ood-dataset features --ood-root OTHER_FEATURE_DIR")
+    root = args.ood_root or data.features.ood_root(cfg.data.root)
+    if root is None:
+        raise UserError(f"{cfg.data.root} holds no OOD features ({data.features.OOD_SUBDIR}/); extract them with "
+                        f"scripts/extract_features.py --ood NAME, or leave out --ood-dataset")
+    ood = copy.deepcopy(cfg.data)
+    ood.root, ood.calib_fraction = root, 0.0
     return ood
 
 

@@ -90,6 +90,7 @@ from engine import checkpoint as ck  # noqa: E402
 from engine import resume_policy as rp  # noqa: E402
 from engine.cli import run_cli  # noqa: E402
 from engine.distill import build_distiller  # noqa: E402
+from engine.feature_probe import build_feature_probe, resolve_features  # noqa: E402
 from engine.finetune import load_pretrained_weights, resolve_pretrained, summary_fields  # noqa: E402
 from engine.freeze import apply_freeze  # noqa: E402
 from engine.launch import launch_lines  # noqa: E402
@@ -755,6 +756,7 @@ def build_run(cfg, resume, overwrite, accept_changes, accelerator, use_tb, lock)
     num_classes = data_lib.num_classes(cfg.data)
     # model.pretrained / train.teacher: their files' sha256 (and the weights' image size) enter the config first
     pretrained = resolve_pretrained(cfg, lambda msg: console(msg, main_proc))
+    features = resolve_features(cfg, lambda msg: console(msg, main_proc))  # data.dataset=features: its source's model keys
     distiller = build_distiller(cfg, num_classes, accelerator)
     fp = rp.resume_fingerprint(cfg, num_classes=num_classes, global_batch=global_batch)
     ckpt, saved, changes = prepare_run_dir(cfg, resume, overwrite, accept_changes, accelerator, lock, fp)
@@ -773,7 +775,10 @@ def build_run(cfg, resume, overwrite, accept_changes, accelerator, use_tb, lock)
     updates_per_epoch = count_updates_per_epoch(cfg, len(train_set), world)
 
     reseed(cfg.train.seed, "init")
-    raw_model = create_classifier(cfg.model, cfg.head, num_classes)
+    if features is not None:  # a linear probe on cached features, initialised as the image path's classifier
+        raw_model = build_feature_probe(cfg, num_classes, features, lambda msg: console(msg, main_proc))
+    else:
+        raw_model = create_classifier(cfg.model, cfg.head, num_classes)
     if pretrained is not None:
         load_pretrained_weights(raw_model, pretrained, lambda msg: console(msg, main_proc))
     apply_freeze(raw_model, cfg.model.freeze)  # model.freeze=backbone: a linear probe

@@ -59,10 +59,11 @@ def setting(default=MISSING, help="", *, range=None, choices=None, resume=None, 
 @dataclass
 class DataConfig:
     dataset: str = setting("builtin10", "which dataset (builtin*: generated offline; imagefolder: "
-                           "root/train|val/<class>/*; shards: scripts/make_shards.py output)",
+                           "root/train|val/<class>/*; shards: scripts/make_shards.py output; features: cached features of "
+                           "scripts/extract_features.py, a linear head on them)",
                            choices=DATASET_NAMES, resume=FROZEN)
     root: str = setting("datasets", "where CIFAR/ImageNet live (cifar-10-batches-py/, train/ val/), or the shard "
-                        "folder", resume=FREE)
+                        "folder, or the feature folder (data.dataset=features)", resume=FREE)
     # pil: timm/PIL per-sample transforms (and the in-memory path); dali: NVIDIA DALI decode + DeiT
     # augmentation (imagefolder/shards; GPU when training on one, else CPU threads = num_workers);
     # auto: dali when DALI is installed, the dataset is imagefolder/shards and training runs on CUDA.

@@ -31,7 +31,9 @@ def build_train_loader(dataset, cfg, *, seed, epoch, rank, world_size, start_bat
     """One epoch of training batches for one rank (TrainLoader, or DaliTrainLoader for data.backend
     dali/auto); the same sample order either way, exact under resume."""
     kind = TrainLoader
-    if resolve_backend(cfg, device) == "dali":
+    if getattr(dataset, "is_feature_dataset", False):
+        from .features import FeatureTrainLoader as kind
+    elif resolve_backend(cfg, device) == "dali":
         from .dali_loader import DaliTrainLoader as kind
     return kind(dataset, cfg, seed=seed, epoch=epoch, rank=rank, world_size=world_size,
                 start_batch=start_batch, device=device)
@@ -40,7 +42,9 @@ def build_train_loader(dataset, cfg, *, seed, epoch, rank, world_size, start_bat
 def build_eval_loader(dataset, cfg, *, rank, world_size, device="cpu"):
     """Deterministic eval batches; rank r gets r::world_size, no padding (EvalLoader or DaliEvalLoader)."""
     kind = EvalLoader
-    if resolve_backend(cfg, device) == "dali":
+    if getattr(dataset, "is_feature_dataset", False):
+        from .features import FeatureEvalLoader as kind
+    elif resolve_backend(cfg, device) == "dali":
         from .dali_loader import DaliEvalLoader as kind
     return kind(dataset, cfg, rank=rank, world_size=world_size, device=device)
 
@@ -51,6 +55,10 @@ def build_mixup(cfg, num_classes):
     (label smoothing alone is then applied by the loss). Needs an even batch size."""
     if cfg.mixup <= 0 and cfg.cutmix <= 0:
         return None
+    if cfg.dataset == "features":
+        from .features import check_feature_config
+
+        check_feature_config(cfg)  # refuses Mixup/CutMix in one line
     if cfg.batch_size % 2:
         raise UserError(f"Mixup/CutMix needs an even data.batch_size, got {cfg.batch_size}")
     return Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, prob=cfg.mixup_prob,

@@ -7,7 +7,8 @@ a mismatch is one line naming the first differences and `--allow-class-mismatch`
 
 Names: ImageFolder -> the sorted train/ folder names; CIFAR-10/100 -> the archives' label names;
 builtin10/100 -> the shape names (builtin100: shape_hue<k>); builtin*_ood -> those of its
-in-distribution set (same label space); shards -> the shard index's list.
+in-distribution set (same label space); shards -> the shard index's list; features -> the
+source data's (features.json).
 """
 import json
 import os
@@ -16,7 +17,7 @@ from common import rundir
 from common.errors import UserError
 from common.io import atomic_write_text
 
-from . import builtin, cifar, imagefolder, shards
+from . import builtin, cifar, features, imagefolder, shards
 from .names import DATASET_NAMES
 
 CLASSES_FILE = rundir.CLASSES
@@ -34,6 +35,8 @@ def class_names(data_cfg):
         return imagefolder.find_classes(data_cfg.root)
     if data_cfg.dataset == "shards":
         return list(shards.read_index(data_cfg.root)["classes"])
+    if data_cfg.dataset == "features":
+        return features.class_names(data_cfg.root)
     raise UserError(f"unknown data.dataset '{data_cfg.dataset}'; valid: {', '.join(DATASET_NAMES)}")
 
 

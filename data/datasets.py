@@ -6,7 +6,7 @@ from PIL import Image
 from common.errors import UserError
 from common.seeding import mix_seed
 
-from . import builtin, cifar, imagefolder, shards
+from . import builtin, cifar, features, imagefolder, shards
 from .names import DATASET_NAMES, SPLITS
 from .transforms import build_eval_transform, build_train_transform
 
@@ -67,6 +67,8 @@ def num_classes(cfg):
         return len(imagefolder.find_classes(cfg.root))
     if cfg.dataset == "shards":
         return shards.num_classes(cfg.root)
+    if cfg.dataset == "features":
+        return features.num_classes(cfg.root)
     raise UserError(f"unknown data.dataset '{cfg.dataset}'; valid: {', '.join(DATASET_NAMES)}")
 
 
@@ -102,6 +104,8 @@ def build_dataset(cfg, split):
     'calib' is a deterministic `calib_fraction` of the train split (excluded from 'train' when
     calib_fraction > 0); it carries the eval transform. 'train' carries the train transform.
     """
+    if features.is_features(cfg):  # cached features: splits extracted as they are (calib held out already)
+        return features.build_split(cfg, split)
     _check(cfg, split)
     ds = _raw_split(cfg, "val" if split == "val" else "train")
     if split != "val" and cfg.calib_fraction > 0:

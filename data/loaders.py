@@ -187,6 +187,28 @@ class TrainLoader(_Loader):
         return self._iter_tasks(self.tasks[self.start_batch:])
 
 
+def eval_uses_memory_path(cfg, dataset):
+    """Eval in memory = normalise only, which is the PIL eval transform in pad-crop mode."""
+    return bool(cfg.in_memory) and getattr(dataset, "in_memory_capable", False) and train_crop_mode(cfg) == "pad"
+
+
+class TaskLoader(_Loader):
+    """Batches of the given tasks [(indices, aug_seeds)], in order: with `augment` each sample gets
+    the training augmentation drawn from its seed (as in TrainLoader), else the eval transform (as in
+    EvalLoader); scripts/extract_features.py computes its views through it. Undecodable images
+    (data.skip_corrupt) are replaced under `augment`, dropped otherwise, as in those loaders."""
+
+    def __init__(self, dataset, cfg, tasks, *, augment, device="cpu"):
+        memory = uses_memory_path(cfg, dataset) if augment else eval_uses_memory_path(cfg, dataset)
+        super().__init__(dataset, cfg, tasks, device, memory, augment, cfg.num_workers)
+
+    def __len__(self):
+        return len(self.tasks)
+
+    def __iter__(self):
+        return self._iter_tasks(self.tasks)
+
+
 class EvalLoader(_Loader):
     """Deterministic eval batches: rank r gets dataset indices r::world_size, no padding.
 
@@ -197,9 +219,7 @@ class EvalLoader(_Loader):
 
     def __init__(self, dataset, cfg, *, rank, world_size, device="cpu"):
         tasks = eval_batches(len(dataset), rank=rank, world_size=world_size, batch_size=cfg.eval_batch_size)
-        # eval in memory = normalise only, which is the PIL eval transform in pad-crop mode
-        memory = bool(cfg.in_memory) and getattr(dataset, "in_memory_capable", False) and train_crop_mode(cfg) == "pad"
-        super().__init__(dataset, cfg, tasks, device, memory, False, cfg.num_workers)
+        super().__init__(dataset, cfg, tasks, device, eval_uses_memory_path(cfg, dataset), False, cfg.num_workers)
         self.num_samples = sum(len(t[0]) for t in tasks)
 
     def __len__(self):

@@ -6,6 +6,7 @@
         [--runs-dir runs/compare] [--report-dir reports/compare] [key.sub=value ...]
     python scripts/compare_heads.py ... --emit-slurm compare.sbatch   # then: sbatch compare.sbatch
     python scripts/compare_heads.py ... --report-only                 # aggregate the finished runs
+    python scripts/compare_heads.py --config CFG --features FEATURE_DIR --heads ... --seeds ...   # cached features
 
 For each variant (head × norm × α) and seed the run directory is RUNS_DIR/<variant>-s<seed>. The plan
 (run directories, configs, commands) is one function of the arguments, the same in every mode.
@@ -24,6 +25,12 @@ Modes:
                  (--resume auto, checkpoint + requeue on preemption), then eval.py evaluates it;
   --report-only  aggregates the finished runs and names the missing ones;
   --dry-run      lists what would run.
+Cached features (--features DIR, a folder of scripts/extract_features.py): the same plan, each run a linear
+head on the cached features (data.dataset=features data.root=DIR added to every run's overrides), with the
+same report, statistics, prediction sets, selective prediction and OOD detection (--ood-dataset auto: the
+folder's OOD features, DIR/ood, when it has them). Without --launcher and --jobs, train.py and eval.py then
+run inside this process, one after the other (a probe trains in well under a second; a fresh Python with
+torch costs several), exactly as their command lines would run them.
 Signals: SIGTERM / SIGINT / SIGUSR1 are forwarded to the running train.py / eval.py children
 (engine/children.py), which save and stop; compare_heads then exits with their code (143 ...), a
 second signal kills them, and no child outlives it.
@@ -103,6 +110,9 @@ def parse_args(argv=None):
                    help="OOD set for eval.py's OOD detection: auto = the built-in data's own "
                         "(builtin10 -> builtin10_ood), none for other datasets; none = skip")
     p.add_argument("--ood-root", default=None, metavar="DIR", help="data root of the OOD set")
+    p.add_argument("--features", default=None, metavar="DIR",
+                   help="compare heads on cached features (scripts/extract_features.py --output DIR): a linear "
+                        "head per run, data.dataset=features data.root=DIR")
     p.add_argument("--runs-dir", default=None, help="where the runs go (default runs/compare/<config name>)")
     p.add_argument("--report-dir", default=None, help="report folder (default reports/<config name>)")
     p.add_argument("--ema", action="store_true", help="evaluate the EMA weights instead of the raw ones")
@@ -128,8 +138,21 @@ def parse_args(argv=None):
     if args.emit_slurm and args.launcher:
         raise UserError("--launcher does not apply to --emit-slurm: each array task launches through "
                         "scripts/slurm_train.sh (accelerate launch per node); set GPUS_PER_NODE instead")
-    args.overrides = overrides
+    args.overrides = overrides + feature_overrides(args.features, overrides)
     return args
+
+
+def feature_overrides(features, overrides):
+    """The overrides --features DIR adds to every run (checked: DIR must be a feature folder)."""
+    if features is None:
+        return []
+    from data.features import read_meta
+
+    clash = [o for o in overrides if o.split("=", 1)[0] in ("data.dataset", "data.root")]
+    if clash:
+        raise UserError(f"--features sets data.dataset=features and data.root; drop the override '{clash[0]}'")
+    read_meta(features)  # one line for a missing folder or one without features.json
+    return ["data.dataset=features", f"data.root={features}"]
 
 
 # ------------------------------------------------------------------------------------------ the plan
@@ -194,11 +217,28 @@ def resolve_ood(args, cfg):
 
     if args.ood_dataset == "none":
         return None
+    if cfg.data.dataset == "features":
+        return _feature_ood(args, cfg)
     if args.ood_dataset == "auto":
         return default_ood_dataset(cfg.data.dataset)
     if args.ood_dataset not in DATASET_NAMES:
         raise UserError(f"unknown --ood-dataset '{args.ood_dataset}'; valid: auto, none, {', '.join(DATASET_NAMES)}")
     return args.ood_dataset
+
+
+def _feature_ood(args, cfg):
+    """On cached features the OOD set is OOD features: the folder's own (DIR/ood) or --ood-root's."""
+    from data.features import ood_root
+
+    if args.ood_dataset not in ("auto", "features"):
+        raise UserError(f"--ood-dataset {args.ood_dataset}: on cached features the OOD set is OOD features; use "
+                        f"auto (DIR/ood, scripts/extract_features.py --ood NAME), features with --ood-root DIR, or none")
+    if args.ood_root is None and ood_root(cfg.data.root) is None:
+        if args.ood_dataset == "auto":
+            return None
+        raise UserError(f"--ood-dataset features: {cfg.data.root} holds no OOD features; extract them with "
+                        f"scripts/extract_features.py --ood NAME, or give --ood-root OOD_FEATURE_DIR")
+    return "features"
 
 
 class Commands:
@@ -305,6 +345,44 @@ def _run(children, cmd, what):
     if status != 0:
         raise UserError(f"{what} failed (exit {status}); fix the error above and rerun the same command "
                         f"(finished runs are kept, interrupted ones resume)")
+
+
+class InProcess:
+    """train.py and eval.py in this process (compare_heads --features without --launcher/--jobs): `run`
+    calls the entry point's main with the command's arguments, as engine/cli.py's run_cli would (a
+    UserError is its one line and exit 2), after resetting Accelerate's process-wide state. Signals:
+    train.py's own handlers stop the run with a checkpoint while it trains; the launcher's (`children`)
+    stop the comparison between runs."""
+    ENTRY_POINTS = {"train.py": "train", "eval.py": "eval"}
+
+    def __init__(self, children):
+        self.children = children
+
+    @property
+    def stopped(self):
+        return self.children.stopped
+
+    def check_stopped(self, *args):
+        return self.children.check_stopped(*args)
+
+    def run(self, cmd, **_):
+        import importlib
+
+        from accelerate.state import AcceleratorState, GradientState
+
+        self.check_stopped("nothing more is started")
+        module = importlib.import_module(self.ENTRY_POINTS[os.path.basename(cmd[1])])
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+        try:
+            return int(module.main(cmd[2:]) or 0)
+        except UserError as err:
+            print(f"error: {err}", file=sys.stderr, flush=True)
+            return getattr(err, "exit_code", 2)
+        except SystemExit as err:
+            return err.code if isinstance(err.code, int) else 1
+        finally:
+            sys.stdout.flush()
 
 
 def device_env(slot, jobs, environ=None, gpu_count=None, cpu_count=None):
@@ -551,6 +629,8 @@ def main(argv=None):
         return 0
     start = time.perf_counter()
     with ChildProcesses() as children:  # signals go on to train.py / eval.py, which save and stop
+        if args.features and args.jobs == 1 and not args.launcher:
+            children = InProcess(children)  # a probe trains in far less time than a Python start takes
         trained_now, evaluated_now = run_todo(todo, commands, requests, args.jobs, children)
     path, missing = write_comparison_report(plan, commands, args, pairs, stem, _command_line(argv))
     print(f"{trained_now} training run(s) and {evaluated_now} evaluation(s) done now in "

@@ -1,0 +1,271 @@
+"""data.dataset=features: cached pre-logit features (scripts/extract_features.py) as a dataset.
+
+    FEATURE_DIR/
+        features.json                  what was extracted: source weights (path, sha256), feature dim,
+                                       classes, rows per split, views, augment, the config used
+        classes.json                   the source data's class names (data/classes.py format)
+        classifier.safetensors         the source's classifier (head.*, output_head.*), so a probe
+                                       trained here starts as the image-path probe does
+        train/shard_00000.safetensors  `features` float32 (R, D), `labels` int64 (R,), `index` int64 (R,)
+        val/..., calib/...             (the dataset positions) and `view` int64 (R,) (0 unless --views K)
+        ood/                           the OOD set (--ood), itself a feature folder with a val split
+
+Shard i of a split holds dataset positions [i * shard_size, (i + 1) * shard_size) for every view.
+A split's rows load as one (N, D) tensor in dataset order, so the samplers (data/samplers.py) and
+the eval batches see the same positions as the image path; with K augmented train views, epoch e
+trains on view e % K (the cache's stand-in for drawing a new augmentation each epoch).
+
+A feature dataset has no pixels: every image transform and Mixup/CutMix is refused for it
+(`check_feature_config`), except the crop/flip defaults (data.hflip, data.crop_padding), which
+describe the image path and are ignored here with a note (the features were extracted with the
+transform features.json records).
+"""
+import json
+import os
+
+import numpy as np
+import torch
+
+from common.errors import UserError
+from common.weights import read_safetensors
+
+META_FILE = "features.json"
+CLASSIFIER_FILE = "classifier.safetensors"
+OOD_SUBDIR = "ood"
+FORMAT_VERSION = 1
+# image-only settings that must stay off (their defaults) for cached features: (key, off value)
+_REFUSED = (("mixup", 0.0), ("cutmix", 0.0), ("reprob", 0.0), ("auto_augment", None), ("color_jitter", 0.0))
+
+
+def shard_name(i):
+    return f"shard_{i:05d}.safetensors"
+
+
+def shard_path(root, split, i):
+    return os.path.join(root, split, shard_name(i))
+
+
+def is_features(data_cfg):
+    return data_cfg.dataset == "features"
+
+
+def read_meta(root):
+    """features.json of a feature folder, checked; UserError (one line) for a missing folder or file,
+    an unreadable file or an unfinished extraction."""
+    if not os.path.isdir(root):
+        raise UserError(f"data.root={root}: no such folder; data.dataset=features reads a folder written by "
+                        f"scripts/extract_features.py --output DIR")
+    path = os.path.join(root, META_FILE)
+    if not os.path.isfile(path):
+        raise UserError(f"data.root={root} has no {META_FILE}: not a feature folder (write one with "
+                        f"scripts/extract_features.py --output {root})")
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+        dim, classes = int(meta["feature_dim"]), list(meta["classes"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise UserError(f"{path} is unreadable ({type(err).__name__}: {err}); extract the features again") from None
+    if not meta.get("complete"):
+        raise UserError(f"{path}: the extraction did not finish; rerun the same scripts/extract_features.py "
+                        f"command (finished shards are kept)")
+    if dim < 1 or not classes:
+        raise UserError(f"{path} records feature_dim={dim} and {len(classes)} classes; extract the features again")
+    return meta
+
+
+def num_classes(root):
+    return len(read_meta(root)["classes"])
+
+
+def class_names(root):
+    return list(read_meta(root)["classes"])
+
+
+def check_feature_config(data_cfg):
+    """Mixup/CutMix and pixel augmentations do not apply to cached features: one line each."""
+    for key, off in _REFUSED:
+        value = getattr(data_cfg, key)
+        if value != off and not (off == 0.0 and value is not None and float(value) == 0.0):
+            raise UserError(f"data.{key}={value} is an image augmentation; it cannot apply to cached features "
+                            f"(data.dataset=features): set data.{key}={'null' if off is None else 0} (augmented "
+                            f"features: scripts/extract_features.py --augment --views K)")
+    if data_cfg.backend == "dali":
+        raise UserError("data.backend=dali decodes images; cached features (data.dataset=features) need "
+                        "data.backend=pil or auto")
+
+
+def image_settings_note(data_cfg, meta):
+    """One line when the config's crop/flip settings (ignored for features) are on, else None."""
+    on = [f"data.{k}={getattr(data_cfg, k)}" for k in ("hflip", "crop_padding") if getattr(data_cfg, k)]
+    if not on:
+        return None
+    how = "augmented views" if meta.get("augment") else "the eval transform"
+    return (f"note: {', '.join(on)} describe the image path and do not apply to cached features (extracted "
+            f"with {how}, views={meta.get('views', 1)})")
+
+
+class FeatureDataset:
+    """One split of cached features: `features` (K, N, D) float32 for K views (1 unless augmented),
+    `labels` (N,) int64, `index` (N,) the source dataset positions. `view(epoch)` -> (N, D)."""
+
+    in_memory_capable = False
+    is_feature_dataset = True
+
+    def __init__(self, features, labels, index, num_classes, name="features"):
+        self.views = features
+        self.labels = labels
+        self.index = index
+        self.num_classes = num_classes
+        self.name = name
+        self.transform = None  # (build_dataset sets a transform on every dataset; none applies here)
+
+    @property
+    def features(self):
+        return self.views[0]
+
+    @property
+    def num_features(self):
+        return int(self.views.shape[-1])
+
+    def view(self, epoch):
+        return self.views[epoch % self.views.shape[0]]
+
+    def __len__(self):
+        return int(self.labels.numel())
+
+    def __getitem__(self, i):
+        return self.views[0][i], int(self.labels[i])
+
+
+def _split_shards(root, split):
+    folder = os.path.join(root, split)
+    if not os.path.isdir(folder):
+        raise UserError(f"{root} has no {split}/ features; extract it with scripts/extract_features.py "
+                        f"--splits {split}")
+    names = sorted(n for n in os.listdir(folder) if n.startswith("shard_") and n.endswith(".safetensors"))
+    if not names:
+        raise UserError(f"{folder} holds no shard_*.safetensors; extract the features again")
+    return [os.path.join(folder, n) for n in names]
+
+
+def load_split(root, split, meta=None):
+    """-> FeatureDataset of ROOT/SPLIT (UserError: missing split, wrong dim, rows that do not add up)."""
+    meta = meta or read_meta(root)
+    dim, k = int(meta["feature_dim"]), len(meta["classes"])
+    feats, labels, index, views = [], [], [], []
+    for path in _split_shards(root, split):
+        t = read_safetensors(path)
+        missing = [key for key in ("features", "labels", "index", "view") if key not in t]
+        if missing:
+            raise UserError(f"{path} lacks '{missing[0]}'; extract the features again")
+        if t["features"].ndim != 2 or t["features"].shape[1] != dim:
+            raise UserError(f"{path} holds features of shape {tuple(t['features'].shape)}, {META_FILE} says "
+                            f"dimension {dim}: shards of another extraction are mixed in; extract into a new folder")
+        feats.append(t["features"].float())
+        labels.append(t["labels"].long())
+        index.append(t["index"].long())
+        views.append(t["view"].long())
+    feats, labels, index, views = (torch.cat(x) for x in (feats, labels, index, views))
+    num_views = int(views.max()) + 1
+    expected = (meta.get("counts") or {}).get(split)
+    per_view = []
+    for v in range(num_views):
+        rows = torch.nonzero(views == v).flatten()
+        order = rows[torch.argsort(index[rows], stable=True)]
+        per_view.append(order)
+    n = int(per_view[0].numel())
+    first = index[per_view[0]]
+    if any(o.numel() != n or not torch.equal(index[o], first) for o in per_view) or \
+            not torch.equal(first, torch.arange(n)) or (expected is not None and int(expected) != n):
+        raise UserError(f"{os.path.join(root, split)}: its shards do not hold every position 0..N-1 once per view "
+                        f"({n} rows in view 0, {META_FILE} counts {expected}); extract the features again")
+    y = labels[per_view[0]]
+    if n and (int(y.min()) < 0 or int(y.max()) >= k):
+        raise UserError(f"{os.path.join(root, split)}: labels outside 0..{k - 1}; extract the features again")
+    stacked = torch.stack([feats[o] for o in per_view])
+    return FeatureDataset(stacked, y, first, k, name=f"features:{meta.get('dataset', '?')}")
+
+
+def build_split(data_cfg, split):
+    """The FeatureDataset data.build_dataset returns for data.dataset=features."""
+    check_feature_config(data_cfg)
+    meta = read_meta(data_cfg.root)
+    if split not in (meta.get("counts") or {}):
+        have = ", ".join(meta.get("counts") or {}) or "none"
+        hint = " (data.calib_fraction > 0 at extraction)" if split == "calib" else ""
+        raise UserError(f"{data_cfg.root} has no {split} features (extracted: {have}); extract it with "
+                        f"scripts/extract_features.py --splits ... {split}{hint}")
+    ds = load_split(data_cfg.root, split, meta)
+    if len(ds) == 0:
+        raise UserError(f"the {split} split of {data_cfg.root} is empty")
+    return ds
+
+
+def ood_root(root):
+    """The OOD feature folder of a feature folder, or None when none was extracted."""
+    path = os.path.join(root, OOD_SUBDIR)
+    return path if os.path.isfile(os.path.join(path, META_FILE)) else None
+
+
+def read_classifier(root):
+    """The source's classifier tensors (head.*, output_head.*), or {} when the folder stores none."""
+    path = os.path.join(root, CLASSIFIER_FILE)
+    return read_safetensors(path) if os.path.isfile(path) else {}
+
+
+# ------------------------------------------------------------------------------------------- loaders
+class FeatureTrainLoader:
+    """A rank's training batches of one epoch: the same (indices) as data.TrainLoader (the samplers'
+    `epoch_train_batches`), gathered from the epoch's view on the device; no workers, no transform."""
+
+    def __init__(self, dataset, cfg, *, seed, epoch, rank, world_size, start_batch=0, device="cpu"):
+        from .loaders import epoch_train_batches
+
+        self.tasks = epoch_train_batches(dataset, cfg, seed=seed, epoch=epoch, rank=rank, world_size=world_size,
+                                         start_batch=start_batch)
+        self.device = torch.device(device)
+        self.features, self.labels = _on_device(dataset, self.device, epoch)
+        self.start_batch, self.epoch = start_batch, epoch
+        self.batches_per_epoch = len(self.tasks)
+        self.uses_memory_path = True
+
+    def __len__(self):
+        return self.batches_per_epoch
+
+    def __iter__(self):
+        for indices, _ in self.tasks[self.start_batch:]:
+            idx = torch.from_numpy(np.asarray(indices, dtype=np.int64)).to(self.device, non_blocking=True)
+            yield self.features.index_select(0, idx), self.labels.index_select(0, idx)
+
+
+class FeatureEvalLoader:
+    """Eval batches as data.EvalLoader: rank r gets positions r::world_size, no padding (view 0)."""
+
+    skipped = 0
+
+    def __init__(self, dataset, cfg, *, rank, world_size, device="cpu"):
+        from .samplers import eval_batches
+
+        self.tasks = eval_batches(len(dataset), rank=rank, world_size=world_size, batch_size=cfg.eval_batch_size)
+        self.device = torch.device(device)
+        self.features, self.labels = _on_device(dataset, self.device, 0)
+        self.num_samples = sum(len(t[0]) for t in self.tasks)
+
+    def __len__(self):
+        return len(self.tasks)
+
+    def __iter__(self):
+        for indices, _ in self.tasks:
+            lo, hi = int(indices[0]), int(indices[-1]) + 1
+            step = int(indices[1] - indices[0]) if len(indices) > 1 else 1
+            yield self.features[lo:hi:step], self.labels[lo:hi:step]
+
+
+def _on_device(dataset, device, epoch):
+    """The view of `epoch` and the labels on `device`, cached on the dataset (one device copy)."""
+    cache = dataset.__dict__.setdefault("_device_cache", {})
+    key = (str(device), epoch % dataset.views.shape[0])
+    if key not in cache:
+        cache.clear()
+        cache[key] = (dataset.view(epoch).to(device), dataset.labels.to(device))
+    return cache[key]

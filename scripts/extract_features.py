@@ -1,0 +1,311 @@
+"""Extract pre-logit features of a trained or pretrained ResMLP to safetensors shards, for head sweeps
+on cached features (data.dataset=features, scripts/compare_heads.py --features DIR).
+
+    python scripts/extract_features.py --checkpoint runs/quickstart --output features/quickstart
+    python scripts/extract_features.py --checkpoint runs/quickstart --output F --ood auto --splits train val
+    python scripts/extract_features.py --checkpoint resmlp_12_no_dist.pth --model resmlp_s12 \\
+        --dataset imagefolder --data-root datasets/imagenet --output features/s12
+    python scripts/extract_features.py --checkpoint RUN --output F --augment --views 4   # 4 augmented train views
+    accelerate launch --num_processes 8 scripts/extract_features.py --checkpoint RUN --output F
+
+--checkpoint is what eval.py takes (a run directory, one of its checkpoints, or a weights file in this
+project's, timm's or the FB/DeiT format with --config or --model/--dataset); the data config is the
+run's (or --config's), with key.sub=value overrides. The features are
+`model.forward_head(model.forward_features(x), pre_logits=True)` in float32 (autocast off, eval mode).
+Layout and the metadata file: data/features.py. The weights' classifier fits the data as
+model.pretrained fits it (models/pretrained.py): the backbone strictly, the classifier only where its
+class count fits, and classifier.safetensors keeps it, so a probe trained on these features starts
+where the frozen-backbone probe on the images (model.pretrained + model.freeze=backbone) starts.
+
+- Transform: every split through the eval transform (train augmentation off), unless --augment:
+  then the train split gets --views K views per image, each through the training augmentation with a
+  seed fixed by (train.seed, view, position), so an extraction is reproducible.
+- Resumable by shard: shard i of a split (positions [i * S, (i + 1) * S)) is written atomically, and a
+  shard file that exists is complete and is skipped; rerunning the same command finishes the rest. A
+  folder extracted with other settings (another source file, views, shard size, config) is refused.
+- Several processes (accelerate launch): rank r writes the shards i with i % world == r; the main
+  process writes features.json once every rank is done.
+- --ood NAME|auto: the OOD set's val split (auto: the built-in data's own, as eval.py --ood-dataset)
+  goes to OUTPUT/ood/, a feature folder of its own; eval.py --ood-dataset auto then finds it.
+"""
+import argparse
+import copy
+import math
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import data  # noqa: E402
+from common.errors import UserError  # noqa: E402
+from common.io import write_json  # noqa: E402
+from common.seeding import mix_seed_array  # noqa: E402
+from common.weights import read_safetensors_metadata, save_safetensors  # noqa: E402
+from configs.loader import config_to_dict  # noqa: E402
+from data import features as F  # noqa: E402
+from data.loaders import TaskLoader  # noqa: E402
+from engine.cli import run_cli  # noqa: E402
+from engine.logging import progress_bar  # noqa: E402
+from engine.runlock import RunLock  # noqa: E402
+from evaluation import ood_report  # noqa: E402
+from models import create_classifier  # noqa: E402
+from models.convert import read_state_dict  # noqa: E402
+from models.pretrained import (CLASSIFIER_PREFIX, OUTPUT_HEAD_PREFIX, file_sha256, fit_pretrained,  # noqa: E402
+                               renamed_state_dict, weights_patch_grid)
+
+DEFAULT_SHARD_SIZE = 8192
+# what must be the same for a rerun to add shards to an existing folder
+SETTINGS_KEYS = ("source_sha256", "views", "augment", "shard_size", "config", "dataset")
+
+
+def parse_args(argv=None):
+    import eval as eval_py
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n")[1])
+    p.add_argument("--checkpoint", required=True, metavar="RUN|WEIGHTS",
+                   help="a train.py run directory, one of its checkpoints, or a weights file (as eval.py)")
+    p.add_argument("--output", required=True, metavar="DIR", help="the feature folder (created)")
+    p.add_argument("--splits", nargs="+", default=None, choices=("train", "val", "calib"),
+                   help="splits to extract (default: train val, and calib when data.calib_fraction > 0)")
+    p.add_argument("--views", type=int, default=1, help="augmented views per train image (with --augment)")
+    p.add_argument("--augment", action="store_true",
+                   help="train split through the training augmentation (default: the eval transform everywhere)")
+    p.add_argument("--shard-size", type=int, default=DEFAULT_SHARD_SIZE, help="images per shard")
+    p.add_argument("--ood", metavar="NAME|auto", default=None,
+                   help="also extract this OOD set's val split to OUTPUT/ood (auto: the built-in data's own)")
+    p.add_argument("--ood-root", metavar="DIR", default=None, help="data root of the OOD set")
+    p.add_argument("--ema", action="store_true", help="the run's EMA weights")
+    p.add_argument("--config", help="YAML config (for a weights file; replaces a run's config.yaml)")
+    p.add_argument("--model", help="model name for a weights file without --config (e.g. resmlp_s12)")
+    p.add_argument("--head", help="output head for a weights file without --config")
+    p.add_argument("--img-size", type=int, help="image size for a weights file (default: the variant's)")
+    p.add_argument("--dataset", help="override data.dataset")
+    p.add_argument("--data-root", help="override data.root")
+    p.add_argument("--batch-size", type=int, help="images per forward (data.eval_batch_size)")
+    args, rest = p.parse_known_args(argv)
+    args.overrides = eval_py._collect_overrides(rest, p)
+    if args.views < 1:
+        raise UserError(f"--views must be at least 1, got {args.views}")
+    if args.views > 1 and not args.augment:
+        raise UserError(f"--views {args.views} without --augment would write {args.views} equal copies (the eval "
+                        f"transform is deterministic); add --augment, or drop --views")
+    if args.shard_size < 1:
+        raise UserError(f"--shard-size must be at least 1, got {args.shard_size}")
+    return args
+
+
+# ------------------------------------------------------------------------------------------ the model
+def build_source_model(cfg, weights, num_classes, say):
+    """The source classifier with the weights fitted as model.pretrained fits them (the backbone
+    strictly; the classifier where its class count and kind fit); -> (model, source classifier tensors)."""
+    state_dict = read_state_dict(weights)
+    grid = weights_patch_grid(state_dict)
+    if grid is not None and grid[0] != cfg.model.img_size:
+        say(f"{weights} was trained at {grid[0]} px ({grid[2]}x{grid[2]} patches): data.image_size set to "
+            f"{grid[0]} (the config had {cfg.model.img_size}); the images are resized to it")
+        cfg.data.image_size = cfg.model.img_size = grid[0]
+    model = create_classifier(cfg.model, cfg.head, num_classes)
+    not_loaded = fit_pretrained(model, state_dict)
+    if not_loaded:
+        say(f"{weights}: not loaded: {'; '.join(not_loaded)} (the classifier does not enter the features)")
+    classifier = {k: v for k, (_, v) in renamed_state_dict(state_dict).items()
+                  if k.startswith((CLASSIFIER_PREFIX, OUTPUT_HEAD_PREFIX))}
+    return model.eval(), classifier
+
+
+@torch.no_grad()
+def pre_logits(model, x):
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        return model.forward_head(model.forward_features(x.float()), pre_logits=True).float()
+
+
+# ------------------------------------------------------------------------------------------ shards
+def shard_tasks(lo, hi, batch_size, seeds):
+    """[(indices, aug_seeds)] over positions lo..hi-1 in batches (seeds None: eval transform)."""
+    positions = np.arange(lo, hi, dtype=np.int64)
+    return [(positions[i:i + batch_size], None if seeds is None else seeds[i:i + batch_size])
+            for i in range(0, len(positions), batch_size)]
+
+
+def compute_shard(model, dataset, data_cfg, lo, hi, *, views, augment, seed, device):
+    """The rows of positions lo..hi-1 for every view: features, labels, index, view."""
+    feats, labels, index, view_ids = [], [], [], []
+    for v in range(views):
+        seeds = mix_seed_array(seed, "features", v, last=np.arange(lo, hi, dtype=np.int64)) if augment else None
+        tasks = shard_tasks(lo, hi, data_cfg.eval_batch_size, seeds)
+        got = 0
+        for x, y in TaskLoader(dataset, data_cfg, tasks, augment=augment, device=device):
+            feats.append(pre_logits(model, x).cpu())
+            labels.append(y.cpu())
+            got += len(y)
+        if got != hi - lo:
+            raise UserError(f"{hi - lo - got} image(s) at positions {lo}..{hi - 1} were undecodable (data.skip_corrupt): "
+                            f"cached features need every image; fix or remove them")
+        index.append(torch.arange(lo, hi, dtype=torch.int64))
+        view_ids.append(torch.full((hi - lo,), v, dtype=torch.int64))
+    return {"features": torch.cat(feats), "labels": torch.cat(labels).long(), "index": torch.cat(index),
+            "view": torch.cat(view_ids)}
+
+
+def shard_is_complete(path, sha256):
+    """A shard file is written atomically, so one that exists is complete; one written from other
+    weights is refused (mixing two sources)."""
+    if not os.path.isfile(path):
+        return False
+    try:
+        meta = read_safetensors_metadata(path)
+    except Exception as err:  # safetensors raises its own error types for a damaged header
+        raise UserError(f"{path} is unreadable ({err}); delete it and rerun (the other shards are kept)") from None
+    if meta.get("source_sha256") != sha256:
+        raise UserError(f"{path} holds features of other weights (sha256 {meta.get('source_sha256', '?')[:12]}...); "
+                        f"extract into a new --output folder")
+    return True
+
+
+def extract_split(model, dataset, data_cfg, out_dir, split, *, views, augment, seed, shard_size, sha256,
+                  accelerator):
+    """This rank's shards of one split (i % world == rank); -> shards written now."""
+    n = len(dataset)
+    shards = [i for i in range(math.ceil(n / shard_size)) if i % accelerator.num_processes == accelerator.process_index]
+    written = 0
+    bar = progress_bar(len(shards), enabled=accelerator.is_main_process, unit="shard")
+    bar.set_description(f"{split} ({n} images, {views} view{'s' if views > 1 else ''})")
+    try:
+        for i in shards:
+            path = F.shard_path(out_dir, split, i)
+            if not shard_is_complete(path, sha256):
+                lo, hi = i * shard_size, min(n, (i + 1) * shard_size)
+                rows = compute_shard(model, dataset, data_cfg, lo, hi, views=views, augment=augment, seed=seed,
+                                     device=accelerator.device)
+                save_safetensors(rows, path, metadata={"source_sha256": sha256, "split": split, "shard": str(i),
+                                                       "views": str(views), "shard_size": str(shard_size)})
+                written += 1
+            bar.update(1)
+    finally:
+        bar.close()
+    return written
+
+
+# ------------------------------------------------------------------------------------------ a folder
+def folder_meta(cfg, source, dim, classes, *, views, augment, shard_size, splits, counts, complete, ood=None):
+    return {"format": F.FORMAT_VERSION, "complete": complete, "source": source, "source_sha256": source["sha256"],
+            "feature_dim": dim, "num_classes": len(classes), "classes": list(classes), "dataset": cfg.data.dataset,
+            "splits": list(splits), "counts": counts, "views": views, "augment": augment, "shard_size": shard_size,
+            "seed": cfg.train.seed, "ood": ood, "config": config_to_dict(cfg)}
+
+
+def check_same_settings(out_dir, meta):
+    """A rerun may add shards to a folder only when it was started with the same settings."""
+    path = os.path.join(out_dir, F.META_FILE)
+    if not os.path.isfile(path):
+        return
+    import json
+
+    try:
+        with open(path) as f:
+            old = json.load(f)
+    except (OSError, ValueError) as err:
+        raise UserError(f"{path} is unreadable ({err}); extract into a new --output folder") from None
+    for key in SETTINGS_KEYS:
+        if old.get(key) != json.loads(json.dumps(meta.get(key))):
+            raise UserError(f"{out_dir} holds features extracted with other settings ({key} differs); extract into "
+                            f"a new --output folder")
+
+
+def extract_folder(model, cfg, out_dir, splits, *, views, augment, shard_size, source, classifier, accelerator,
+                   say, ood=None):
+    """Every split of one feature folder (train views only for the train split), then features.json."""
+    classes = data.class_names(cfg.data)
+    dim = int(model.num_features)
+    datasets = {s: data.build_dataset(cfg.data, s) for s in splits}
+    counts = {s: len(ds) for s, ds in datasets.items()}
+    view_of = {s: (views if (augment and s == "train") else 1) for s in splits}
+    args = dict(views=views, augment=augment, shard_size=shard_size, splits=splits, ood=ood)
+    main = accelerator.is_main_process
+    # every rank checks (a cheap read), so a refusal stops every rank rather than leave the others waiting
+    check_same_settings(out_dir, folder_meta(cfg, source, dim, classes, counts=counts, complete=False, **args))
+    written = 0
+    for split in splits:
+        written += extract_split(model, datasets[split], cfg.data, out_dir, split, views=view_of[split],
+                                 augment=augment and split == "train", seed=cfg.train.seed, shard_size=shard_size,
+                                 sha256=source["sha256"], accelerator=accelerator)
+    accelerator.wait_for_everyone()
+    if main:
+        from data.classes import save_class_names
+
+        save_class_names(out_dir, classes)
+        if classifier:
+            save_safetensors(classifier, os.path.join(out_dir, F.CLASSIFIER_FILE))
+        write_json(folder_meta(cfg, source, dim, classes, counts=counts, complete=True, **args),
+                   os.path.join(out_dir, F.META_FILE))
+        say(f"{out_dir}: {', '.join(f'{s} {n}' for s, n in counts.items())} image(s), {dim}-dim features "
+            f"({written} shard(s) written now, the others were complete)")
+    return counts
+
+
+def default_splits(cfg):
+    return ["train", "val"] + (["calib"] if cfg.data.calib_fraction > 0 else [])
+
+
+def ood_config(cfg, args):
+    """The config of the OOD set's extraction (None without --ood)."""
+    if args.ood is None:
+        if args.ood_root:
+            raise UserError("--ood-root needs --ood NAME")
+        return None
+    name = ood_report.resolve_ood_dataset(args.ood, cfg.data.dataset)
+    if name not in data.DATASET_NAMES or name == "features":
+        raise UserError(f"unknown --ood '{name}'; valid: auto, "
+                        f"{', '.join(n for n in data.DATASET_NAMES if n != 'features')}")
+    ood = copy.deepcopy(cfg)
+    ood.data.dataset = name
+    if args.ood_root:
+        ood.data.root = args.ood_root
+    ood.data.calib_fraction = 0.0
+    return ood
+
+
+def main(argv=None):
+    import eval as eval_py
+    from accelerate import Accelerator
+
+    args = parse_args(argv)
+    cfg, weights, kind = eval_py.resolve(args)
+    if F.is_features(cfg.data):
+        raise UserError(f"{args.checkpoint} was trained on cached features (data.dataset=features): extract from "
+                        f"the run or weights of the image model")
+    splits = list(dict.fromkeys(args.splits or default_splits(cfg)))
+    ood_cfg = ood_config(cfg, args)
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    main_proc = accelerator.is_main_process
+
+    def say(msg):
+        if main_proc:
+            print(msg, flush=True)
+
+    model, classifier = build_source_model(cfg, weights, data.num_classes(cfg.data), say)
+    if ood_cfg is not None:
+        ood_cfg.data.image_size = ood_cfg.model.img_size = cfg.data.image_size
+    model.to(accelerator.device)
+    source = {"path": args.checkpoint, "file": weights, "weights": kind, "sha256": file_sha256(weights)}
+    out = args.output
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise UserError(f"--output {out} is a file; give a folder")
+    with RunLock(out, purpose="feature extraction", enabled=main_proc):
+        extract_folder(model, cfg, out, splits, views=args.views, augment=args.augment, shard_size=args.shard_size,
+                       source=source, classifier=classifier, accelerator=accelerator, say=say,
+                       ood=ood_cfg.data.dataset if ood_cfg is not None else None)
+        if ood_cfg is not None:
+            extract_folder(model, ood_cfg, os.path.join(out, F.OOD_SUBDIR), ["val"], views=1, augment=False,
+                           shard_size=args.shard_size, source=source, classifier={}, accelerator=accelerator, say=say)
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)
