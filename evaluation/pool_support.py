@@ -99,6 +99,8 @@ def support_summary(support, num_patches, heads, mapping):
 
 def describe(summary):
     """One line for the terminal: 'pooling support (hopfield, sparsemax): 5.2 of 36 patches ...'."""
+    if not summary["n"]:
+        return f"pooling support (hopfield, {summary['mapping']}): no image evaluated"
     return (f"pooling support (hopfield, {summary['mapping']}): mean {summary['support_mean']:.2f} of "
             f"{summary['num_patches']} patches (median {summary['support_median']:g}, range "
             f"{summary['support_min']}–{summary['support_max']}) over {summary['n']} images")

@@ -228,3 +228,21 @@ def test_report_draws_support_maps_for_hopfield_runs_only(runs, tmp_path):
     table, md_path, _ = comparison.write_report({"avg": [avg]}, str(only_avg), "t", "cmd")
     assert not (only_avg / plots.POOL_MAPS_FILE).exists()
     assert "Hopfield pooling" not in open(md_path).read() and "pooling support" not in table
+
+
+# ------------------------------------------------------------------------------ scripts/bench_hopfield
+def test_bench_measures_every_pooling_against_avg_in_one_run(capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_hopfield", os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "bench_hopfield.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--speed-only", "--quick", "--batch-size", "8"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split() for line in out.splitlines()
+            if line.split() and line.split()[0] in ("avg", "hopfield-softmax", "hopfield-sparsemax")}
+    assert set(rows) == {"avg", "hopfield-softmax", "hopfield-sparsemax"} and rows["avg"][-1] == "1.000x"
+    assert all(float(r[-1].rstrip("x")) > 0 for r in rows.values())
+    with pytest.raises(Exception, match="unknown --mappings 'sparsemx'"):
+        bench.parse_args(["--mappings", "sparsemx"])
