@@ -276,7 +276,7 @@ def plot_pool_support_maps(rows, path):
     import numpy as np
 
     cols = max(len(r["images"]) for r in rows)
-    fig, axes = plt.subplots(len(rows), cols, figsize=(2.3 * cols, 2.55 * len(rows) + 0.5), squeeze=False)
+    fig, axes = plt.subplots(len(rows), cols, figsize=(2.3 * cols, 2.8 * len(rows) + 0.6), squeeze=False)
     for r, row in enumerate(rows):
         grid = int(row["grid"])
         for c in range(cols):
@@ -304,4 +304,8 @@ def plot_pool_support_maps(rows, path):
                 ax.set_ylabel(row["title"], fontsize=8)
     fig.suptitle("Hopfield pooling support: outlined patches are used (yellow → red: small → the image's "
                  "largest weight), dark ones unused", fontsize=9)
-    _save(fig, path)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()), h_pad=1.0)  # room for the title
+    try:
+        atomic_write(path, through_file(lambda f: fig.savefig(f, format="png", dpi=110)))
+    finally:
+        plt.close(fig)
