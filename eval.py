@@ -23,6 +23,10 @@ random half of the evaluated split (reported on the other half). Sample counts a
 processes. APS's random tie-breaking is seeded per run (its training seed and head).
 Selective prediction (evaluation/selective_report.py): risk-coverage AURC, E-AURC and the risk at
 fixed coverages, with confidence = max probability and, for sparse heads, also 1/support size.
+Hopfield pooling (model.pool=hopfield): the pooling support, how many of the N patches each image's
+feature uses (weight > 0; evaluation/pool_support.py, from the same forward pass): mean, median and
+histogram in the JSON's "pooling", per image in the records (`pool_support`), and the first images'
+support maps in STEM.pool_maps.safetensors (drawn by the comparison report). Average pooling: none.
 Out-of-distribution detection (--ood-dataset NAME, any dataset this project loads, or `auto`: the
 built-in data's own OOD set, builtin10_ood for builtin10): AUROC and FPR at 95% TPR of max
 probability, entropy and (sparse heads) support size, the evaluated split being in-distribution
@@ -54,7 +58,7 @@ from engine import resume_policy as rp
 from engine.cli import run_cli
 from engine.feature_probe import build_eval_probe
 from engine.runlock import RunLock
-from evaluation import conformal, ood_report, report, selective_report
+from evaluation import conformal, ood_report, pool_support, report, selective_report
 from evaluation import metrics as M
 from evaluation.evaluate import evaluate
 from evaluation.examples import save_examples
@@ -402,25 +406,55 @@ def main(argv=None):
     save_conformal_thresholds(ps, head, args.checkpoint, weights, kind)
     result["selective"] = selective_summary(preds.records, head.name)
     result["ood"] = ood
+    pool_maps = None
+    if preds.pooling is not None:
+        result["pooling"] = pool_support.support_summary(
+            preds.records[pool_support.POOL_SUPPORT_FIELD], preds.pooling["num_patches"],
+            preds.pooling["heads"], preds.pooling["mapping"])
+        pool_maps = pool_maps_payload(preds, cfg, model, world)
     if args.output:
-        write_outputs(result, preds.records, args.output)
+        write_outputs(result, preds.records, args.output, pool_maps)
     if not args.quiet:
         print_result(result, cfg, kind, args.output)
     sys.stdout.flush()
     return 0
 
 
-def write_outputs(result, records, output):
-    """OUTPUT (JSON), STEM.csv (one flattened row) and STEM.examples.safetensors (per-example records),
-    each atomically, under the folder's lock; the temporary files of a killed evaluation's outputs
-    are removed first. A failed write is one line naming the file (WriteError, exit 74)."""
+def pool_maps_payload(preds, cfg, model, world):
+    """The support maps of the main process's first images (its shard's positions i are dataset
+    indices i·world, rank 0), as the model saw them (un-normalised to uint8), with their weights."""
+    maps = preds.pooling["maps"]
+    if maps is None:
+        return None
+    indices = maps["positions"] * world
+    return {"maps": {"images": pool_support.display_images(maps["images"], cfg.data.mean, cfg.data.std),
+                     "weights": maps["weights"]},
+            "grid": model.grid, "indices": indices, "labels": preds.records["label"][indices],
+            "preds": preds.records["pred"][indices], "mapping": preds.pooling["mapping"],
+            "patch_size": model.patch_size}
+
+
+def write_outputs(result, records, output, pool_maps=None):
+    """OUTPUT (JSON), STEM.csv (one flattened row), STEM.examples.safetensors (per-example records)
+    and, for hopfield pooling, STEM.pool_maps.safetensors, each atomically, under the folder's lock;
+    the temporary files of a killed evaluation's outputs are removed first. A failed write is one
+    line naming the file (WriteError, exit 74)."""
     folder = os.path.dirname(os.path.abspath(output))
+    maps_path = rundir.pool_maps_path(output)
     with RunLock(folder, purpose="eval"):  # one writer per folder
-        remove_stale_temp(folder, names=rundir.eval_outputs(output))
+        remove_stale_temp(folder, names=rundir.eval_outputs(output) + [maps_path])
         write_json(result, output)
         report.write_csv([report.flatten_metrics(result)], rundir.eval_csv_path(output))
         save_examples(records, rundir.examples_path(output), head=result["head"], split=result["split"],
                       dataset=result["dataset"], weights=result["weights"], checkpoint=result["checkpoint"])
+        if pool_maps is not None:
+            pool_support.save_pool_maps(maps_path, pool_maps["maps"], grid=pool_maps["grid"],
+                                        labels=pool_maps["labels"], preds=pool_maps["preds"],
+                                        indices=pool_maps["indices"], mapping=pool_maps["mapping"],
+                                        patch_size=pool_maps["patch_size"], split=result["split"],
+                                        checkpoint=result["checkpoint"])
+        elif os.path.isfile(maps_path) and not os.path.islink(maps_path):
+            os.remove(maps_path)  # an earlier result's maps at this output, which the new one replaces
 
 
 def print_result(result, cfg, kind, output):
@@ -428,13 +462,17 @@ def print_result(result, cfg, kind, output):
     print(f"{cfg.name}: {cfg.model.name} + {result['head']} head, {kind} weights, "
           f"{cfg.data.dataset} {result['split']} ({world} process{'es' if world > 1 else ''})")
     print(report.eval_table(result))
+    if result.get("pooling"):
+        print(pool_support.describe(result["pooling"]))
     if result.get("ood"):
         print(report.ood_table(result["ood"]))
     ps = result["prediction_sets"]
     if ps and ps["calibration"].get("note"):
         print(f"note: {ps['calibration']['note']}")
     if output:
-        print(f"wrote {output}, {rundir.eval_csv_path(output)} and {rundir.examples_path(output)}")
+        maps = f" and {rundir.pool_maps_path(output)}" if result.get("pooling") else ""
+        print(f"wrote {output}, {rundir.eval_csv_path(output)}, {rundir.examples_path(output)}{maps}"
+              if maps else f"wrote {output}, {rundir.eval_csv_path(output)} and {rundir.examples_path(output)}")
 
 
 if __name__ == "__main__":

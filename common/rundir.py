@@ -22,7 +22,8 @@ One EMA name in both places: model_ema.safetensors. Checkpoints written before i
 weights ema.safetensors; `ema_weights` finds either, so they still resume.
 
 An eval result OUTPUT.json has its CSV row at OUTPUT.csv and its per-example records at
-OUTPUT.examples.safetensors (`eval_csv_path`, `examples_path`).
+OUTPUT.examples.safetensors (`eval_csv_path`, `examples_path`); a hopfield-pooled model's support
+maps at OUTPUT.pool_maps.safetensors (`pool_maps_path`).
 """
 import os
 
@@ -57,6 +58,7 @@ LEGACY_EMA_WEIGHTS = "ema.safetensors"  # the EMA weights of checkpoints saved b
 # ----------------------------------------------------------------------------- eval outputs
 EVAL_CSV_SUFFIX = ".csv"
 EXAMPLES_SUFFIX = ".examples.safetensors"
+POOL_MAPS_SUFFIX = ".pool_maps.safetensors"  # model.pool=hopfield: the first images' pooling weights
 
 
 def checkpoint_name(step):
@@ -101,6 +103,11 @@ def examples_path(output_json):
     return _stem(output_json) + EXAMPLES_SUFFIX
 
 
+def pool_maps_path(output_json):
+    """Where the pooling support maps of an eval result saved at `output_json` go (hopfield pooling)."""
+    return _stem(output_json) + POOL_MAPS_SUFFIX
+
+
 def eval_outputs(output_json):
-    """Every file eval.py writes for `--output output_json`."""
+    """Every file eval.py writes for `--output output_json` (and, for hopfield pooling, `pool_maps_path`)."""
     return [output_json, eval_csv_path(output_json), examples_path(output_json)]

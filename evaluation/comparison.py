@@ -9,7 +9,8 @@ conformal coverage below 1 − ε against its finite-sample band, a budget that 
 accuracy was still rising: evaluation/sanity.py) and the validation curves; paired differences of
 each variant against its baseline, across trainings and given these trainings (evaluation/paired.py);
 selective prediction (evaluation/selective_report.py); OOD detection when the runs were evaluated
-with an OOD set (evaluation/ood_report.py); plots.
+with an OOD set (evaluation/ood_report.py); the pooling support and its maps for hopfield-pooled
+runs (evaluation/pool_report.py); plots.
 
 Numbers shown twice come from one place: the accuracy plot's last point is the table's top-1 (both
 fp32 evaluations of the same weights; a mismatch is reported), the risk-coverage plot and the AURC
@@ -24,7 +25,7 @@ from common import rundir
 from common.io import atomic_write_text, read_json, write_json
 from models.registry import is_sparse
 
-from . import metrics, ood_report, paired, plots, report, sanity, selective_report
+from . import metrics, ood_report, paired, plots, pool_report, report, sanity, selective_report
 from .examples import load_examples
 from .statistics import signed_points
 
@@ -86,7 +87,7 @@ def load_run(run_dir, eval_file, weights="raw", seed=None):
     if os.path.isfile(path):
         records = {k: v.numpy() for k, v in load_examples(path)[0].items()}
     return {"run_dir": run_dir, "seed": seed, "result": result, "flat": flat, "curve": sorted(curve.items()),
-            "records": records}
+            "records": records, "pool_maps": pool_report.run_pool_maps(run_dir, eval_file, result)}
 
 
 def _mean_std(values):
@@ -114,7 +115,9 @@ def table_columns(variants):
     the per-run ECEs; summary_table adds the pooled ECE after it)."""
     methods, epsilons = _prediction_set_layout(variants)
     cols = [(k, ECE_MEAN_LABEL if k == "ece" else label, fmt) for k, label, fmt in report.METRIC_COLUMNS]
-    return cols + report.prediction_set_columns(methods, epsilons) + TRAIN_COLUMNS + report.SPEED_COLUMNS
+    pooled = any(r["result"].get("pooling") for runs in variants.values() for r in runs)  # model.pool=hopfield
+    return cols + (report.POOL_COLUMNS if pooled else []) + report.prediction_set_columns(methods, epsilons) \
+        + TRAIN_COLUMNS + report.SPEED_COLUMNS
 
 
 def pooled_reliability(runs):
@@ -477,6 +480,7 @@ def write_report(variants, report_dir, title, command, weights="raw", notes=(), 
         LOAD_NOTE, "",
     ]
     lines += verdict_section(verdicts, checks) + paired_lines + selective_lines + ood_lines
+    lines += pool_report.pool_section(variants, report_dir)  # hopfield-pooled runs only
     lines += [
         "## Prediction sets", "",
         "Campos et al., AISTATS 2025, *Sparse Activations as Conformal Predictors*: `support` is the sparse "

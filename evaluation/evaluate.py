@@ -7,12 +7,17 @@ shard: `data.build_eval_loader` gives rank r the indices r::world_size, no paddi
 keeps the records and logits, gathered over ranks in dataset order, for the metrics that need the
 whole split (ECE, per-class accuracy, prediction sets) and for the per-example file.
 
+Hopfield pooling (model.pool=hopfield): with keep_examples, a forward hook on the pooling
+(evaluation/pool_support.py) adds each image's pooling support (patches with weight > 0) to its
+records as `pool_support`, in the same forward pass, and keeps the first images' support maps.
+
 Precision: the forward runs in float32 with autocast off, whatever train.mixed_precision is, so
 training's eval and eval.py give the same numbers on the same weights. Accelerate wraps a prepared
 model's forward in autocast and keeps the plain one as `_original_forward` (what its own
 `unwrap_model(keep_fp32_wrapper=False)` restores, permanently: training must keep its autocast);
 an outer autocast(enabled=False) would not switch the inner one off, so the plain forward is called.
 """
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -21,6 +26,7 @@ import torch
 
 from .gather import gather_in_order
 from .metrics import example_records, means_from_sums, record_sums
+from .pool_support import POOL_SUPPORT_FIELD, PoolingProbe, has_hopfield_pool
 
 
 @dataclass
@@ -30,6 +36,8 @@ class Evaluation:
     img_per_s: float  # n / seconds over all processes
     records: Optional[dict] = None  # keep_examples: metrics.RECORD_FIELDS -> (N,) CPU tensors, dataset order
     logits: Optional[torch.Tensor] = None  # keep_examples: float32 (N, K), CPU, dataset order
+    pooling: Optional[dict] = None  # keep_examples + hopfield pooling: {"num_patches", "heads", "mapping",
+    #   "maps": PoolingProbe.maps() of this process's first images, "positions" in its shard}
 
 
 def plain_forward(module):
@@ -51,19 +59,23 @@ def evaluate(module, loader, accelerator=None, keep_examples=False, ignore_label
     module.eval()
     sums = torch.zeros(5, dtype=torch.float64, device=device)
     kept = []
+    probe = PoolingProbe(module) if keep_examples and has_hopfield_pool(module) else None
     if accelerator is not None:
         accelerator.wait_for_everyone()
     start = time.perf_counter()
-    for images, labels in loader:
-        images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-        if ignore_labels:
-            labels = torch.zeros_like(labels)
-        with torch.autocast(device_type=device.type, enabled=False):
-            logits = forward(images).float()
-        records = example_records(logits, labels, head)
-        sums += record_sums(records)
-        if keep_examples:
-            kept.append(({k: v.cpu() for k, v in records.items()}, logits.cpu()))
+    with probe if probe is not None else contextlib.nullcontext():
+        for images, labels in loader:
+            images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+            if ignore_labels:
+                labels = torch.zeros_like(labels)
+            with torch.autocast(device_type=device.type, enabled=False):
+                logits = forward(images).float()
+            records = example_records(logits, labels, head)
+            sums += record_sums(records)
+            if probe is not None:
+                records[POOL_SUPPORT_FIELD] = probe.take(images)
+            if keep_examples:
+                kept.append(({k: v.cpu() for k, v in records.items()}, logits.cpu()))
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     if accelerator is not None:
@@ -79,17 +91,22 @@ def evaluate(module, loader, accelerator=None, keep_examples=False, ignore_label
     totals = means_from_sums(sums)
     result = Evaluation(totals, seconds, totals["n"] / seconds if seconds > 0 else float("nan"))
     if keep_examples:
-        result.records, result.logits = _gather_examples(kept, head, module, accelerator)
+        result.records, result.logits = _gather_examples(kept, head, module, accelerator, probe is not None)
+    if probe is not None:
+        result.pooling = {"num_patches": module.num_patches, "heads": probe.heads, "mapping": probe.mapping,
+                          "maps": probe.maps()}
     return result
 
 
-def _gather_examples(kept, head, module, accelerator):
+def _gather_examples(kept, head, module, accelerator, pool_support=False):
     if kept:
         records = {k: torch.cat([r[k] for r, _ in kept]) for k in kept[0][0]}
         logits = torch.cat([lg for _, lg in kept])
     else:  # an empty shard still takes part in the gather
         probe = example_records(torch.zeros(1, module.num_classes), torch.zeros(1, dtype=torch.long), head)
         records = {k: v[:0].cpu() for k, v in probe.items()}
+        if pool_support:  # the same fields on every rank
+            records[POOL_SUPPORT_FIELD] = torch.zeros(0, dtype=torch.long)
         logits = torch.empty(0, module.num_classes)
     # bool does not travel through every backend's gather: send uint8, cast back
     records = {k: gather_in_order(v.to(torch.uint8) if v.dtype == torch.bool else v, accelerator) for k, v in records.items()}

@@ -10,6 +10,7 @@ same order for every checkpoint evaluated on it, so files of two heads pair samp
     support_size  int64    classes with probability > 0
     loss          float32  the head's Fenchel-Young loss of the true class
     top5_hit      bool     true class among the 5 highest logits
+    pool_support  int64    (model.pool=hopfield only) patches the image's pooling uses (weight > 0)
 
 Metadata (strings): head, split, dataset, weights, checkpoint, n. safetensors: no pickle on load.
 """
@@ -17,13 +18,18 @@ from common import rundir
 from common.weights import read_safetensors, read_safetensors_metadata, save_safetensors
 
 from .metrics import RECORD_FIELDS
+from .pool_support import POOL_SUPPORT_FIELD
+
+OPTIONAL_FIELDS = (POOL_SUPPORT_FIELD,)  # saved when the records have them
 
 examples_path = rundir.examples_path  # where the records of an eval result saved at OUTPUT.json go
 
 
 def save_examples(records, path, **metadata):
-    """Write the records (metrics.RECORD_FIELDS -> (N,) tensors) atomically with string metadata."""
-    tensors = {k: records[k].detach().cpu().contiguous() for k in RECORD_FIELDS}
+    """Write the records (metrics.RECORD_FIELDS and any OPTIONAL_FIELDS -> (N,) tensors) atomically
+    with string metadata."""
+    fields = RECORD_FIELDS + tuple(k for k in OPTIONAL_FIELDS if k in records)
+    tensors = {k: records[k].detach().cpu().contiguous() for k in fields}
     meta = {k: str(v) for k, v in metadata.items()}
     meta["n"] = str(int(tensors["label"].numel()))
     save_safetensors(tensors, path, metadata=meta)

@@ -11,7 +11,7 @@ from common.io import atomic_write, through_file
 
 matplotlib.use("Agg", force=True)  # before pyplot: no display needed
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.patches import Patch, Rectangle  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 PLOT_FILES = {
@@ -246,3 +246,66 @@ def plot_ood_histograms(hists, path, ood_name):
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.45 / fig.get_figheight()))
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+POOL_MAPS_FILE = "pool_support_maps.png"  # hopfield-pooled runs only (not in PLOT_FILES: avg runs have none)
+USED_PATCH_CMAP = "autumn_r"  # light yellow (small weight) to red (the largest weight of the image)
+
+
+def _patch_overlay(weights, grid):
+    """(RGBA (grid, grid, 4) over an image, per-patch RGB of the outlines): used patches lightly tinted
+    by weight relative to the image's largest (so the image stays visible), unused ones (weight 0)
+    dimmed to near black."""
+    import numpy as np
+
+    w = np.asarray(weights, dtype=np.float64).reshape(grid, grid)
+    top = w.max() if w.max() > 0 else 1.0
+    colors = plt.get_cmap(USED_PATCH_CMAP)(0.15 + 0.85 * w / top)[..., :3]
+    rgba = np.zeros((grid, grid, 4))
+    rgba[..., :3] = colors
+    rgba[..., 3] = np.where(w > 0, 0.05 + 0.3 * w / top, 0.0)
+    rgba[w <= 0] = (0.0, 0.0, 0.0, 0.72)
+    return rgba, colors
+
+
+def plot_pool_support_maps(rows, path):
+    """rows: [{"title": run label, "images": uint8 (K, H, W, C), "weights": (K, heads, N) pooling
+    weights, "grid": patches per side, "captions": [K strings]}] -> one row of K images per run, each
+    with the patches its pooled feature uses tinted by weight (union over heads: the largest head's
+    weight) and the unused patches dimmed."""
+    import numpy as np
+
+    cols = max(len(r["images"]) for r in rows)
+    fig, axes = plt.subplots(len(rows), cols, figsize=(2.3 * cols, 2.8 * len(rows) + 0.6), squeeze=False)
+    for r, row in enumerate(rows):
+        grid = int(row["grid"])
+        for c in range(cols):
+            ax = axes[r][c]
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if c >= len(row["images"]):
+                ax.axis("off")
+                continue
+            image = np.asarray(row["images"][c])
+            h, w = image.shape[:2]
+            ax.imshow(image.squeeze(-1) if image.shape[-1] == 1 else image, cmap="gray",
+                      interpolation="nearest", extent=(0, w, h, 0))
+            per_patch = np.asarray(row["weights"][c]).max(axis=0)  # (N,): used if any head uses it
+            overlay, colors = _patch_overlay(per_patch, grid)
+            ax.imshow(overlay, interpolation="nearest", extent=(0, w, h, 0))
+            ph, pw = h / grid, w / grid
+            for i, j in zip(*np.nonzero(per_patch.reshape(grid, grid) > 0)):  # outline each used patch
+                ax.add_patch(Rectangle((j * pw + 0.35, i * ph + 0.35), pw - 0.7, ph - 0.7, fill=False,
+                                       edgecolor=colors[i, j], lw=1.2))
+            ax.set_xlim(0, w)
+            ax.set_ylim(h, 0)
+            ax.set_title(row["captions"][c], fontsize=7)
+            if c == 0:
+                ax.set_ylabel(row["title"], fontsize=8)
+    fig.suptitle("Hopfield pooling support: outlined patches are used (yellow → red: small → the image's "
+                 "largest weight), dark ones unused", fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()), h_pad=1.0)  # room for the title
+    try:
+        atomic_write(path, through_file(lambda f: fig.savefig(f, format="png", dpi=110)))
+    finally:
+        plt.close(fig)

@@ -23,6 +23,13 @@ METRIC_COLUMNS = [
     ("support_median", "support size median", "f1"),
     ("support_coverage", "support contains y", "pct"),
 ]
+# Hopfield pooling support (eval.json "pooling"), flattened as pool_<key>.
+POOL_KEYS = ("support_mean", "support_median", "support_fraction_mean", "num_patches")
+POOL_COLUMNS = [
+    ("pool_support_mean", "pooling support mean (patches)", "f2"),
+    ("pool_support_median", "pooling support median", "f1"),
+    ("pool_support_fraction_mean", "pooling support / patches", "pct"),
+]
 SPEED_COLUMNS = [
     ("img_per_s", "eval img/s", "f0"),
 ]
@@ -74,6 +81,10 @@ def flatten_metrics(result):
             flat[f"{base}_size"] = r["mean_set_size"]
             flat[f"{base}_threshold"] = r["threshold"]
             flat[f"{base}_empty"] = r.get("empty_frac")
+    pooling = result.get("pooling") or {}  # hopfield pooling (evaluation/pool_support.py)
+    for key in POOL_KEYS:
+        if key in pooling:
+            flat[f"pool_{key}"] = pooling[key]
     for name, res in (result.get("selective") or {}).items():
         flat[f"sel_{name}_aurc"] = res["aurc"]
         flat[f"sel_{name}_e_aurc"] = res["e_aurc"]

@@ -42,7 +42,9 @@ against the baseline, across trainings, with sanity checks: chance level, confor
 training budget; paired differences across trainings (t-interval and sign-flip test over seeds,
 two-level bootstrap, power) and given these trainings (bootstrap over images, McNemar); selective
 prediction; OOD detection), runs.csv, summary.csv, paired_statistics.json and the plots val_accuracy.png,
-support_hist.png, reliability.png, coverage_vs_set_size.png, risk_coverage.png, ood_histograms.png.
+support_hist.png, reliability.png, coverage_vs_set_size.png, risk_coverage.png, ood_histograms.png;
+with model.pool=hopfield also the pooling support and pool_support_maps.png (the first validation
+images of each run with the patches its pooling uses).
 """
 import argparse
 import json
