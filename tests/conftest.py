@@ -24,6 +24,19 @@ def _keep_denormals_after_in_process_training():
 
 
 @pytest.fixture
+def one_thread():
+    """One torch thread for the test, then the count it had: on shared cores one thread is faster
+    than two contended ones (as run_inprocess does). Files of in-process trainings use it for all
+    their tests: pytestmark = pytest.mark.usefixtures("one_thread")."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
 def one_line_error(capsys):
     """run(entry, args): call entry point `entry` ("eval", "train", "predict") as its command line does
     (engine.cli.run_cli) and return its one `error:` line, after checking exit 2."""

@@ -21,12 +21,7 @@ PROBE_DATA = ["data.dataset=builtin100", "data.builtin_train_size=192", "data.bu
 EXTRACT = os.path.join(ROOT, "scripts", "extract_features.py")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 sys.path.insert(0, os.path.join(ROOT, "scripts"))

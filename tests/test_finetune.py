@@ -19,13 +19,7 @@ from test_train_helpers import NO_AUG, reset_accelerate_state, run_inprocess, ti
 FAST = ["optim.epochs=1", "train.ema=false", "train.save_every=1000"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """The machine is shared: one thread is faster than two contended ones (as run_inprocess does)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _is_backbone(key):
