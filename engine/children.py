@@ -3,6 +3,7 @@
 
     with ChildProcesses() as children:           # main thread: installs the handlers
         status = children.run(cmd)               # any thread (compare_heads --jobs N runs several)
+        proc = children.start(cmd, stdin=PIPE)   # a long-lived child (compare_heads' job workers)
 
 - The first SIGTERM / SIGINT / SIGUSR1 is forwarded to every running child (train.py then saves a
   checkpoint at the next update boundary and exits 143 / 130 / 138, see engine/preemption.py), and
@@ -70,12 +71,7 @@ class ChildProcesses(SignalHandlers):
         """Run `cmd` to its end (or `timeout` seconds: then its group is SIGKILLed and the status is
         EXIT_TIMEOUT); -> its exit status (128 + N after a death by signal N). Refuses to start once
         the launcher was signalled."""
-        self.check_stopped("nothing more is started")
-        proc = subprocess.Popen(cmd, start_new_session=True, **popen_kwargs)
-        with self._lock:
-            self._children.add(proc)
-        if self.signum is not None:  # the signal came while it started: it gets it too
-            self._send(proc, self.signum)
+        proc = self.start(cmd, **popen_kwargs)
         try:
             try:
                 return exit_status(proc.wait(timeout=timeout))
@@ -84,8 +80,24 @@ class ChildProcesses(SignalHandlers):
                 proc.wait()
                 return EXIT_TIMEOUT
         finally:
-            with self._lock:
-                self._children.discard(proc)
+            self.forget(proc)
+
+    def start(self, cmd, **popen_kwargs):
+        """Start `cmd` as a child that gets the launcher's signals and is killed on leaving the `with`
+        block; -> its Popen (the caller waits for it, then calls `forget`). Refuses to start once the
+        launcher was signalled."""
+        self.check_stopped("nothing more is started")
+        proc = subprocess.Popen(cmd, start_new_session=True, **popen_kwargs)
+        with self._lock:
+            self._children.add(proc)
+        if self.signum is not None:  # the signal came while it started: it gets it too
+            self._send(proc, self.signum)
+        return proc
+
+    def forget(self, proc):
+        """`proc` has ended: no more signals go to it."""
+        with self._lock:
+            self._children.discard(proc)
 
     def check_stopped(self, what="stopped", status=0):
         """Raise StoppedBySignal when a signal arrived: exit with `status` (the stopped child's, e.g.

@@ -20,7 +20,10 @@ Modes:
   (default)      one run after another, output on the terminal;
   --jobs N       N runs at once, each pinned to its share of the machine: with GPUs, CUDA_VISIBLE_DEVICES
                  gives job slot j the GPUs j, j+N, ... (round-robin); on CPU each job gets
-                 OMP_NUM_THREADS = cores // N. Each run's output goes to RUN_DIR/compare.log;
+                 OMP_NUM_THREADS = cores // N. Each run's output goes to RUN_DIR/compare.log.
+                 Without --launcher each slot is one Python process that runs its train.py and
+                 eval.py mains one after another (scripts/compare_worker.py): a Python start with
+                 torch costs ~7 s of CPU, which a fresh process per step paid twice per run;
   --emit-slurm F writes a SLURM array job, one task per planned run: scripts/slurm_train.sh trains it
                  (--resume auto, checkpoint + requeue on preemption), then eval.py evaluates it;
   --report-only  aggregates the finished runs and names the missing ones;
@@ -61,6 +64,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from compare_worker import InProcess, WorkerSlot, can_run  # noqa: E402
 from engine.children import ChildProcesses  # noqa: E402
 from engine.cli import run_cli  # noqa: E402
 from common import rundir  # noqa: E402
@@ -349,44 +353,6 @@ def _run(children, cmd, what):
                         f"(finished runs are kept, interrupted ones resume)")
 
 
-class InProcess:
-    """train.py and eval.py in this process (compare_heads --features without --launcher/--jobs): `run`
-    calls the entry point's main with the command's arguments, as engine/cli.py's run_cli would (a
-    UserError is its one line and exit 2), after resetting Accelerate's process-wide state. Signals:
-    train.py's own handlers stop the run with a checkpoint while it trains; the launcher's (`children`)
-    stop the comparison between runs."""
-    ENTRY_POINTS = {"train.py": "train", "eval.py": "eval"}
-
-    def __init__(self, children):
-        self.children = children
-
-    @property
-    def stopped(self):
-        return self.children.stopped
-
-    def check_stopped(self, *args):
-        return self.children.check_stopped(*args)
-
-    def run(self, cmd, **_):
-        import importlib
-
-        from accelerate.state import AcceleratorState, GradientState
-
-        self.check_stopped("nothing more is started")
-        module = importlib.import_module(self.ENTRY_POINTS[os.path.basename(cmd[1])])
-        AcceleratorState._reset_state(reset_partial_state=True)
-        GradientState._reset_state()
-        try:
-            return int(module.main(cmd[2:]) or 0)
-        except UserError as err:
-            print(f"error: {err}", file=sys.stderr, flush=True)
-            return getattr(err, "exit_code", 2)
-        except SystemExit as err:
-            return err.code if isinstance(err.code, int) else 1
-        finally:
-            sys.stdout.flush()
-
-
 def device_env(slot, jobs, environ=None, gpu_count=None, cpu_count=None):
     """Environment of job slot `slot` (0..jobs-1): with GPUs, CUDA_VISIBLE_DEVICES = the visible GPUs
     slot, slot+jobs, ... (round-robin; a slot shares one when there are fewer GPUs than jobs);
@@ -421,6 +387,7 @@ def run_parallel(todo, commands, jobs, children):
     Returns (trained, evaluated); UserError naming every failed run at the end (StoppedBySignal,
     with the first stopped child's exit code, once every child has saved after a signal)."""
     slots = list(range(jobs))
+    workers = {slot: WorkerSlot(children, device_env(slot, jobs)) for slot in slots}  # started when used
     lock = threading.Lock()
     counts = {"trained": 0, "evaluated": 0}
     failures, stopped = [], []
@@ -436,7 +403,7 @@ def run_parallel(todo, commands, jobs, children):
         with lock:
             slot = slots.pop(0)
         try:
-            env = device_env(slot, jobs)
+            env = workers[slot].env
             pinned = {k: env[k] for k in ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS") if k in env}
             os.makedirs(run_dir, exist_ok=True)
             log = os.path.join(run_dir, LOG_FILE)
@@ -447,7 +414,10 @@ def run_parallel(todo, commands, jobs, children):
                     say(f"{tag}: {what} (slot {slot}, {' '.join(f'{k}={v}' for k, v in pinned.items())}; log {log})")
                     out.write(f"$ {' '.join(shlex.quote(c) for c in cmd)}\n")
                     out.flush()
-                    status = children.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+                    if can_run(cmd):  # one Python start per slot, not two per run (compare_worker.py)
+                        status = workers[slot].run(cmd, log)
+                    else:
+                        status = children.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
                     if children.stopped:
                         with lock:
                             stopped.append((f"{run_dir} ({what} exit {status}; see {log})", status))
@@ -467,8 +437,12 @@ def run_parallel(todo, commands, jobs, children):
             with lock:
                 slots.append(slot)
 
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        list(pool.map(one, todo))
+    try:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            list(pool.map(one, todo))
+    finally:
+        for worker in workers.values():
+            worker.close()
     if stopped:
         children.check_stopped(f"stopped {'; '.join(s for s, _ in stopped)}",
                                next((code for _, code in stopped if code), 0))

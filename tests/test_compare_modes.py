@@ -81,10 +81,13 @@ def test_every_mode_runs_the_same_plan(sandbox, monkeypatch, capsys):
     assert [c[0] for c in sequential] == ["train.py", "eval.py"] * len(plan)
     assert all(c[2] is None for c in sequential)  # the caller's environment, unpinned
 
-    # --jobs 2: the same commands (any order), each job pinned to half the CPU threads.
+    # --jobs 2: the same commands (any order), each job pinned to half the CPU threads, through each
+    # slot's worker process (compare_worker.WorkerSlot; its own tests: test_compare_worker.py).
     shutil.rmtree(runs)
     parallel = []
-    monkeypatch.setattr(compare_heads.ChildProcesses, "run", _child_run(_fake_call(parallel, source_runs)))
+    fake = _fake_call(parallel, source_runs)
+    monkeypatch.setattr(compare_heads.ChildProcesses, "run", _child_run(lambda *a, **k: pytest.fail("not a worker")))
+    monkeypatch.setattr(compare_heads.WorkerSlot, "run", lambda self, cmd, log: fake(cmd, env=self.env))
     monkeypatch.setattr(compare_heads, "_gpu_count", lambda: 0)
     monkeypatch.setattr(compare_heads, "_cpu_count", lambda: 4)
     assert compare_heads.main(_args(root, "--jobs", "2")) == 0

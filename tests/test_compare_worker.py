@@ -1,0 +1,122 @@
+"""scripts/compare_worker.py: a --jobs slot's worker runs train.py / eval.py mains one after another.
+
+- A run trained and evaluated by a worker, after another run in the same process, is bit-identical
+  (weights, per-example evaluation records) to the same run by fresh `python train.py` / `eval.py`.
+- A user error is its one line in the step's log and the worker goes on; a bug (any other exception)
+  leaves its traceback in the log and ends the worker; a worker that died makes its step fail with the
+  death's exit status and the slot's next step starts a new one.
+"""
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from engine.children import ChildProcesses
+from test_compare import TINY_CONFIG
+from test_train_helpers import ROOT, subprocess_env
+
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import compare_worker  # noqa: E402
+from compare_worker import WorkerSlot, can_run  # noqa: E402
+
+TRAIN, EVAL = os.path.join(ROOT, "train.py"), os.path.join(ROOT, "eval.py")
+
+
+def _train(config, run_dir, head, seed):
+    return [sys.executable, TRAIN, "--config", str(config), f"head.name={head}", f"train.seed={seed}",
+            f"train.output_dir={run_dir}"]
+
+
+def _eval(run_dir):
+    return [sys.executable, EVAL, "--checkpoint", str(run_dir), "--output", os.path.join(run_dir, "eval.json"),
+            "--quiet"]
+
+
+def _tensors(path):
+    return load_file(str(path))
+
+
+def _assert_same_tensors(a, b):
+    ta, tb = _tensors(a), _tensors(b)
+    assert ta.keys() == tb.keys() and ta
+    for key in ta:
+        assert torch.equal(ta[key], tb[key]), f"{key} differs between {a} and {b}"
+
+
+def test_a_worker_runs_steps_as_fresh_processes_would(tmp_path):
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY_CONFIG)
+    first, second, fresh = tmp_path / "softmax-s0", tmp_path / "sparsemax-s1", tmp_path / "fresh"
+    log = tmp_path / "worker.log"
+    with ChildProcesses() as children:
+        slot = WorkerSlot(children, subprocess_env())
+        assert slot.run(_train(config, first, "softmax", 0), str(log)) == 0
+        pid = slot.proc.pid
+        missing = tmp_path / "missing"
+        assert slot.run(_eval(missing), str(log)) == 2  # a user error: its line in the log, the worker goes on
+        assert slot.run(_train(config, second, "sparsemax", 1), str(log)) == 0
+        assert slot.run(_eval(second), str(log)) == 0
+        assert slot.proc.pid == pid  # one process served every step
+        slot.close()
+        assert slot.proc is None
+    text = log.read_text()
+    assert "error: " in text and str(missing) in text and "Traceback" not in text
+    assert text.count("done: ") == 2  # both trainings' output went to the step's log
+
+    env = subprocess_env()
+    for cmd in (_train(config, fresh, "sparsemax", 1), _eval(fresh)):
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    _assert_same_tensors(second / "model.safetensors", fresh / "model.safetensors")
+    _assert_same_tensors(second / "model_ema.safetensors", fresh / "model_ema.safetensors")
+    _assert_same_tensors(second / "eval.examples.safetensors", fresh / "eval.examples.safetensors")
+    assert json.loads((second / "summary.json").read_text())["final"] == \
+        json.loads((fresh / "summary.json").read_text())["final"]
+
+
+def test_a_dead_worker_fails_its_step_and_the_next_step_gets_a_new_one(tmp_path):
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY_CONFIG)
+    run = tmp_path / "run"
+    log = str(tmp_path / "worker.log")
+    with ChildProcesses() as children:
+        slot = WorkerSlot(children, subprocess_env())
+        assert slot.run(_train(config, run, "softmax", 0), log) == 0
+        slot.proc.kill()
+        slot.proc.wait()
+        assert slot.run(_eval(run), log) == 137  # 128 + SIGKILL, as a shell reports it
+        assert slot.proc is None
+        assert slot.run(_eval(run), log) == 0  # a new worker
+        assert os.path.isfile(run / "eval.json")
+        slot.close()
+
+
+def test_a_bug_ends_the_worker_with_its_traceback_in_the_log(tmp_path, monkeypatch):
+    (tmp_path / "buggy_entry.py").write_text("def main(argv):\n    raise RuntimeError('boom ' + argv[0])\n")
+    (tmp_path / "fine_entry.py").write_text("def main(argv):\n    print('fine', argv[0])\n    return 0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(compare_worker.ENTRY_POINTS, "buggy.py", "buggy_entry")
+    monkeypatch.setitem(compare_worker.ENTRY_POINTS, "fine.py", "fine_entry")
+    log = tmp_path / "step.log"
+    requests = io.StringIO("".join(json.dumps({"cmd": [sys.executable, name, arg], "log": str(log)}) + "\n"
+                                   for name, arg in (("fine.py", "a"), ("buggy.py", "b"), ("fine.py", "c"))))
+    replies = io.StringIO()
+    compare_worker.serve(requests, replies)
+    assert [json.loads(line)["status"] for line in replies.getvalue().splitlines()] == [0, compare_worker.BUG_EXIT]
+    text = log.read_text()
+    assert "fine a" in text and "RuntimeError: boom b" in text and "fine c" not in text  # it stopped after the bug
+
+
+@pytest.mark.parametrize("cmd, ok", [
+    ([sys.executable, TRAIN, "--config", "c.yaml"], True),
+    ([sys.executable, EVAL, "--checkpoint", "r"], True),
+    (["accelerate", "launch", TRAIN], False),  # a --launcher prefix: a process of its own
+    ([sys.executable, "other.py"], False),
+])
+def test_only_plain_entry_point_commands_go_to_a_worker(cmd, ok):
+    assert can_run(cmd) is ok
