@@ -5,17 +5,23 @@
 - A user error is its one line in the step's log and the worker goes on; a bug (any other exception)
   leaves its traceback in the log and ends the worker; a worker that died makes its step fail with the
   death's exit status and the slot's next step starts a new one.
+- A SIGTERM to compare_heads --jobs 2 reaches both workers mid-training: each run saves and stops,
+  compare_heads exits 143, and the same command resumes both to the end.
 """
 import io
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from engine import checkpoint as ck
 from engine.children import ChildProcesses
 from test_compare import TINY_CONFIG
 from test_train_helpers import ROOT, subprocess_env
@@ -120,3 +126,41 @@ def test_a_bug_ends_the_worker_with_its_traceback_in_the_log(tmp_path, monkeypat
 ])
 def test_only_plain_entry_point_commands_go_to_a_worker(cmd, ok):
     assert can_run(cmd) is ok
+
+
+@pytest.mark.skipif(shutil.which("ps") is None, reason="checks for orphans with ps")
+def test_sigterm_reaches_the_workers_mid_training_and_the_rerun_resumes(tmp_path):
+    """compare_heads --jobs 2 (workers): SIGTERM to the launcher only; both trainings save and stop, it
+    exits 143 with no process left, and the same command resumes both runs to the end."""
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY_CONFIG)
+    runs = tmp_path / "runs"
+    cmd = [sys.executable, os.path.join(ROOT, "scripts", "compare_heads.py"), "--config", str(config),
+           "--heads", "softmax", "--seeds", "0", "1", "--jobs", "2", "--ood-dataset", "none",
+           "--runs-dir", str(runs), "--report-dir", str(tmp_path / "report"),
+           "optim.epochs=20", "train.eval_every=100", "data.builtin_val_size=40"]  # 60 updates each
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    metrics = [runs / f"softmax-s{s}" / "metrics.jsonl" for s in (0, 1)]
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None and not all(
+            m.exists() and '"kind": "train"' in m.read_text() for m in metrics):
+        time.sleep(0.1)
+    assert proc.poll() is None, proc.communicate()[1][-3000:]  # both are training
+    os.kill(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 143, out[-2000:] + err[-3000:]
+    assert "SIGTERM received: forwarded to 2 child process(es)" in err
+    for s in (0, 1):
+        run = runs / f"softmax-s{s}"
+        assert "SIGTERM: stopped after step" in (run / "compare.log").read_text()
+        assert ck.list_checkpoints(str(run / ck.CHECKPOINT_SUBDIR)) and not (run / "summary.json").exists()
+    listing = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True).stdout
+    assert not [line for line in listing.splitlines() if "compare_worker.py" in line and str(runs) in line
+                and not line.lstrip().startswith("Z")]
+
+    again = subprocess.run(cmd, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=400)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
+    for s in (0, 1):
+        run = runs / f"softmax-s{s}"
+        assert "resumed from" in (run / "compare.log").read_text() and (run / "summary.json").exists()
