@@ -26,6 +26,7 @@ import json
 import os
 import subprocess
 import sys
+import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -153,8 +154,6 @@ def serve(requests, replies):
                 print("interrupted", file=sys.stderr, flush=True)
                 status = 130
             except BaseException:  # a bug: its traceback goes to the run's log, then the worker stops
-                import traceback
-
                 traceback.print_exc()
                 status = BUG_EXIT
             finally:
@@ -166,7 +165,17 @@ def serve(requests, replies):
         replies.flush()
         if status == BUG_EXIT or status >= 128:
             return
-        gc.collect()  # the run's model, optimizer and data go before the next one starts
+        _forget_the_step()
+
+
+def _forget_the_step():
+    """Before the next step: the step's model, optimizer and data go, and so do its torch.compile
+    graphs (dynamo keeps them per code object, and past its recompile limit a later run in the same
+    worker would silently run eager)."""
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None:
+        dynamo.reset()
+    gc.collect()
 
 
 def main():
