@@ -138,7 +138,7 @@ def test_sigterm_reaches_the_workers_mid_training_and_the_rerun_resumes(tmp_path
     cmd = [sys.executable, os.path.join(ROOT, "scripts", "compare_heads.py"), "--config", str(config),
            "--heads", "softmax", "--seeds", "0", "1", "--jobs", "2", "--ood-dataset", "none",
            "--runs-dir", str(runs), "--report-dir", str(tmp_path / "report"),
-           "optim.epochs=20", "train.eval_every=100", "data.builtin_val_size=40"]  # 60 updates each
+           "optim.epochs=12", "train.eval_every=100", "data.builtin_val_size=40"]  # 36 updates each
     proc = subprocess.Popen(cmd, cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     metrics = [runs / f"softmax-s{s}" / "metrics.jsonl" for s in (0, 1)]
