@@ -39,6 +39,12 @@ ENTRY_POINTS = {"train.py": "train", "eval.py": "eval"}  # what a worker runs: a
 BUG_EXIT = 1  # a step raised something other than a UserError: the worker stops after it
 
 
+def ends_worker(status):
+    """A step's status after which its worker stops (both sides read this rule): a bug, or a signal
+    (train.py saved and returned 128 + N, or eval.py was interrupted)."""
+    return status == BUG_EXIT or status >= 128
+
+
 class _NoLauncher:
     stopped = False
 
@@ -109,7 +115,7 @@ class WorkerSlot:
         if not reply:  # the worker ended (a signal, a bug, killed): its exit status is the step's
             return self._ended()
         status = int(json.loads(reply)["status"])
-        if status == BUG_EXIT or status >= 128:
+        if ends_worker(status):
             self._ended()  # the worker stops after such a step; the next step starts a new one
         return status
 
@@ -163,7 +169,7 @@ def serve(requests, replies):
                     os.close(fd)
         replies.write(json.dumps({"status": status}) + "\n")
         replies.flush()
-        if status == BUG_EXIT or status >= 128:
+        if ends_worker(status):
             return
         _forget_the_step()
 
