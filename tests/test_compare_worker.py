@@ -43,12 +43,8 @@ def _eval(run_dir):
             "--quiet"]
 
 
-def _tensors(path):
-    return load_file(str(path))
-
-
 def _assert_same_tensors(a, b):
-    ta, tb = _tensors(a), _tensors(b)
+    ta, tb = load_file(str(a)), load_file(str(b))
     assert ta.keys() == tb.keys() and ta
     for key in ta:
         assert torch.equal(ta[key], tb[key]), f"{key} differs between {a} and {b}"
@@ -128,7 +124,15 @@ def test_only_plain_entry_point_commands_go_to_a_worker(cmd, ok):
     assert can_run(cmd) is ok
 
 
-@pytest.mark.skipif(shutil.which("ps") is None, reason="checks for orphans with ps")
+def _workers_of(pid):
+    """PIDs of the compare_worker.py processes whose parent is `pid` (`ps -ww`: unlimited width, else
+    ps cuts command lines at $COLUMNS)."""
+    out = subprocess.run(["ps", "-ww", "-eo", "pid=,ppid=,args="], capture_output=True, text=True, check=True).stdout
+    rows = (line.split(None, 2) for line in out.splitlines())
+    return [int(p) for p, parent, args in rows if int(parent) == pid and "compare_worker.py" in args]
+
+
+@pytest.mark.skipif(shutil.which("ps") is None, reason="finds the workers with ps")
 def test_sigterm_reaches_the_workers_mid_training_and_the_rerun_resumes(tmp_path):
     """compare_heads --jobs 2 (workers): SIGTERM to the launcher only; both trainings save and stop, it
     exits 143 with no process left, and the same command resumes both runs to the end."""
@@ -147,6 +151,8 @@ def test_sigterm_reaches_the_workers_mid_training_and_the_rerun_resumes(tmp_path
             m.exists() and '"kind": "train"' in m.read_text() for m in metrics):
         time.sleep(0.1)
     assert proc.poll() is None, proc.communicate()[1][-3000:]  # both are training
+    workers = _workers_of(proc.pid)
+    assert len(workers) == 2  # one per slot, not a train.py process per step
     os.kill(proc.pid, signal.SIGTERM)
     out, err = proc.communicate(timeout=240)
     assert proc.returncode == 143, out[-2000:] + err[-3000:]
@@ -155,9 +161,9 @@ def test_sigterm_reaches_the_workers_mid_training_and_the_rerun_resumes(tmp_path
         run = runs / f"softmax-s{s}"
         assert "SIGTERM: stopped after step" in (run / "compare.log").read_text()
         assert ck.list_checkpoints(str(run / ck.CHECKPOINT_SUBDIR)) and not (run / "summary.json").exists()
-    listing = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True).stdout
-    assert not [line for line in listing.splitlines() if "compare_worker.py" in line and str(runs) in line
-                and not line.lstrip().startswith("Z")]
+    for pid in workers:  # compare_heads waited for its workers: none outlives it
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
 
     again = subprocess.run(cmd, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=400)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]

@@ -37,8 +37,9 @@ def _gated_launcher(gate):
 
 
 def _processes_mentioning(text):
-    """Command lines of live processes that mention `text` (`ps`, zombies excluded)."""
-    out = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True, check=True).stdout
+    """Command lines of live processes that mention `text` (`ps`, zombies excluded; -ww: whole command
+    lines, which ps otherwise cuts at $COLUMNS, before a run directory is named)."""
+    out = subprocess.run(["ps", "-ww", "-eo", "stat=,args="], capture_output=True, text=True, check=True).stdout
     return [line for line in out.splitlines() if text in line and not line.lstrip().startswith("Z")]
 
 
