@@ -52,6 +52,12 @@ def tiny_comparison():
     return _CACHE["root"], _CACHE["stdout"]
 
 
+def tiny_run_dir(head="sparsemax"):
+    """A finished, evaluated run of the tiny comparison (seed 0)."""
+    root, _ = tiny_comparison()
+    return os.path.join(root, "runs", f"{head}-s0")
+
+
 def _png_size(path):
     with open(path, "rb") as f:
         head = f.read(24)

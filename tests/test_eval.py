@@ -11,14 +11,9 @@ import sys
 import pytest
 import torch
 
-from test_compare import ROOT, tiny_comparison
+from test_compare import ROOT, tiny_run_dir
 
 EVAL = os.path.join(ROOT, "eval.py")
-
-
-def _run_dir(head="sparsemax"):
-    root, _ = tiny_comparison()
-    return os.path.join(root, "runs", f"{head}-s0")
 
 
 def _load(path):
@@ -34,7 +29,7 @@ def _free_port():
 
 def test_eval_reproduces_train_accuracy():
     for head in ("softmax", "sparsemax"):
-        run = _run_dir(head)
+        run = tiny_run_dir(head)
         result = _load(os.path.join(run, "eval.json"))
         final = _load(os.path.join(run, "summary.json"))["final"]["raw"]
         assert result["n"] == final["n"] == 101
@@ -53,14 +48,14 @@ def test_eval_reproduces_train_accuracy():
         if head == "softmax":
             assert result["support_coverage"] == 1.0 and result["zero_prob_frac"] == 0.0
     # The CSV row beside the JSON
-    header = open(os.path.join(_run_dir(), "eval.csv")).read().splitlines()[0].split(",")
+    header = open(os.path.join(tiny_run_dir(), "eval.csv")).read().splitlines()[0].split(",")
     for col in ("top1", "ece", "support_mean", "img_per_s", "ps_support_eps0.05_size", "ps_aps_eps0.1_coverage"):
         assert col in header
 
 
 def test_two_processes_give_the_same_numbers_as_one(tmp_path):
     """101 samples, batch 16, 2 gloo processes: shards of 51 and 50, last batches partial."""
-    run = _run_dir("sparsemax")
+    run = tiny_run_dir("sparsemax")
     out = tmp_path / "two.json"
     cmd = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
            "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
@@ -89,7 +84,7 @@ def test_two_processes_give_the_same_numbers_as_one(tmp_path):
 def test_weights_file_with_model_flags_and_calibration_fallback(tmp_path):
     """The EMA weights as a bare file + --model/--dataset flags: train.py's EMA accuracy again;
     with no calib split (defaults) prediction sets calibrate on half of val, and say so."""
-    run = _run_dir("softmax")
+    run = tiny_run_dir("softmax")
     out = tmp_path / "file.json"
     cmd = [sys.executable, EVAL, "--checkpoint", os.path.join(run, "model_ema.safetensors"),
            "--model", "resmlp_tiny", "--dataset", "builtin10",
@@ -122,7 +117,7 @@ def _cli_error(capsys, argv):
 
 
 def test_user_errors_are_one_line(tmp_path, capsys):
-    run = _run_dir("sparsemax")
+    run = tiny_run_dir("sparsemax")
     weights = os.path.join(run, "model.safetensors")
     assert "checkpoint not found" in _cli_error(capsys, ["--checkpoint", str(tmp_path / "nope")])
     empty = tmp_path / "empty_run"
@@ -237,7 +232,7 @@ def test_ood_detection_and_selective_prediction_in_eval_json():
     from evaluation.examples import examples_path, load_examples
 
     for head in ("softmax", "sparsemax"):
-        run = _run_dir(head)
+        run = tiny_run_dir(head)
         result = _load(os.path.join(run, "eval.json"))
         ood = result["ood"]
         assert ood["dataset"] == "builtin10_ood" and ood["n_in"] == 101 and ood["n_out"] == 101 and ood["tpr"] == 0.95
@@ -275,16 +270,16 @@ def test_aps_seed_differs_per_run():
 
     import eval as eval_entry
 
-    seeds = {h: _load(os.path.join(_run_dir(h), "eval.json"))["prediction_sets"]["calibration"]["aps_seed"]
+    seeds = {h: _load(os.path.join(tiny_run_dir(h), "eval.json"))["prediction_sets"]["calibration"]["aps_seed"]
              for h in ("softmax", "sparsemax")}
     assert seeds["softmax"] != seeds["sparsemax"]
-    cfg = configs.load_run_config(_run_dir("softmax"), [])
+    cfg = configs.load_run_config(tiny_run_dir("softmax"), [])
     assert eval_entry.aps_seed(cfg) == seeds["softmax"]
-    assert eval_entry.aps_seed(configs.load_run_config(_run_dir("softmax"), ["train.seed=1"])) != seeds["softmax"]
+    assert eval_entry.aps_seed(configs.load_run_config(tiny_run_dir("softmax"), ["train.seed=1"])) != seeds["softmax"]
 
 
 def test_ood_user_errors_are_one_line(capsys):
-    run = _run_dir("sparsemax")
+    run = tiny_run_dir("sparsemax")
     assert "unknown --ood-dataset 'builtin1O_ood'" in _cli_error(capsys, ["--checkpoint", run, "--ood-dataset",
                                                                            "builtin1O_ood"])
     assert "--ood-root needs --ood-dataset" in _cli_error(capsys, ["--checkpoint", run, "--ood-root", "x"])

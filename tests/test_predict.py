@@ -9,14 +9,9 @@ import subprocess
 import pytest
 from PIL import Image
 
-from test_compare import ROOT, tiny_comparison
+from test_compare import ROOT, tiny_comparison, tiny_run_dir
 
 PREDICT = os.path.join(ROOT, "predict.py")
-
-
-def _run_dir(head="sparsemax"):
-    root, _ = tiny_comparison()
-    return os.path.join(root, "runs", f"{head}-s0")
 
 
 def _load_json(path):
@@ -30,7 +25,7 @@ def val_images(tmp_path_factory):
     import configs
     import data
 
-    cfg = configs.load_run_config(_run_dir())
+    cfg = configs.load_run_config(tiny_run_dir())
     ds = data.build_dataset(cfg.data, "val")
     names = data.class_names(cfg.data)
     root = tmp_path_factory.mktemp("val")
@@ -60,7 +55,7 @@ def predictions(val_images, tmp_path_factory):
     out = {}
     for head in ("softmax", "sparsemax"):
         path = str(tmp_path_factory.mktemp("preds") / "preds.jsonl")
-        status, stderr = _predict(["--checkpoint", _run_dir(head), "--images", val_images[0], "--output", path,
+        status, stderr = _predict(["--checkpoint", tiny_run_dir(head), "--images", val_images[0], "--output", path,
                                    "--topk", "10", "--batch-size", "16"])
         assert status == 0, stderr
         rows = [json.loads(line) for line in open(path)]
@@ -73,7 +68,7 @@ def test_probabilities_equal_eval_py(predictions, val_images):
 
     names = val_images[1]
     for head, (rows, _) in predictions.items():
-        records, meta = load_examples(examples_path(os.path.join(_run_dir(head), "eval.json")))
+        records, meta = load_examples(examples_path(os.path.join(tiny_run_dir(head), "eval.json")))
         assert meta["split"] == "val" and sorted(rows) == list(range(len(records["label"]))) == list(range(101))
         for i, row in rows.items():
             probs = {t["class"]: t["prob"] for t in row["topk"]}
@@ -95,7 +90,7 @@ def test_conformal_sets_equal_eval_py(predictions, val_images):
     names = val_images[1]
     label_of = {i: os.path.basename(os.path.dirname(r["path"])) for i, r in predictions["sparsemax"][0].items()}
     for head, (rows, _) in predictions.items():
-        run = _run_dir(head)
+        run = tiny_run_dir(head)
         result = _load_json(os.path.join(run, "eval.json"))["prediction_sets"]
         saved = _load_json(os.path.join(run, "conformal.json"))
         assert saved["head"] == head and saved["calibration"]["n_calib"] == result["calibration"]["n_calib"] == 64
@@ -128,7 +123,7 @@ def test_csv_output_and_unreadable_files(tmp_path, val_images):
     (folder / "broken.png").write_bytes(b"not a png")
     (folder / "notes.txt").write_text("ignored: not an image name")
     out = tmp_path / "preds.csv"
-    status, stderr = _predict(["--checkpoint", _run_dir("sparsemax"), "--images", str(folder), "--output", str(out),
+    status, stderr = _predict(["--checkpoint", tiny_run_dir("sparsemax"), "--images", str(folder), "--output", str(out),
                                "--topk", "2"])
     assert status == 0 and "warning: 1 unreadable file(s) skipped" in stderr
     rows = list(csv.DictReader(open(out)))
@@ -144,7 +139,7 @@ def test_csv_output_and_unreadable_files(tmp_path, val_images):
 
 
 def test_bad_inputs_are_one_line(tmp_path, one_line_error):
-    run = _run_dir("sparsemax")
+    run = tiny_run_dir("sparsemax")
     out = str(tmp_path / "p.csv")
 
     def error(images, checkpoint=run, output=out):
@@ -170,7 +165,7 @@ def test_bad_inputs_are_one_line(tmp_path, one_line_error):
 
 
 def test_images_that_cannot_match_the_model_are_refused(tmp_path, one_line_error, val_images):
-    run = _run_dir("sparsemax")
+    run = tiny_run_dir("sparsemax")
     out = str(tmp_path / "p.csv")
     images = val_images[0]
     (tmp_path / "five.txt").write_text("a\nb\nc\nd\ne\n")
@@ -194,7 +189,7 @@ def test_stale_thresholds_are_not_used(tmp_path, val_images):
     import shutil
 
     run = tmp_path / "run"
-    shutil.copytree(_run_dir("sparsemax"), run, ignore=shutil.ignore_patterns("checkpoints"))
+    shutil.copytree(tiny_run_dir("sparsemax"), run, ignore=shutil.ignore_patterns("checkpoints"))
     from safetensors.torch import load_file, save_file
 
     state = load_file(run / "model.safetensors")
@@ -212,7 +207,7 @@ def test_two_processes_give_the_rows_of_one(tmp_path, val_images, predictions):
     out = tmp_path / "two.jsonl"
     cmd = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
            "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
-           PREDICT, "--checkpoint", _run_dir("sparsemax"), "--images", val_images[0], "--output", str(out),
+           PREDICT, "--checkpoint", tiny_run_dir("sparsemax"), "--images", val_images[0], "--output", str(out),
            "--topk", "10", "--batch-size", "16"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
@@ -231,8 +226,8 @@ def test_two_processes_give_the_rows_of_one(tmp_path, val_images, predictions):
 def test_the_small_calibration_warning_reaches_eval_the_thresholds_and_the_report():
     """64 calibration samples: eval.py's result, RUN/conformal.json and the comparison report say so."""
     root, _ = tiny_comparison()
-    result = _load_json(os.path.join(_run_dir(), "eval.json"))["prediction_sets"]
+    result = _load_json(os.path.join(tiny_run_dir(), "eval.json"))["prediction_sets"]
     assert result["warning"].startswith("warning: prediction sets calibrated on only 64 samples")
-    assert _load_json(os.path.join(_run_dir(), "conformal.json"))["warning"] == result["warning"]
+    assert _load_json(os.path.join(tiny_run_dir(), "conformal.json"))["warning"] == result["warning"]
     report = open(os.path.join(root, "report", "report.md")).read()
     assert "- Note: prediction sets calibrated on only 64 samples" in report
