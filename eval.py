@@ -85,7 +85,7 @@ def parse_args(argv=None):
                                                 "32 for the CIFAR-size models, 224 otherwise)")
     p.add_argument("--dataset", help="override data.dataset")
     p.add_argument("--data-root", help="override data.root")
-    p.add_argument("--split", default="val", choices=("val", "calib", "train"))
+    p.add_argument("--split", default="val", choices=("val", "calib", "train", "tune"))
     p.add_argument("--ema", action="store_true", help="evaluate the run's EMA weights")
     p.add_argument("--batch-size", type=int, help="per-process eval batch size (data.eval_batch_size)")
     p.add_argument("--calib", default="auto", choices=CALIB_SOURCES,

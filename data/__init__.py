@@ -22,7 +22,7 @@ from common.errors import UserError
 
 from .names import DATASET_NAMES
 from .classes import class_names
-from .datasets import build_dataset, calib_indices, num_classes
+from .datasets import build_dataset, calib_indices, num_classes, split_positions
 from .dali_loader import explain_backend, resolve_backend
 from .loaders import EvalLoader, TrainLoader
 
@@ -66,6 +66,6 @@ def build_mixup(cfg, num_classes):
                  num_classes=num_classes)
 
 
-__all__ = ["DATASET_NAMES", "build_dataset", "num_classes", "class_names", "calib_indices",
+__all__ = ["DATASET_NAMES", "build_dataset", "num_classes", "class_names", "calib_indices", "split_positions",
            "build_train_loader", "build_eval_loader", "build_mixup", "TrainLoader", "EvalLoader",
            "explain_backend", "resolve_backend"]

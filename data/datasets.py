@@ -1,4 +1,4 @@
-"""build_dataset / num_classes: dispatch on DataConfig.dataset, calibration hold-out, validation."""
+"""build_dataset / num_classes: dispatch on DataConfig.dataset, the calibration and tuning hold-outs, validation."""
 import numpy as np
 import torch
 from PIL import Image
@@ -80,6 +80,25 @@ def calib_indices(n, fraction):
     return np.sort(perm[:k])
 
 
+def tune_indices(n, fraction):
+    """The tune split's positions among the n training examples left after the calib hold-out: a
+    fixed function of (n, fraction) like calib_indices, with its own stream, so every head, seed
+    and trial holds out the same examples."""
+    k = int(round(n * fraction))
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(mix_seed(0x7E5E, n))).numpy()
+    return np.sort(perm[:k])
+
+
+def split_positions(n, calib_fraction, tune_fraction):
+    """{'train', 'calib', 'tune'}: disjoint sorted positions in a train split of n examples whose union
+    is all of them. calib is held out first (calib_indices), tune from the rest (tune_indices)."""
+    everything = np.arange(n)
+    calib = calib_indices(n, calib_fraction) if calib_fraction > 0 else everything[:0]
+    rest = np.setdiff1d(everything, calib)
+    tune = rest[tune_indices(len(rest), tune_fraction)] if tune_fraction > 0 else everything[:0]
+    return {"train": np.setdiff1d(rest, tune), "calib": calib, "tune": tune}
+
+
 def _raw_split(cfg, split):
     if cfg.dataset in _BUILTIN_CLASSES:
         n = cfg.builtin_train_size if split == "train" else cfg.builtin_val_size
@@ -99,19 +118,20 @@ def _raw_split(cfg, split):
 
 
 def build_dataset(cfg, split):
-    """split 'train' | 'val' | 'calib' -> dataset with `num_classes`, items (tensor, label).
+    """split 'train' | 'val' | 'calib' | 'tune' -> dataset with `num_classes`, items (tensor, label).
 
-    'calib' is a deterministic `calib_fraction` of the train split (excluded from 'train' when
-    calib_fraction > 0); it carries the eval transform. 'train' carries the train transform.
+    'calib' is a deterministic `calib_fraction` of the train split, 'tune' a deterministic
+    `tune_fraction` of what is left (split_positions); both are excluded from 'train' and carry
+    the eval transform. 'train' carries the train transform.
     """
+    if split == "tune" and cfg.tune_fraction <= 0:
+        raise UserError("the tune split needs data.tune_fraction > 0 (e.g. data.tune_fraction=0.1)")
     if features.is_features(cfg):  # cached features: splits extracted as they are (calib held out already)
-        return features.build_split(cfg, split)
+        return features.build_split(cfg, split, lambda n: split_positions(n, 0.0, cfg.tune_fraction))
     _check(cfg, split)
     ds = _raw_split(cfg, "val" if split == "val" else "train")
-    if split != "val" and cfg.calib_fraction > 0:
-        held = calib_indices(len(ds), cfg.calib_fraction)
-        keep = held if split == "calib" else np.setdiff1d(np.arange(len(ds)), held)
-        ds = ds.subset(keep)
+    if split != "val" and (cfg.calib_fraction > 0 or cfg.tune_fraction > 0):
+        ds = ds.subset(split_positions(len(ds), cfg.calib_fraction, cfg.tune_fraction)[split])
     native = getattr(ds, "native_size", None)
     ds.transform = build_train_transform(cfg, native) if split == "train" else build_eval_transform(cfg, native)
     if len(ds) == 0:

@@ -130,6 +130,11 @@ class FeatureDataset:
     def view(self, epoch):
         return self.views[epoch % self.views.shape[0]]
 
+    def subset(self, positions):
+        """The rows at `positions` (every view), e.g. the tune split's hold-out of train."""
+        idx = torch.as_tensor(positions, dtype=torch.int64)
+        return FeatureDataset(self.views[:, idx], self.labels[idx], self.index[idx], self.num_classes, self.name)
+
     def __len__(self):
         return int(self.labels.numel())
 
@@ -186,10 +191,19 @@ def load_split(root, split, meta=None):
     return FeatureDataset(stacked, y, first, k, name=f"features:{meta.get('dataset', '?')}")
 
 
-def build_split(data_cfg, split):
-    """The FeatureDataset data.build_dataset returns for data.dataset=features."""
+def build_split(data_cfg, split, positions=None):
+    """The FeatureDataset data.build_dataset returns for data.dataset=features. The calib split was
+    held out at extraction; the tune split is held out of the extracted train split here:
+    `positions(n)` -> {'train', 'tune'} positions (data.datasets.split_positions)."""
     check_feature_config(data_cfg)
     meta = read_meta(data_cfg.root)
+    if split == "tune" or (split == "train" and data_cfg.tune_fraction > 0):
+        whole = load_split(data_cfg.root, "train", meta)
+        ds = whole.subset(positions(len(whole))[split])
+        if len(ds) == 0:
+            raise UserError(f"the {split} split of {data_cfg.root} is empty (data.tune_fraction={data_cfg.tune_fraction:g} "
+                            f"of {len(whole)} train rows)")
+        return ds
     if split not in (meta.get("counts") or {}):
         have = ", ".join(meta.get("counts") or {}) or "none"
         hint = " (data.calib_fraction > 0 at extraction)" if split == "calib" else ""

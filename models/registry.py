@@ -27,6 +27,7 @@ from typing import Any, Callable, Dict, Optional, Tuple, Union
 import torch
 
 from common.errors import UserError
+from common.search_space import parse_search
 
 from .am_softmax import am_softmax_loss, check_margin, check_scale
 from .losses import entmax15_loss, entmax_bisect_loss, softmax_loss, sparsemax_loss
@@ -41,7 +42,8 @@ from .topk_softmax import check_k, topk_softmax, topk_softmax_loss
 class HParam:
     """One hyperparameter: config key head.<name>. `check` returns the normalised value or raises
     a one-line UserError naming head.<name>. `only_for_head`: setting it away from its default
-    with another head is an error (a changed setting is never silently ignored)."""
+    with another head is an error (a changed setting is never silently ignored). `search`: the range
+compare_heads --tune samples it from (None: not tuned; it must lie inside `range`)."""
 
     name: str
     type: type
@@ -50,6 +52,7 @@ class HParam:
     check: Callable[[Any], Any]
     doc: str
     only_for_head: bool = False
+    search: Optional[str] = None  # compare_heads --tune's range, e.g. "log [0.1, 3]" (common/search_space.py)
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,11 @@ def _validate_hparam(spec_name: str, hp: HParam) -> None:
         _fail(spec_name, f"hyperparameter {getattr(hp, 'name', hp)!r} needs a type, default, range, check and doc")
     if hp.check(hp.default) != hp.default:
         _fail(spec_name, f"the default of head.{hp.name} does not pass its own check")
+    if hp.search is not None:
+        try:
+            parse_search(hp.search)
+        except ValueError as err:
+            _fail(spec_name, f"head.{hp.name}: {err}")
     other = HPARAMS.get(hp.name)
     if other is not None and (other.default, other.type) != (hp.default, hp.type):
         _fail(spec_name, f"head.{hp.name} is declared by another head with another default or type")
@@ -194,17 +202,21 @@ def _check_k_classes(settings: dict, num_classes: int) -> None:
 
 # ------------------------------------------------------------------------------- the declarations
 ALPHA = HParam("alpha", float, 1.5, "[1, 2]", check_alpha,
-               "entmax_bisect only: in [1, 2], strictly inside when learned")
+               "entmax_bisect only: in [1, 2], strictly inside when learned", search="[1.05, 2]")
 LEARN_ALPHA = HParam("learn_alpha", bool, False, "true | false", check_flag("learn_alpha"),
                      "entmax_bisect only: alpha = 1 + sigmoid(alpha_logit) is trained", only_for_head=True)
-GAMMA = HParam("gamma", float, 2.0, "(1, inf)", check_gamma, "normmax only: gamma > 1 (Santos et al. 2024 use 2)")
+GAMMA = HParam("gamma", float, 2.0, "(1, inf)", check_gamma, "normmax only: gamma > 1 (Santos et al. 2024 use 2)",
+               search="log [1.1, 8]")
 K = HParam("k", int, 5, "[1, num_classes]", check_k,
-           "sparse_softmax only: classes kept, 1 <= k <= num_classes (5: the top-5 metric)")
-ORDER = HParam("order", int, 2, "even, >= 2", check_order, "taylor_softmax only: even order >= 2 (2: 1 + x + x^2/2)")
+           "sparse_softmax only: classes kept, 1 <= k <= num_classes (5: the top-5 metric)",
+           search="int log [2, 20]")  # capped at the class count when tuned
+ORDER = HParam("order", int, 2, "even, >= 2", check_order, "taylor_softmax only: even order >= 2 (2: 1 + x + x^2/2)",
+               search="int [2, 6] step 2")
 SCALE = HParam("scale", float, 30.0, "(0, inf)", check_scale,
-               "am_softmax only: s > 0, logits = s * cos (Wang et al. 2018 use 30)")
+               "am_softmax only: s > 0, logits = s * cos (Wang et al. 2018 use 30)", search="log [4, 64]")
 MARGIN = HParam("margin", float, 0.35, "[0, inf)", check_margin,
-                "am_softmax only: m >= 0 subtracted from the true cosine in training (paper: 0.35)")
+                "am_softmax only: m >= 0 subtracted from the true cosine in training (paper: 0.35)",
+                search="[0, 0.5]")
 
 register(HeadSpec(
     "softmax", lambda z, dim, s: softmax(z, dim), lambda z, t, s, training, **kw: softmax_loss(z, t, **kw),
@@ -257,7 +269,8 @@ register(HeadSpec(
     doc="additive-margin softmax on a cosine classifier (Wang et al. 2018)"))
 
 SIGMA = HParam("sigma", float, 1.0, "(0, inf)", check_sigma,
-               "perturbmax only: noise scale sigma > 0 (Gumbel, sigma = 1: softmax in expectation)")
+               "perturbmax only: noise scale sigma > 0 (Gumbel, sigma = 1: softmax in expectation)",
+               search="log [0.1, 3]")
 SAMPLES = HParam("samples", int, 16, "[1, inf)", check_samples, "perturbmax only: Monte-Carlo draws per row")
 NOISE = HParam("noise", str, "gumbel", " | ".join(NOISES), check_noise, "perturbmax only: noise distribution")
 
