@@ -7,6 +7,7 @@
     python scripts/compare_heads.py ... --emit-slurm compare.sbatch   # then: sbatch compare.sbatch
     python scripts/compare_heads.py ... --report-only                 # aggregate the finished runs
     python scripts/compare_heads.py --config CFG --features FEATURE_DIR --heads ... --seeds ...   # cached features
+    python scripts/compare_heads.py ... --tune [--trials N] [--pruner median|hyperband|none] [--storage URL]
 
 For each variant (head × norm × α) and seed the run directory is RUNS_DIR/<variant>-s<seed>. The plan
 (run directories, configs, commands) is one function of the arguments, the same in every mode.
@@ -35,6 +36,9 @@ same report, statistics, prediction sets, selective prediction and OOD detection
 folder's OOD features, DIR/ood, when it has them). Without --launcher and --jobs, train.py and eval.py then
 run inside this process, one after the other (a probe trains in well under a second; a fresh Python with
 torch costs several), exactly as their command lines would run them.
+Tuning (--tune, scripts/tune_heads.py and engine/tuning.py): first one Optuna study per variant, the
+same --trials each, on a tune split held out of train (data.tune_fraction); then each variant's best
+settings and the config's own are both trained over --seeds and compared on val, which no trial read.
 Signals: SIGTERM / SIGINT / SIGUSR1 are forwarded to the running train.py / eval.py children
 (engine/children.py), which save and stop; compare_heads then exits with their code (143 ...), a
 second signal kills them, and no child outlives it.

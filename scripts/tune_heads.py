@@ -66,12 +66,14 @@ def open_studies(args, base_cfg, compare, tune_dir):
     return studies
 
 
-def trial_trainer(args, commands, children):
-    """train(overrides, run_dir) -> exit status: train.py through compare_heads' runner, its output in
-    the trial's RUN_DIR/compare.log. Also returns what to close at the end."""
+def trial_trainer(args, commands, children, compare):
+    """train(overrides, run_dir) -> exit status: train.py through compare_heads' runner (in process,
+    else one job worker, else the --launcher command), its output in the trial's RUN_DIR/compare.log.
+    Also returns what to close at the end."""
     from common import rundir
 
-    run = InProcess(children) if args.features and args.jobs == 1 and not args.launcher else None
+    run = compare.runner(args, children)
+    run = run if isinstance(run, InProcess) else None
     worker = WorkerSlot(children, dict(os.environ)) if run is None and not args.launcher else None
 
     def train(overrides, run_dir):
@@ -109,7 +111,7 @@ def main(args, argv, base_cfg, commands, compare):
         return verdicts(args, argv, commands, compare, studies, runs_dir, tune_dir, report_dir, None, 0.0)
     start, cpu = time.perf_counter(), time.process_time()
     with ChildProcesses() as children:  # signals go on to train.py, which saves; the trial is queued again
-        train, close = trial_trainer(args, commands, children)
+        train, close = trial_trainer(args, commands, children, compare)
         try:
             for study in studies.values():
                 study.optimize(train, stopped=lambda: children.stopped)
@@ -155,8 +157,9 @@ def verdicts(args, argv, commands, compare, studies, runs_dir, tune_dir, report_
     tuned_plan, tuned_dir = compare.plan_runs(args, os.path.join(tune_dir, "tuned"), chosen)
     tuned_plan = [p for p in tuned_plan if p[0] in chosen]
     untuned_plan, untuned_dir = compare.plan_runs(args, os.path.join(tune_dir, "untuned"))
-    if args.emit_slurm or args.dry_run:
-        return compare.compare(args, argv, tuned_plan + untuned_plan, tune_dir, commands) and 0
+    if args.emit_slurm or args.dry_run:  # one array job (or listing) for both arms
+        compare.compare(args, argv, tuned_plan + untuned_plan, tune_dir, commands)
+        return 0
     tuned = compare.compare(args, argv, tuned_plan, tuned_dir, commands, report_dir=report_dir, children=runner,
                             title_note=" (tuned settings)")
     untuned = compare.compare(args, argv, untuned_plan, untuned_dir, commands,

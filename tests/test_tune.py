@@ -100,6 +100,15 @@ def test_search_space_leaves_out_what_the_comparison_pins():
     assert search_space("sparse_softmax", [], 4)["head.k"].high == 4
 
 
+def test_tuning_options_need_tune():
+    import compare_heads
+
+    with pytest.raises(Exception, match="--trials applies to --tune"):
+        compare_heads.parse_args(["--config", "cfg.yaml", "--trials", "3"])
+    with pytest.raises(Exception, match="--trials must be at least 1"):
+        compare_heads.parse_args(["--config", "cfg.yaml", "--tune", "--trials", "0"])
+
+
 def test_sampled_floats_read_back_as_the_same_numbers():
     from engine.tuning import yaml_value
 
