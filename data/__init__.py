@@ -68,6 +68,6 @@ def build_mixup(cfg, num_classes):
                  num_classes=num_classes)
 
 
-__all__ = ["DATASETS", "dataset_names", "dataset_spec", "is_features", "build_dataset", "num_classes", "class_names", "calib_indices",
-           "build_train_loader", "build_eval_loader", "build_mixup", "TrainLoader", "EvalLoader",
+__all__ = ["DATASETS", "dataset_names", "dataset_spec", "is_features", "build_dataset", "num_classes", "class_names",
+           "calib_indices", "build_train_loader", "build_eval_loader", "build_mixup", "TrainLoader", "EvalLoader",
            "explain_backend", "resolve_backend"]

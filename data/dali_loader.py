@@ -74,7 +74,8 @@ def explain_backend(cfg, device=None):
     if cfg.backend != "auto":
         return cfg.backend, f"data.backend={cfg.backend}"
     if not dataset_spec(cfg.dataset).dali:
-        return "pil", f"data.backend=auto: DALI serves {' and '.join(dataset_names(dali=True))} only, not '{cfg.dataset}'"
+        served = " and ".join(dataset_names(dali=True))
+        return "pil", f"data.backend=auto: DALI serves {served} only, not '{cfg.dataset}'"
     on_cuda = torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda")
     if not on_cuda:
         return "pil", "data.backend=auto: no CUDA device (DALI decodes on the GPU)"

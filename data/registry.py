@@ -147,4 +147,5 @@ register(DatasetSpec("features", "cached features of scripts/extract_features.py
                      splits=SPLITS, features=True))
 check_ood_partners()
 
-__all__ = ["DatasetSpec", "DATASETS", "register", "check_ood_partners", "dataset_names", "dataset_spec", "is_features", "describe_datasets"]
+__all__ = ["DatasetSpec", "DATASETS", "register", "check_ood_partners", "dataset_names", "dataset_spec", "is_features",
+           "describe_datasets"]
