@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from common.errors import UserError
 
 from .mappings import entmax15, entmax_bisect, sparsemax
+from .rows import compute_dtype
 
 POOLS = ("avg", "hopfield")
 POOL_MAPPINGS = ("softmax", "sparsemax", "entmax15", "entmax_bisect")
@@ -84,7 +85,7 @@ class HopfieldPooling(nn.Module):
         scores = torch.einsum("bnhc,hc->bhn", x.reshape(B, N, self.heads, self.head_dim),
                               self.query.to(x.dtype)) * self.beta
         if self.mapping == "softmax":
-            return torch.softmax(scores.float(), -1).to(x.dtype)
+            return torch.softmax(compute_dtype(scores), -1).to(x.dtype)  # fp16/bf16 in fp32, fp64 kept
         return sparse_pool_weights(scores, self.mapping, self.alpha_logit)
 
     def forward(self, x: Tensor) -> Tensor:
