@@ -53,6 +53,7 @@ from common.seeding import mix_seed
 from common.weights import load_into, read_state_dict
 from configs.loader import apply_overrides, config_to_dict
 from data.classes import check_class_names, load_class_names
+from data.transforms import eval_transform
 from engine import checkpoint as ck
 from engine import resume_policy as rp
 from engine.cli import run_cli
@@ -222,6 +223,8 @@ def build_model(cfg, weights, num_classes):
     model = models.create_classifier(cfg.model, cfg.head, num_classes)
     # this project's, timm's or FB's format; UserError naming the first mismatched key
     load_into(model, convert_state_dict(state_dict, model), weights)
+    # timm reads a model's data config from pretrained_cfg: the run's eval transform, not the variant's
+    model.pretrained_cfg = model.default_cfg = {**model.pretrained_cfg, **eval_transform(cfg.data).timm_config()}
     return model.eval()
 
 
