@@ -51,6 +51,15 @@ def sparse_pool_weights(scores: Tensor, mapping: str, alpha_logit: Optional[Tens
     return weights / k if spec.sums_to_k else weights
 
 
+def pool_softmax(scores: Tensor) -> Tensor:
+    """Softmax over the patch axis in the scores' dtype, fp16/bf16 in fp32 (a dtype test: one fx call)."""
+    if scores.dtype == torch.float16 or scores.dtype == torch.bfloat16:
+        return torch.softmax(scores.float(), -1).to(scores.dtype)
+    return torch.softmax(scores, -1)
+
+
+torch.fx.wrap("pool_softmax")  # its dtype branch is no fx control flow; TorchScript compiles it
+register_notrace_function(pool_softmax)
 torch.fx.wrap("sparse_pool_weights")  # one call node for torch.fx (an autograd Function inside)
 register_notrace_function(sparse_pool_weights)  # and for timm's fx feature extraction
 
@@ -107,7 +116,7 @@ class HopfieldPooling(nn.Module):
         scores = torch.einsum("bnhc,hc->bhn", x.reshape(B, N, self.heads, self.head_dim),
                               self.query.to(x.dtype)) * self.beta
         if self.mapping == "softmax":
-            return torch.softmax(scores.float(), -1).to(x.dtype)
+            return pool_softmax(scores)
         return sparse_pool_weights(scores, self.mapping, self.alpha_logit, self.k)
 
     def forward(self, x: Tensor) -> Tensor:
