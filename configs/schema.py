@@ -145,6 +145,8 @@ class ModelConfig:
                                 resume=FROZEN)
     pool_beta: Optional[float] = setting(None, "hopfield pooling only: inverse temperature; null: 1/sqrt(dim)",
                                          range="[0, inf)")
+    pool_k: Optional[int] = setting(None, "pool_mapping=ksubset only (required there): the patches a k-subset "
+                                    "retrieval pools, 1..number of patches", range="[1, inf)", resume=FROZEN)
 
 
 # Head settings that fix what the checkpoint holds: a learned alpha is a parameter of the model.

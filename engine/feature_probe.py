@@ -21,7 +21,7 @@ from models.linear_probe import create_linear_probe
 
 # the source model's keys the probe's initial weights depend on (the image path builds the whole
 # model under the "init" RNG stream before its classifier), copied from features.json's config
-SOURCE_MODEL_KEYS = ("name", "norm", "init_values", "pool", "pool_mapping", "pool_beta")
+SOURCE_MODEL_KEYS = ("name", "norm", "init_values", "pool", "pool_mapping", "pool_beta", "pool_k")
 
 
 def resolve_features(cfg, say):
