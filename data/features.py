@@ -45,10 +45,6 @@ def shard_path(root, split, i):
     return os.path.join(root, split, shard_name(i))
 
 
-def is_features(data_cfg):
-    return data_cfg.dataset == "features"
-
-
 def read_meta(root):
     """features.json of a feature folder, checked; UserError (one line) for a missing folder or file,
     an unreadable file or an unfinished extraction."""
@@ -71,10 +67,6 @@ def read_meta(root):
     if dim < 1 or not classes:
         raise UserError(f"{path} records feature_dim={dim} and {len(classes)} classes; extract the features again")
     return meta
-
-
-def num_classes(root):
-    return len(read_meta(root)["classes"])
 
 
 def class_names(root):
@@ -107,9 +99,6 @@ def image_settings_note(data_cfg, meta):
 class FeatureDataset:
     """One split of cached features: `features` (K, N, D) float32 for K views (1 unless augmented),
     `labels` (N,) int64, `index` (N,) the source dataset positions. `view(epoch)` -> (N, D)."""
-
-    in_memory_capable = False
-    is_feature_dataset = True
 
     def __init__(self, features, labels, index, num_classes, name="features"):
         self.views = features
@@ -191,19 +180,10 @@ def load_split(root, split, meta=None):
     return FeatureDataset(stacked, y, first, k, name=f"features:{meta.get('dataset', '?')}")
 
 
-def build_split(data_cfg, split, positions=None):
-    """The FeatureDataset data.build_dataset returns for data.dataset=features. The calib split was
-    held out at extraction; the tune split is held out of the extracted train split here:
-    `positions(n)` -> {'train', 'tune'} positions (data.datasets.split_positions)."""
+def build_split(data_cfg, split):
+    """The FeatureDataset data.build_dataset returns for data.dataset=features."""
     check_feature_config(data_cfg)
     meta = read_meta(data_cfg.root)
-    if split == "tune" or (split == "train" and data_cfg.tune_fraction > 0):
-        whole = load_split(data_cfg.root, "train", meta)
-        ds = whole.subset(positions(len(whole))[split])
-        if len(ds) == 0:
-            raise UserError(f"the {split} split of {data_cfg.root} is empty (data.tune_fraction={data_cfg.tune_fraction:g} "
-                            f"of {len(whole)} train rows)")
-        return ds
     if split not in (meta.get("counts") or {}):
         have = ", ".join(meta.get("counts") or {}) or "none"
         hint = " (data.calib_fraction > 0 at extraction)" if split == "calib" else ""

@@ -95,7 +95,7 @@ def main(args, argv, base_cfg, commands, compare):
     runs_dir = compare.default_runs_dir(args)
     tune_dir = os.path.join(runs_dir, "tune")
     stem = os.path.splitext(os.path.basename(args.config))[0]
-    report_dir = args.report_dir or os.path.join("reports", stem)
+    report_dir = compare.report_dir_of(args, runs_dir, stem)
     args.overrides = args.overrides + tune_overrides(args, base_cfg)
     studies = open_studies(args, base_cfg, compare, tune_dir)
     say_studies(studies)
@@ -158,7 +158,7 @@ def verdicts(args, argv, commands, compare, studies, runs_dir, tune_dir, report_
     tuned_plan = [p for p in tuned_plan if p[0] in chosen]
     untuned_plan, untuned_dir = compare.plan_runs(args, os.path.join(tune_dir, "untuned"))
     if args.emit_slurm or args.dry_run:  # one array job (or listing) for both arms
-        compare.compare(args, argv, tuned_plan + untuned_plan, tune_dir, commands)
+        compare.compare(args, argv, tuned_plan + untuned_plan, tuned_dir, commands, report_dir=report_dir)
         return 0
     tuned = compare.compare(args, argv, tuned_plan, tuned_dir, commands, report_dir=report_dir, children=runner,
                             title_note=" (tuned settings)")
