@@ -33,7 +33,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from common.errors import UserError
+from common.intervals import RangeCheck
 from .mappings import param_rows, uses_device_path
 from .head_targets import compute_dtype, finish_rows, from_rows, masked_dot, row_loss, RowGradientLoss, to_rows
 
@@ -41,8 +41,7 @@ from .head_targets import compute_dtype, finish_rows, from_rows, masked_dot, row
 # support; clamping there makes -inf and huge negative logits harmless without changing p.
 _FLOOR = -1.5
 
-
-GAMMA_ABOVE_ONE = "head.gamma must be > 1 for normmax (2 is the paper's default), got {}"
+check_gamma_value = RangeCheck("head.gamma", float, "(1, inf)", "2 is the paper's default")
 
 
 def check_gamma(gamma) -> float:
@@ -50,17 +49,9 @@ def check_gamma(gamma) -> float:
     path); on the device path a gamma <= 1 gives NaN."""
     if isinstance(gamma, Tensor):
         if not uses_device_path(gamma):
-            lowest = float(gamma.detach().min())
-            if not lowest > 1.0:
-                raise UserError(GAMMA_ABOVE_ONE.format(lowest))
+            check_gamma_value(float(gamma.detach().min()))
         return gamma
-    try:
-        gamma = float(gamma)
-    except (TypeError, ValueError):
-        raise UserError(f"head.gamma must be a number > 1, got {gamma!r}") from None
-    if not gamma > 1.0:
-        raise UserError(GAMMA_ABOVE_ONE.format(gamma))
-    return gamma
+    return check_gamma_value(gamma)
 
 
 def default_steps(dtype: torch.dtype):
@@ -175,4 +166,4 @@ def normmax_loss(logits: Tensor, target: Tensor, gamma: float = 2.0, label_smoot
                     check_gamma(gamma), n_bisect, n_newton)
 
 
-__all__ = ["normmax", "normmax_loss", "normmax_kernel", "check_gamma", "NormmaxFunction"]
+__all__ = ["normmax", "normmax_loss", "normmax_kernel", "check_gamma", "check_gamma_value", "NormmaxFunction"]

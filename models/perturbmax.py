@@ -26,12 +26,11 @@ are sampling artefacts, not structure, and are not a prediction set: the head is
 """
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
 from common.errors import UserError
+from common.intervals import RangeCheck
 from .head_targets import RowGradientLoss, compute_dtype, finish_rows, from_rows, masked_dot, row_loss, to_rows
 
 NOISES = ("gaussian", "gumbel")
@@ -39,22 +38,10 @@ EULER_GAMMA = 0.5772156649015329  # E[Z] of the standard Gumbel
 EVAL_SEED = 0
 
 
-def check_sigma(sigma) -> float:
-    try:
-        sigma = float(sigma)
-    except (TypeError, ValueError):
-        raise UserError(f"head.sigma must be a number > 0, got {sigma!r}") from None
-    if not (sigma > 0 and math.isfinite(sigma)):
-        raise UserError(f"head.sigma must be a finite number > 0 (the noise scale; 1 = Gumbel-softmax), got {sigma}")
-    return sigma
+check_sigma = RangeCheck("head.sigma", float, "(0, inf)", "the noise scale; 1 = Gumbel-softmax")
 
 
-def check_samples(samples) -> int:
-    if isinstance(samples, float) and samples.is_integer():
-        samples = int(samples)
-    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-        raise UserError(f"head.samples must be a whole number >= 1 (Monte-Carlo draws per row), got {samples!r}")
-    return samples
+check_samples = RangeCheck("head.samples", int, "[1, inf)", "Monte-Carlo draws per row")
 
 
 def check_noise(noise) -> str:

@@ -24,17 +24,12 @@ import math
 import torch
 from torch import Tensor
 
-from common.errors import UserError
+from common.intervals import RangeCheck
 from .head_targets import compute_dtype, finish_rows, from_rows, row_loss, RowGradientLoss, to_rows
 
 
-def check_order(order) -> int:
-    if isinstance(order, float) and order.is_integer():
-        order = int(order)
-    if isinstance(order, bool) or not isinstance(order, int) or order < 2 or order % 2:
-        raise UserError(f"head.order must be an even whole number >= 2 (Taylor softmax is only "
-                        f"positive for even orders), got {order!r}")
-    return order
+check_order = RangeCheck("head.order", int, "[2, inf)", "Taylor softmax is only positive for even orders",
+                         extra=(lambda order: order % 2 == 0, "even"))
 
 
 def taylor_terms(x: Tensor, order: int):

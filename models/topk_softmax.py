@@ -29,17 +29,16 @@ import torch
 from torch import Tensor
 
 from common.errors import UserError
+from common.intervals import RangeCheck
 from .head_targets import compute_dtype, finish_rows, from_rows, masked_dot, row_loss, RowGradientLoss, to_rows
 
 
+_check_k_at_least_one = RangeCheck("head.k", int, "[1, inf)", "the number of classes kept by sparse_softmax")
+
+
 def check_k(k, num_classes=None) -> int:
-    if isinstance(k, bool) or not isinstance(k, int):
-        if isinstance(k, float) and k.is_integer():
-            k = int(k)
-        else:
-            raise UserError(f"head.k must be a whole number >= 1, got {k!r}")
-    if k < 1:
-        raise UserError(f"head.k must be >= 1 (the number of classes kept by sparse_softmax), got {k}")
+    """k as an int >= 1 and, given the class count, at most that (one UserError line otherwise)."""
+    k = _check_k_at_least_one(k)
     if num_classes is not None and k > num_classes:
         raise UserError(f"head.k={k} exceeds the number of classes ({num_classes}); "
                         f"set head.k to at most {num_classes}")
