@@ -34,8 +34,8 @@ import torch
 from torch import Tensor
 
 from common.intervals import RangeCheck
-from .mappings import param_rows, uses_device_path
-from .head_targets import compute_dtype, finish_rows, from_rows, masked_dot, row_loss, RowGradientLoss, to_rows
+from .mappings import param_rows, rows_backward, rows_forward, uses_device_path
+from .head_targets import compute_dtype, finish_rows, masked_dot, row_loss, RowGradientLoss
 
 # In shifted units (z - max) the threshold is >= -1, so entries below -1 are never in the
 # support; clamping there makes -inf and huge negative logits harmless without changing p.
@@ -115,21 +115,17 @@ def _normmax_backward(p: Tensor, w: Tensor, g: Tensor) -> Tensor:
 class NormmaxFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, gamma, dim: int, n_bisect: Optional[int], n_newton: Optional[int]):
-        xf = compute_dtype(x)
-        rows, shape = to_rows(xf, dim)
         if isinstance(gamma, Tensor):
-            gamma = param_rows(gamma, xf, dim)[0]
-        p, d = normmax_kernel(rows, gamma, n_bisect, n_newton)
-        ctx.save_for_backward(p, _skew(p, d, gamma))
-        ctx.dim, ctx.shape = dim, shape
-        return from_rows(p, shape, dim).to(x.dtype)
+            gamma = param_rows(gamma, compute_dtype(x), dim)[0]
+
+        def forward_rows(rows):
+            p, d = normmax_kernel(rows, gamma, n_bisect, n_newton)
+            return p, (p, _skew(p, d, gamma))
+        return rows_forward(ctx, x, dim, forward_rows)
 
     @staticmethod
     def backward(ctx, g: Tensor):
-        p, w = ctx.saved_tensors
-        g_rows, _ = to_rows(g.to(p.dtype), ctx.dim)
-        dx = from_rows(_normmax_backward(p, w, g_rows), ctx.shape, ctx.dim)
-        return dx.to(g.dtype), None, None, None, None
+        return rows_backward(ctx, g, _normmax_backward), None, None, None, None
 
 
 def normmax(x: Tensor, gamma=2.0, dim: int = -1, n_bisect: Optional[int] = None,
