@@ -17,7 +17,8 @@ with a host-side choice of threshold path.
 Sidecar (OUTPUT.json): format, output (logits | probabilities), classes, mean, std, image size,
 interpolation and crop_pct of the evaluation transform, the model and the head with its settings.
 Both files are written atomically; an existing OUTPUT needs --overwrite. The run directory or
-weights file is read as eval.py reads it (config.yaml, classes.json, model[_ema].safetensors).
+weights file is opened as eval.py opens it (engine/trained_run.py: config.yaml, classes.json,
+model[_ema].safetensors).
 """
 import argparse
 import contextlib
@@ -36,6 +37,8 @@ from common.errors import UserError  # noqa: E402
 from common.io import atomic_write, ensure_folder, write_json  # noqa: E402
 from engine.cli import run_cli  # noqa: E402
 from engine.runlock import RunLock  # noqa: E402
+from engine.trained_run import add_run_arguments, open_from_args, parse_with_overrides  # noqa: E402
+from models.mappings import threshold_path  # noqa: E402
 
 FORMATS = ("onnx", "torchscript")
 EXPORT_OPSET = 17  # ONNX opset: TopK, ReduceMax etc. as onnxruntime >= 1.14 runs them
@@ -85,24 +88,14 @@ def autograd_functions_inlined():
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n")[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint", metavar="RUN_DIR|WEIGHTS", help="train.py run directory or a weights file")
+    add_run_arguments(p, positional=True)
     p.add_argument("--format", required=True, help=f"one of: {', '.join(FORMATS)}")
     p.add_argument("--head-probabilities", action="store_true",
                    help="append the head's probability mapping (the output is probabilities, not logits)")
     p.add_argument("--output", help="file to write (default: beside the checkpoint, model.onnx / "
                                     "model.torchscript.pt in a run directory); the sidecar is OUTPUT.json")
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUTPUT")
-    p.add_argument("--ema", action="store_true", help="export the run's EMA weights")
-    p.add_argument("--config", help="YAML config for a weights file (as eval.py --config)")
-    p.add_argument("--model", help="model name for a weights file without --config (e.g. resmlp_tiny)")
-    p.add_argument("--head", help="output head for a weights file without --config (default softmax)")
-    p.add_argument("--img-size", type=int, help="model image size for a weights file (default: the variant's)")
-    args, rest = p.parse_known_args(argv)
-    import eval as eval_cli  # the run / weights resolution eval.py uses
-
-    args.overrides = eval_cli._collect_overrides(rest, p)
-    args.dataset = args.data_root = args.batch_size = None  # (eval.resolve reads these flags too)
-    return args
+    return parse_with_overrides(p, argv, tool="python scripts/export.py")
 
 
 def check_format(fmt: str) -> str:
@@ -117,22 +110,12 @@ def default_output(checkpoint: str, fmt: str, ema: bool) -> str:
     return os.path.splitext(checkpoint)[0] + SUFFIX[fmt]
 
 
-def class_names_of(checkpoint: str, cfg):
-    """The run's classes.json, else the configured dataset's class names."""
-    import data
-    from data.classes import load_class_names
-
-    names = load_class_names(checkpoint) if os.path.isdir(checkpoint) else None
-    return names if names is not None else list(data.class_names(cfg.data))
-
-
 def load_classifier(args):
-    """(cfg, model in eval mode, class names) as eval.py would evaluate them."""
-    import eval as eval_cli
-
-    cfg, weights, _ = eval_cli.resolve(args)
-    classes = class_names_of(args.checkpoint, cfg)
-    return cfg, eval_cli.build_model(cfg, weights, len(classes)), classes
+    """(cfg, model in eval mode, class names) as eval.py would evaluate them: the run's classes.json,
+    else the configured dataset's class names."""
+    run = open_from_args(args)
+    classes = run.classes()
+    return run.cfg, run.build_model(len(classes)), classes
 
 
 def split_head(model: nn.Module):
@@ -150,8 +133,6 @@ def example_images(cfg, batch: int = 2) -> torch.Tensor:
 
 def build_exported(model: nn.Module, cfg, fmt: str, head_probabilities: bool) -> nn.Module:
     """The module to save: eager for ONNX (traced by the exporter), scripted for TorchScript."""
-    from models.mappings import threshold_path
-
     backbone, head = split_head(model)
     if fmt == "onnx":
         return ExportedClassifier(backbone, head if head_probabilities else None).eval()
@@ -170,8 +151,6 @@ def build_exported(model: nn.Module, cfg, fmt: str, head_probabilities: bool) ->
 def save_export(module: nn.Module, cfg, fmt: str, output: str, head_name: str) -> None:
     """Write `module` to `output` through the one atomic writer (common/io.py: a temp file beside it,
     then os.replace; a write failure is one line, exit 74, and leaves no temp file)."""
-    from models.mappings import threshold_path
-
     def write(path):
         if fmt == "torchscript":
             torch.jit.save(module, path)
