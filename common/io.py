@@ -155,12 +155,26 @@ def through_file(write_to):
     return write
 
 
+def current_umask():
+    """The process umask (os.umask can only be read by setting it: set and restored at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def follow_umask(path):
+    """Give `path` the mode open() would (0666 less the umask). Some writers create their file
+    0600 whatever the umask (safetensors does), which a teammate on a shared filesystem cannot read."""
+    os.chmod(path, 0o666 & ~current_umask())
+
+
 def write_file(path, write, after_written=None):
-    """Create `path` with write(path), fsynced (not atomic: for files inside a temporary folder).
-    On a failed write the partial file is removed and the OSError behind it raised; other errors
-    (bugs) propagate after the same clean-up. `after_written(path)`: a test hook."""
+    """Create `path` with write(path), fsynced, with the mode the umask gives (not atomic: for files
+    inside a temporary folder). On a failed write the partial file is removed and the OSError
+    behind it raised; other errors (bugs) propagate after the same clean-up. `after_written(path)`: a test hook."""
     try:
         write(path)
+        follow_umask(path)
         with open(path, "rb+") as f:
             os.fsync(f.fileno())
     except BaseException as err:

@@ -30,6 +30,7 @@ from common.errors import UserError
 from . import dali_params as P
 from .loaders import epoch_train_batches
 from .samplers import eval_batches
+from .transforms import eval_transform
 
 DALI_DATASETS = ("imagefolder", "shards")
 _PREFETCH_BATCHES = 3  # host read-ahead, in batches
@@ -433,8 +434,9 @@ class DaliEvalLoader(_DaliLoader):
     def build_pipeline(self, source):
         from .dali_pipeline import build_eval_pipeline
 
-        return build_eval_pipeline(source, image_size=self.cfg.image_size, mean=self.cfg.mean, std=self.cfg.std,
-                                   interpolation=self.cfg.interpolation, batch_size=self.cfg.eval_batch_size,
+        spec = eval_transform(self.cfg)  # the transform the PIL path and the exports describe
+        return build_eval_pipeline(source, image_size=spec.image_size, mean=spec.mean, std=spec.std,
+                                   interpolation=spec.interpolation, batch_size=self.cfg.eval_batch_size,
                                    num_threads=self.num_threads, device_id=self.device_id)
 
     def prepare(self, t, resolved, seeds):
@@ -442,7 +444,7 @@ class DaliEvalLoader(_DaliLoader):
         batch = _HostBatch(t, resolved, None, labels)
         widths = np.array([r[2][0] for r in resolved])
         heights = np.array([r[2][1] for r in resolved])
-        rw, rh, cx, cy = P.eval_geometry(widths, heights, self.cfg.image_size, self.cfg.crop_pct)
+        rw, rh, cx, cy = P.eval_geometry(widths, heights, self.cfg.image_size, eval_transform(self.cfg).crop_pct)
         crop = np.array([self.cfg.image_size, self.cfg.image_size], dtype=np.float32)
         batch.feed = ([np.frombuffer(r[1], dtype=np.uint8) for r in resolved],
                       list(np.stack([rh, rw], 1).astype(np.float32)), list(np.stack([cx, cy], 1).astype(np.float32)),

@@ -33,7 +33,7 @@ from common.seeding import mix_seed
 from common.weights import load_into, read_state_dict
 from configs.loader import apply_overrides, config_to_dict
 from data.classes import load_class_names
-from data.transforms import build_eval_transform
+from data.transforms import build_eval_transform, eval_transform
 from models.convert import convert_state_dict
 from models.pretrained import weights_patch_grid
 from models.resmlp import VARIANTS
@@ -71,8 +71,9 @@ class TrainedRun:
         return names if names is not None else list(data.class_names(self.cfg.data))
 
     def eval_transform(self, native_size=None):
-        """The evaluation transform of the run's data config (files of any size when native_size is
-        None), checked to give the model's input size."""
+        """The evaluation transform of the run's data config as torchvision runs it (files of any size
+        when native_size is None; data/transforms.py eval_transform describes it), checked to give the
+        model's input size."""
         transform = build_eval_transform(self.cfg.data, native_size)
         size = self.cfg.model.img_size
         probe = transform(Image.new("RGB", (37, 53)))  # an odd, non-square size
@@ -174,6 +175,8 @@ def build_model(cfg, weights, num_classes):
     model = models.create_classifier(cfg.model, cfg.head, num_classes)
     # UserError naming the first mismatched key
     load_into(model, convert_state_dict(state_dict, model), weights)
+    # timm reads a model's data config from pretrained_cfg: the run's eval transform, not the variant's
+    model.pretrained_cfg = model.default_cfg = {**model.pretrained_cfg, **eval_transform(cfg.data).timm_config()}
     return model.eval()
 
 

@@ -300,12 +300,18 @@ class ResMLP(nn.Module):
             raise UserError(f"unknown output_fmt '{output_fmt}'; valid: 'NCHW', 'NLC'")
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
         x = self.patch_embed(x)
-        blocks = self.blocks if torch.jit.is_scripting() or not stop_early else self.blocks[:max_index + 1]
         intermediates = []
-        for i, blk in enumerate(blocks):
-            x = checkpointed(blk, x) if self.grad_checkpointing and not torch.jit.is_scripting() else blk(x)
-            if i in take_indices:
-                intermediates.append(self.norm(x) if norm else x)
+        # A condition in the loop, not a slice: TorchScript can neither slice a Sequential nor
+        # choose between two containers in an expression, nor `break` a loop over modules. So
+        # stop_early holds in scripted modules too.
+        for i, blk in enumerate(self.blocks):
+            if not stop_early or i <= max_index:
+                if self.grad_checkpointing and not torch.jit.is_scripting():
+                    x = checkpointed(blk, x)
+                else:
+                    x = blk(x)
+                if i in take_indices:
+                    intermediates.append(self.norm(x) if norm else x)
         if output_fmt == "NCHW":  # tokens are patches in row-major order on the grid
             B, g = x.shape[0], self.grid
             intermediates = [y.reshape(B, g, g, -1).permute(0, 3, 1, 2).contiguous() for y in intermediates]

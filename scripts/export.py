@@ -14,8 +14,10 @@ dimension is dynamic; the image size is fixed by the model. Every head exports i
 TorchScript: the backbone is scripted (it keeps its one-line input-size error; with model.pool=
 hopfield it is traced); the head's mapping is traced, because the mappings are autograd Functions
 with a host-side choice of threshold path.
-Sidecar (OUTPUT.json): format, output (logits | probabilities), classes, mean, std, image size,
-interpolation and crop_pct of the evaluation transform, the model and the head with its settings.
+Sidecar (OUTPUT.json): format, output (logits | probabilities), classes, `preprocessing` (the run's
+evaluation transform step by step: data/transforms.py EvalTransform.describe; mean, std, image size,
+interpolation and crop_pct also at the top level), the model and the head with its settings.
+scripts/onnx_predict.py is a consumer that follows only the sidecar (onnxruntime, numpy, Pillow).
 Both files are written atomically; an existing OUTPUT needs --overwrite. The run directory or
 weights file is opened as eval.py opens it (engine/trained_run.py: config.yaml, classes.json,
 model[_ema].safetensors).
@@ -35,6 +37,7 @@ import torch.nn as nn  # noqa: E402
 
 from common.errors import UserError  # noqa: E402
 from common.io import atomic_write, ensure_folder, write_json  # noqa: E402
+from data.transforms import eval_transform  # noqa: E402
 from engine.cli import run_cli  # noqa: E402
 from engine.runlock import RunLock  # noqa: E402
 from engine.trained_run import add_run_arguments, open_from_args, parse_with_overrides  # noqa: E402
@@ -170,14 +173,15 @@ def save_export(module: nn.Module, cfg, fmt: str, output: str, head_name: str) -
 def sidecar(cfg, model, classes, fmt: str, head_probabilities: bool, output: str) -> dict:
     head = model.output_head
     size = cfg.model.img_size
+    spec = eval_transform(cfg.data)  # the transform eval.py applies to this run's images
     return {
         "format": fmt, "file": os.path.basename(output),
         "opset": EXPORT_OPSET if fmt == "onnx" else None,
         "input": {"name": INPUT_NAME, "shape": [BATCH_AXIS, 3, size, size], "dtype": "float32",
                   "normalised": "(pixel / 255 - mean) / std, per channel, RGB"},
         "output": "probabilities" if head_probabilities else "logits",
-        "classes": list(classes), "mean": list(cfg.data.mean), "std": list(cfg.data.std),
-        "image_size": size, "interpolation": cfg.data.interpolation, "crop_pct": cfg.data.crop_pct,
+        "classes": list(classes), "preprocessing": spec.describe(), "mean": list(spec.mean), "std": list(spec.std),
+        "image_size": size, "interpolation": spec.interpolation, "crop_pct": spec.crop_pct,
         "model": cfg.model.name, "norm": cfg.model.norm,
         "head": {"name": head.name, **head.hparams()},
     }

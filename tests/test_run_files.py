@@ -419,3 +419,18 @@ def test_temp_files_are_only_removed_under_the_lock(tmp_path):
     with RunLock(str(tmp_path), purpose="eval"):
         assert common_io.remove_stale_temp(str(tmp_path), names=["eval.json"]) == [str(stale)]
     assert not stale.exists()
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_weight_files_follow_the_umask(tmp_path, umask):
+    """safetensors creates its file 0600 whatever the umask; the atomic writer gives it open()'s mode."""
+    from common.weights import save_safetensors
+    path = str(tmp_path / "model.safetensors")
+    old = os.umask(umask)
+    try:
+        save_safetensors({"w": torch.zeros(2)}, path)
+        common_io.write_json({"a": 1}, str(tmp_path / "a.json"))
+    finally:
+        os.umask(old)
+    assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask
+    assert os.stat(tmp_path / "a.json").st_mode & 0o777 == 0o666 & ~umask
