@@ -56,7 +56,16 @@ def test_the_checker_sees_relative_and_function_level_imports(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ entry points
-SCRIPTS = sorted(n[:-3] for n in os.listdir(os.path.join(ROOT, "scripts")) if n.endswith(".py") and n != "__init__.py")
+def _is_command(path):
+    """A module run as a command: it has an `if __name__ == "__main__":` block."""
+    with open(path) as f:
+        return '__name__ == "__main__"' in f.read()
+
+
+# The commands: train.py, eval.py, predict.py and every script with a main block (a module of
+# scripts/ without one, e.g. compare_progress.py, is a helper of the scripts beside it).
+SCRIPTS = sorted(n[:-3] for n in os.listdir(os.path.join(ROOT, "scripts"))
+                 if n.endswith(".py") and _is_command(os.path.join(ROOT, "scripts", n)))
 ENTRY_POINTS = {"train.py": "train", "eval.py": "eval", "predict.py": "predict",
                 **{f"scripts/{name}.py": name for name in SCRIPTS}}
 # Entry points still imported by another, each as the library it is for that one importer:
