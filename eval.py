@@ -95,11 +95,9 @@ def ood_data_config(cfg, args):
         if args.ood_root:
             raise UserError("--ood-root needs --ood-dataset NAME")
         return None
-    if data.features.is_features(cfg.data):
+    if data.is_features(cfg.data):
         return feature_ood_config(cfg, args)
     name = ood_report.resolve_ood_dataset(args.ood_dataset, cfg.data.dataset)
-    if name not in data.DATASET_NAMES:
-        raise UserError(f"unknown --ood-dataset '{name}'; valid: auto, {', '.join(data.DATASET_NAMES)}")
     ood = copy.deepcopy(cfg.data)
     ood.dataset = name
     if args.ood_root:
@@ -130,7 +128,7 @@ def ood_results(head, ood_cfg, ood_dataset, preds, evaluate_split):
     with torch.no_grad():
         probs_in, probs_out = head(preds.logits).float(), head(ood_preds.logits).float()
     result = ood_report.run_summary(probs_in, probs_out, head.name, ood_cfg.dataset)
-    result["root"] = None if ood_cfg.dataset.startswith("builtin") else ood_cfg.root  # built-in: no files
+    result["root"] = ood_cfg.root if data.dataset_spec(ood_cfg.dataset).files else None  # generated: no files
     return result
 
 

@@ -163,7 +163,7 @@ def build_model(cfg, weights, num_classes):
     """The classifier `cfg` describes with `weights` loaded (this project's, timm's or FB's format), in
     eval mode; a linear probe for data.dataset=features. UserError naming a mismatch."""
     state_dict = read_state_dict(weights)
-    if data.features.is_features(cfg.data):  # a linear probe on cached features
+    if data.is_features(cfg.data):  # a linear probe on cached features
         model = build_eval_probe(cfg, num_classes)
         load_into(model, state_dict, weights)
         return model.eval()
