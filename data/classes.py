@@ -3,7 +3,8 @@
 A model's output j means the class its training data called j. Evaluating it on a folder whose
 class folders differ (but count the same) maps labels silently, so a run stores its class names
 (RUN_DIR/classes.json, written by training) and evaluation compares them with the dataset's:
-a mismatch is one line naming the first differences and `--allow-class-mismatch`.
+a mismatch is one line naming the first differences and `--allow-class-mismatch`. Beside it,
+RUN_DIR/class_map.txt holds the same list in timm's class_map format, for timm's own scripts.
 
 Names: ImageFolder -> the sorted train/ folder names; CIFAR-10/100 -> the archives' label names;
 builtin10/100 -> the shape names (builtin100: shape_hue<k>); builtin*_ood -> those of its
@@ -21,6 +22,7 @@ from . import builtin, cifar, features, imagefolder, shards
 from .names import DATASET_NAMES
 
 CLASSES_FILE = rundir.CLASSES
+CLASS_MAP_FILE = rundir.CLASS_MAP
 ALLOW_FLAG = "--allow-class-mismatch"
 _BUILTIN = {"builtin10": 10, "builtin100": 100, "builtin10_ood": 10, "builtin100_ood": 100}
 
@@ -40,9 +42,16 @@ def class_names(data_cfg):
     raise UserError(f"unknown data.dataset '{data_cfg.dataset}'; valid: {', '.join(DATASET_NAMES)}")
 
 
+def class_map_text(names):
+    """timm's class_map text format: line j is the name of label j (timm strips each line, so its
+    `class_map=` argument gives folders this project's label order, numeric folders included)."""
+    return "".join(f"{name}\n" for name in names)
+
+
 def save_class_names(run_dir, names):
-    """Write RUN_DIR/classes.json ({"classes": [...]}) atomically."""
+    """Write RUN_DIR/classes.json ({"classes": [...]}) and RUN_DIR/class_map.txt atomically."""
     atomic_write_text(os.path.join(run_dir, CLASSES_FILE), json.dumps({"classes": list(names)}, indent=1))
+    atomic_write_text(os.path.join(run_dir, CLASS_MAP_FILE), class_map_text(names))
 
 
 def load_class_names(run_dir):
