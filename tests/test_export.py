@@ -180,14 +180,15 @@ def test_weights_file_with_model_and_head_flags(tmp_path):
 
 
 @pytest.mark.parametrize("fmt", export.FILE_FORMATS)
-@pytest.mark.parametrize("mapping", ["softmax", "sparsemax"])
+@pytest.mark.parametrize("mapping", ["softmax", "sparsemax", "ksubset"])
 def test_hopfield_pooling_exports(tmp_path, fmt, mapping):
-    run, model = make_run(tmp_path, "entmax15", model={"pool": "hopfield", "pool_mapping": mapping})
+    pool_k = {"pool_k": 5} if mapping == "ksubset" else {}
+    run, model = make_run(tmp_path, "entmax15", model={"pool": "hopfield", "pool_mapping": mapping, **pool_k})
     run_export(run, fmt, "--head-probabilities")
     x = batch(6)
     with torch.no_grad():
         want = model.output_head(model(x))
-        if mapping == "sparsemax":  # the pooling really is sparse for these weights
+        if mapping != "softmax":  # the pooling really is sparse for these weights
             assert (model.pooling_weights(x) == 0).any()
     diff = (run_exported(run / ("model" + export.SUFFIX[fmt]), fmt, x) - want).abs().max().item()
     print(f"export parity hopfield-{mapping} {fmt}: max abs diff {diff:.2e}")
