@@ -23,6 +23,8 @@ still load: the loader reads it as data.image_size (a one-line error when both a
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass, make_dataclass
 from typing import Optional, Tuple, get_type_hints
 
+from common.intervals import parse_interval
+from common.search_space import parse_search
 from data.names import BACKENDS
 from data.registry import dataset_names, describe_datasets
 from data.transforms import INTERPOLATIONS, TRAIN_CROPS
@@ -298,11 +300,18 @@ def _metadata_table(name):
     return {key: f.metadata[name] for key, (f, _) in schema_fields().items() if name in f.metadata}
 
 
-# Numeric intervals checked at load time, e.g. {"optim.lr": "(0, inf)"}.
+# Numeric intervals checked at load time, e.g. {"optim.lr": "(0, inf)"} (common/intervals.py reads
+# them; a text that is no interval fails here, at import).
 RANGES = _metadata_table("range")
+for _interval in RANGES.values():
+    parse_interval(_interval)
 # compare_heads --tune's search ranges of schema keys (common/search_space.py), e.g. {"optim.lr": "log [1e-4, 0.1]"};
 # the heads' own are declared in models/registry.py.
 SEARCH = _metadata_table("search")
+for _key, _search in SEARCH.items():  # a search range inside the key's own range
+    _ends = parse_search(_search)
+    if _ends.low not in parse_interval(RANGES[_key]) or _ends.high not in parse_interval(RANGES[_key]):
+        raise ValueError(f"{_key}: search range {_search!r} reaches outside its range {RANGES[_key]!r}")
 # Closed vocabularies checked at load time, e.g. {"model.norm": NORMS}.
 CHOICES = _metadata_table("choices")
 # What a resume may do with each key: FREE, FROZEN, OPTIMIZER, or None (with --resume-with-changes).

@@ -3,7 +3,8 @@
 A model's output j means the class its training data called j. Evaluating it on a folder whose
 class folders differ (but count the same) maps labels silently, so a run stores its class names
 (RUN_DIR/classes.json, written by training) and evaluation compares them with the dataset's:
-a mismatch is one line naming the first differences and `--allow-class-mismatch`.
+a mismatch is one line naming the first differences and `--allow-class-mismatch`. Beside it,
+RUN_DIR/class_map.txt holds the same list in timm's class_map format, for timm's own scripts.
 
 Names come from each dataset's declaration (data/registry.py): ImageFolder -> the sorted train/
 folder names; CIFAR-10/100 -> the archives' label names; builtin10/100 -> the shape names
@@ -20,6 +21,7 @@ from common.io import atomic_write_text
 from .registry import dataset_spec
 
 CLASSES_FILE = rundir.CLASSES
+CLASS_MAP_FILE = rundir.CLASS_MAP
 ALLOW_FLAG = "--allow-class-mismatch"
 
 
@@ -28,9 +30,16 @@ def class_names(data_cfg):
     return list(dataset_spec(data_cfg.dataset).classes(data_cfg))
 
 
+def class_map_text(names):
+    """timm's class_map text format: line j is the name of label j (timm strips each line, so its
+    `class_map=` argument gives folders this project's label order, numeric folders included)."""
+    return "".join(f"{name}\n" for name in names)
+
+
 def save_class_names(run_dir, names):
-    """Write RUN_DIR/classes.json ({"classes": [...]}) atomically."""
+    """Write RUN_DIR/classes.json ({"classes": [...]}) and RUN_DIR/class_map.txt atomically."""
     atomic_write_text(os.path.join(run_dir, CLASSES_FILE), json.dumps({"classes": list(names)}, indent=1))
+    atomic_write_text(os.path.join(run_dir, CLASS_MAP_FILE), class_map_text(names))
 
 
 def load_class_names(run_dir):

@@ -25,13 +25,14 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 from common.errors import UserError
+from common.intervals import RangeCheck
 from common.search_space import parse_search
 
 from .am_softmax import am_softmax_loss, check_margin, check_scale
 from .losses import entmax15_loss, entmax_bisect_loss, softmax_loss, sparsemax_loss
 from .mapping_table import MAPPINGS, entmax_bisect_steps
 from .mappings import ALPHA_OF, softmax
-from .normmax import check_gamma, normmax, normmax_loss
+from .normmax import check_gamma_value, normmax, normmax_loss
 from .perturbmax import NOISES, check_noise, check_samples, check_sigma, perturbmax, perturbmax_loss
 from .taylor_softmax import check_order, taylor_softmax, taylor_softmax_loss
 from .topk_softmax import check_k, topk_softmax, topk_softmax_loss
@@ -40,9 +41,11 @@ from .topk_softmax import check_k, topk_softmax, topk_softmax_loss
 @dataclass(frozen=True)
 class HParam:
     """One hyperparameter: config key head.<name>. `check` returns the normalised value or raises
-    a one-line UserError naming head.<name>. `only_for_head`: setting it away from its default
-    with another head is an error (a changed setting is never silently ignored). `search`: the range
-compare_heads --tune samples it from (None: not tuned; it must lie inside `range`)."""
+    a one-line UserError naming head.<name>; a number's check is its module's
+    common.intervals.RangeCheck, and `range` (the --help-config text) is that check's `.range`.
+    `only_for_head`: setting it away from its default with another head is an error (a changed
+    setting is never silently ignored). `search`: the range compare_heads --tune samples it from
+    (common/search_space.py; None: not tuned), inside `range`."""
 
     name: str
     type: type
@@ -107,13 +110,17 @@ def _validate(spec: HeadSpec) -> None:
 def _validate_hparam(spec_name: str, hp: HParam) -> None:
     if not isinstance(hp, HParam) or not callable(hp.check) or not hp.range or not hp.doc:
         _fail(spec_name, f"hyperparameter {getattr(hp, 'name', hp)!r} needs a type, default, range, check and doc")
+    if isinstance(hp.check, RangeCheck) and hp.range != hp.check.range:
+        _fail(spec_name, f"head.{hp.name} shows range {hp.range!r} but its check enforces {hp.check.range!r}")
     if hp.check(hp.default) != hp.default:
         _fail(spec_name, f"the default of head.{hp.name} does not pass its own check")
-    if hp.search is not None:
+    if hp.search is not None:  # a search range inside what the check accepts
         try:
-            parse_search(hp.search)
-        except ValueError as err:
-            _fail(spec_name, f"head.{hp.name}: {err}")
+            rng = parse_search(hp.search)
+            for end in (rng.low, rng.high):
+                hp.check(int(end) if rng.integer else end)
+        except (ValueError, UserError) as err:
+            _fail(spec_name, f"head.{hp.name}: search range {hp.search!r}: {err}")
     other = HPARAMS.get(hp.name)
     if other is not None and (other.default, other.type) != (hp.default, hp.type):
         _fail(spec_name, f"head.{hp.name} is declared by another head with another default or type")
@@ -165,15 +172,7 @@ def defaults() -> dict:
 
 
 # ------------------------------------------------------------------------------- the heads' checks
-def check_alpha(alpha) -> float:
-    try:
-        alpha = float(alpha)
-    except (TypeError, ValueError):
-        raise UserError(f"head.alpha must be a number, got {alpha!r}") from None
-    if not 1.0 <= alpha <= 2.0:
-        raise UserError(f"head.alpha: entmax_bisect alpha must be in [1, 2] (1 = softmax, 2 = sparsemax), "
-                        f"got {alpha}")
-    return alpha
+check_alpha = RangeCheck("head.alpha", float, "[1, 2]", "1 = softmax, 2 = sparsemax")
 
 
 def check_flag(key: str):
@@ -200,22 +199,21 @@ def _check_k_classes(settings: dict, num_classes: int) -> None:
 
 
 # ------------------------------------------------------------------------------- the declarations
-ALPHA = HParam("alpha", float, 1.5, "[1, 2]", check_alpha,
+ALPHA = HParam("alpha", float, 1.5, check_alpha.range, check_alpha,
                "entmax_bisect only: in [1, 2], strictly inside when learned", search="[1.05, 2]")
 LEARN_ALPHA = HParam("learn_alpha", bool, False, "true | false", check_flag("learn_alpha"),
                      "entmax_bisect only: alpha = 1 + sigmoid(alpha_logit) is trained", only_for_head=True)
-GAMMA = HParam("gamma", float, 2.0, "(1, inf)", check_gamma, "normmax only: gamma > 1 (Santos et al. 2024 use 2)",
-               search="log [1.1, 8]")
+GAMMA = HParam("gamma", float, 2.0, check_gamma_value.range, check_gamma_value,
+               "normmax only: gamma > 1 (Santos et al. 2024 use 2)", search="log [1.1, 8]")
 K = HParam("k", int, 5, "[1, num_classes]", check_k,
            "sparse_softmax only: classes kept, 1 <= k <= num_classes (5: the top-5 metric)",
            search="int log [2, 20]")  # capped at the class count when tuned
-ORDER = HParam("order", int, 2, "even, >= 2", check_order, "taylor_softmax only: even order >= 2 (2: 1 + x + x^2/2)",
+ORDER = HParam("order", int, 2, check_order.range, check_order, "taylor_softmax only: even order >= 2 (2: 1 + x + x^2/2)",
                search="int [2, 6] step 2")
-SCALE = HParam("scale", float, 30.0, "(0, inf)", check_scale,
+SCALE = HParam("scale", float, 30.0, check_scale.range, check_scale,
                "am_softmax only: s > 0, logits = s * cos (Wang et al. 2018 use 30)", search="log [4, 64]")
-MARGIN = HParam("margin", float, 0.35, "[0, inf)", check_margin,
-                "am_softmax only: m >= 0 subtracted from the true cosine in training (paper: 0.35)",
-                search="[0, 0.5]")
+MARGIN = HParam("margin", float, 0.35, check_margin.range, check_margin,
+                "am_softmax only: m >= 0 subtracted from the true cosine in training (paper: 0.35)")
 
 register(HeadSpec(
     "softmax", MAPPINGS["softmax"].apply, lambda z, t, s, training, **kw: softmax_loss(z, t, **kw),
@@ -257,10 +255,10 @@ register(HeadSpec(
     (SCALE, MARGIN), None, sparse=False, conformal_support=False, cosine_classifier=True,
     doc="additive-margin softmax on a cosine classifier (Wang et al. 2018)"))
 
-SIGMA = HParam("sigma", float, 1.0, "(0, inf)", check_sigma,
+SIGMA = HParam("sigma", float, 1.0, check_sigma.range, check_sigma,
                "perturbmax only: noise scale sigma > 0 (Gumbel, sigma = 1: softmax in expectation)",
                search="log [0.1, 3]")
-SAMPLES = HParam("samples", int, 16, "[1, inf)", check_samples, "perturbmax only: Monte-Carlo draws per row")
+SAMPLES = HParam("samples", int, 16, check_samples.range, check_samples, "perturbmax only: Monte-Carlo draws per row")
 NOISE = HParam("noise", str, "gumbel", " | ".join(NOISES), check_noise, "perturbmax only: noise distribution")
 
 
