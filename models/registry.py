@@ -213,7 +213,8 @@ ORDER = HParam("order", int, 2, check_order.range, check_order, "taylor_softmax 
 SCALE = HParam("scale", float, 30.0, check_scale.range, check_scale,
                "am_softmax only: s > 0, logits = s * cos (Wang et al. 2018 use 30)", search="log [4, 64]")
 MARGIN = HParam("margin", float, 0.35, check_margin.range, check_margin,
-                "am_softmax only: m >= 0 subtracted from the true cosine in training (paper: 0.35)")
+                "am_softmax only: m >= 0 subtracted from the true cosine in training (paper: 0.35)",
+                search="[0, 0.5]")
 
 register(HeadSpec(
     "softmax", MAPPINGS["softmax"].apply, lambda z, t, s, training, **kw: softmax_loss(z, t, **kw),
