@@ -21,7 +21,8 @@ def single_process_warning(num_processes, env=None):
         return None
     return ("warning: accelerate launch was asked for several processes but started one (each epoch runs all "
             "its steps here); on a CPU machine or a single GPU add --multi_gpu: accelerate launch --multi_gpu "
-            "--num_processes N train.py ...")
+            "--num_processes N train.py ... (python -m accelerate.commands.launch ... where the accelerate command is "
+            "not on PATH, e.g. under pyenv before `pyenv rehash`)")
 
 
 def precision_line(configured, used, env=None):

@@ -5,6 +5,7 @@ import json
 import math
 import os
 import subprocess
+import sys
 
 import pytest
 from PIL import Image
@@ -205,7 +206,7 @@ def test_two_processes_give_the_rows_of_one(tmp_path, val_images, predictions):
     from test_eval import _free_port
 
     out = tmp_path / "two.jsonl"
-    cmd = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
            "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
            PREDICT, "--checkpoint", tiny_run_dir("sparsemax"), "--images", val_images[0], "--output", str(out),
            "--topk", "10", "--batch-size", "16"]
