@@ -40,7 +40,10 @@ import os
 import sys
 import time
 
-import torch
+from common.startup import say_loading
+
+say_loading("eval.py")  # before the imports' seconds, so the command does not look hung
+import torch  # noqa: E402
 from accelerate import Accelerator
 
 import configs
@@ -395,6 +398,7 @@ def main(argv=None):
         "wall_seconds": time.perf_counter() - t0,
     }
     result["skipped_images"] = skipped
+    result["learn_alpha"] = head.learn_alpha  # its alpha is where training moved it (report tables show it)
     if skipped and not preds.totals["n"]:
         print(f"warning: every image of the {args.split} split ({skipped}) was undecodable and skipped "
               f"(data.skip_corrupt): no image was evaluated, the metrics are null", file=sys.stderr)
