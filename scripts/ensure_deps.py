@@ -28,11 +28,9 @@ from engine.cli import run_cli  # noqa: E402
 # Where to go instead of this Python (make's default, or an environment of one's own).
 FIX = ("run make without PYTHON= (it makes and uses the project's .venv), or point PYTHON= at a virtual or "
        "conda environment of your own")
-# Packages a user is told about before they arrive: roughly what pip puts on disk, per platform.
-LARGE = {"torch": ("~5 GB with its CUDA libraries (for a CPU-only machine, PyTorch's CPU wheels are ~1 GB: "
-                   "see the README's Install section)") if (sys.platform.startswith("linux")
-                                                          and platform.machine() == "x86_64") else "~1 GB",
-         "nvidia-dali-cuda130": "~0.5 GB", "onnxruntime": "~0.1 GB", "matplotlib": "~0.1 GB"}
+# Packages a user is told about before they arrive: roughly what pip puts on disk, in GB.
+LARGE_GB = {"torch": 5.5 if sys.platform.startswith("linux") and platform.machine() == "x86_64" else 1,
+            "nvidia-dali-cuda130": 0.5, "onnxruntime": 0.1, "matplotlib": 0.1}
 KEPT = ("torch", "torchvision")  # pinned at their installed versions when pip installs anything
 
 
@@ -92,15 +90,24 @@ def installed(name):
         return None
 
 
-def install_line(todo):
-    """'installing into PYTHON: torch (~5 GB ...), timm, ...': what, where, roughly how much."""
-    def name(text):
-        return _requirement_type()(text).name
+def kept(todo):
+    """{name: version} of the KEPT packages installed at a version the requirements accept."""
+    Requirement = _requirement_type()
+    names = {Requirement(t).name for t in todo}
+    return {k: installed(k) for k in KEPT if installed(k) and k not in names}
 
-    parts = [f"{t} ({LARGE[name(t)]})" if name(t) in LARGE else t for t in todo]
-    kept = [f"{k} {installed(k)}" for k in KEPT if installed(k)]
-    return (f"installing missing requirements into {sys.executable}: {', '.join(parts)}"
-            + (f"; keeping the installed {', '.join(kept)}" if kept else ""))
+
+def install_line(todo):
+    """One line: what goes into which Python, and roughly how much (torch, the big one, named)."""
+    Requirement = _requirement_type()
+    names = [Requirement(t).name for t in todo]
+    size = sum(LARGE_GB.get(n, 0.02) for n in names)
+    line = f"installing {len(names)} missing requirement(s) into {sys.executable}, roughly {size:.1f} GB"
+    if "torch" in names and LARGE_GB["torch"] > 1:
+        line += (" (torch with its CUDA libraries is ~5.5 GB; on a machine without a GPU install PyTorch's "
+                 "CPU-only wheels first, see the README's Install section)")
+    keep = ", ".join(f"{k} {v}" for k, v in kept(todo).items())
+    return line + f": {' '.join(names)}" + (f"; keeping the installed {keep}" if keep else "")
 
 
 def main(argv=None):
@@ -119,7 +126,7 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as tmp:
         pins = os.path.join(tmp, "keep.txt")  # a user's torch (e.g. a CUDA build) stays as it is
         with open(pins, "w") as f:
-            f.write("".join(f"{k}=={installed(k)}\n" for k in KEPT if installed(k)))
+            f.write("".join(f"{k}=={v}\n" for k, v in kept(todo).items()))
         cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-c", pins]
         for p in paths:
             cmd += ["-r", p]
