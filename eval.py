@@ -56,6 +56,7 @@ from common.seeding import mix_seed
 from common.weights import load_into, read_state_dict
 from configs.loader import apply_overrides, config_to_dict
 from data.classes import check_class_names, load_class_names
+from data.transforms import eval_transform
 from engine import checkpoint as ck
 from engine import resume_policy as rp
 from engine.cli import run_cli
@@ -213,7 +214,7 @@ def resolve_checkpoint_dir(args, ckpt):
 
 def build_model(cfg, weights, num_classes):
     state_dict = read_state_dict(weights)
-    if data.features.is_features(cfg.data):  # a linear probe on cached features
+    if data.is_features(cfg.data):  # a linear probe on cached features
         model = build_eval_probe(cfg, num_classes)
         load_into(model, state_dict, weights)
         return model.eval()
@@ -225,6 +226,8 @@ def build_model(cfg, weights, num_classes):
     model = models.create_classifier(cfg.model, cfg.head, num_classes)
     # this project's, timm's or FB's format; UserError naming the first mismatched key
     load_into(model, convert_state_dict(state_dict, model), weights)
+    # timm reads a model's data config from pretrained_cfg: the run's eval transform, not the variant's
+    model.pretrained_cfg = model.default_cfg = {**model.pretrained_cfg, **eval_transform(cfg.data).timm_config()}
     return model.eval()
 
 
@@ -247,11 +250,9 @@ def ood_data_config(cfg, args):
         if args.ood_root:
             raise UserError("--ood-root needs --ood-dataset NAME")
         return None
-    if data.features.is_features(cfg.data):
+    if data.is_features(cfg.data):
         return feature_ood_config(cfg, args)
     name = ood_report.resolve_ood_dataset(args.ood_dataset, cfg.data.dataset)
-    if name not in data.DATASET_NAMES:
-        raise UserError(f"unknown --ood-dataset '{name}'; valid: auto, {', '.join(data.DATASET_NAMES)}")
     ood = copy.deepcopy(cfg.data)
     ood.dataset = name
     if args.ood_root:
@@ -282,7 +283,7 @@ def ood_results(head, ood_cfg, ood_dataset, preds, evaluate_split):
     with torch.no_grad():
         probs_in, probs_out = head(preds.logits).float(), head(ood_preds.logits).float()
     result = ood_report.run_summary(probs_in, probs_out, head.name, ood_cfg.dataset)
-    result["root"] = None if ood_cfg.dataset.startswith("builtin") else ood_cfg.root  # built-in: no files
+    result["root"] = ood_cfg.root if data.dataset_spec(ood_cfg.dataset).files else None  # generated: no files
     return result
 
 

@@ -30,6 +30,7 @@ from common import rundir
 from common.io import atomic_write_text
 from common.errors import UserError
 
+from models.hopfield_pool import check_pool_k
 from models.registry import HPARAMS, check_settings
 
 from .finetune_checks import check_finetune_settings
@@ -416,9 +417,12 @@ def _check(cfg):
     check_head_settings(cfg.head)
     check_finetune_settings(cfg)
     model = cfg.model
-    if model.pool != "hopfield" and (model.pool_mapping != "softmax" or model.pool_beta is not None):
-        raise UserError(f"model.pool_mapping / model.pool_beta set the hopfield pooling, but model.pool is "
-                        f"'{model.pool}'; set model.pool=hopfield or drop them")
+    if model.pool != "hopfield" and (model.pool_mapping != "softmax" or model.pool_beta is not None
+                                     or model.pool_k is not None):
+        raise UserError(f"model.pool_mapping / model.pool_beta / model.pool_k set the hopfield pooling, but "
+                        f"model.pool is '{model.pool}'; set model.pool=hopfield or drop them")
+    if model.pool == "hopfield":
+        check_pool_k(model.pool_mapping, model.pool_k)
     return cfg
 
 

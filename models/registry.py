@@ -24,13 +24,12 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple, Union
 
-import torch
-
 from common.errors import UserError
 
 from .am_softmax import am_softmax_loss, check_margin, check_scale
 from .losses import entmax15_loss, entmax_bisect_loss, softmax_loss, sparsemax_loss
-from .mappings import ALPHA_OF, default_n_iter, entmax15, entmax_bisect, softmax, sparsemax
+from .mapping_table import MAPPINGS, entmax_bisect_steps
+from .mappings import ALPHA_OF, softmax
 from .normmax import check_gamma, normmax, normmax_loss
 from .perturbmax import NOISES, check_noise, check_samples, check_sigma, perturbmax, perturbmax_loss
 from .taylor_softmax import check_order, taylor_softmax, taylor_softmax_loss
@@ -207,30 +206,20 @@ MARGIN = HParam("margin", float, 0.35, "[0, inf)", check_margin,
                 "am_softmax only: m >= 0 subtracted from the true cosine in training (paper: 0.35)")
 
 register(HeadSpec(
-    "softmax", lambda z, dim, s: softmax(z, dim), lambda z, t, s, training, **kw: softmax_loss(z, t, **kw),
+    "softmax", MAPPINGS["softmax"].apply, lambda z, t, s, training, **kw: softmax_loss(z, t, **kw),
     (), ALPHA_OF["softmax"], sparse=False, conformal_support=False, cosine_classifier=False,
     doc="softmax and cross-entropy (the baseline)"))
 register(HeadSpec(
-    "sparsemax", lambda z, dim, s: sparsemax(z, dim), lambda z, t, s, training, **kw: sparsemax_loss(z, t, **kw),
+    "sparsemax", MAPPINGS["sparsemax"].apply, lambda z, t, s, training, **kw: sparsemax_loss(z, t, **kw),
     (), ALPHA_OF["sparsemax"], sparse=True, conformal_support=True, cosine_classifier=False,
     doc="sparsemax and its Fenchel-Young loss (Martins & Astudillo 2016)"))
 register(HeadSpec(
-    "entmax15", lambda z, dim, s: entmax15(z, dim), lambda z, t, s, training, **kw: entmax15_loss(z, t, **kw),
+    "entmax15", MAPPINGS["entmax15"].apply, lambda z, t, s, training, **kw: entmax15_loss(z, t, **kw),
     (), ALPHA_OF["entmax15"], sparse=True, conformal_support=True, cosine_classifier=False,
     doc="1.5-entmax and its Fenchel-Young loss (Peters et al. 2019)"))
-def _entmax_bisect_steps(z, settings):
-    """Bisection steps for alpha-entmax: a learned alpha is a tensor in (1, 2) by construction
-    (1 + sigmoid), so beta > 1 and the short count suffices; the device path cannot read a tensor
-    alpha to know that and would otherwise take the long count meant for alpha > 2. None: the
-    mapping's own choice (a float alpha, read on the host)."""
-    if not settings.get("learn_alpha"):
-        return None
-    return default_n_iter(torch.float64 if z.dtype == torch.float64 else torch.float32, beta=1.0)
-
-
 register(HeadSpec(
-    "entmax_bisect", lambda z, dim, s: entmax_bisect(z, s["alpha"], dim, n_iter=_entmax_bisect_steps(z, s)),
-    lambda z, t, s, training, **kw: entmax_bisect_loss(z, t, alpha=s["alpha"], n_iter=_entmax_bisect_steps(z, s),
+    "entmax_bisect", MAPPINGS["entmax_bisect"].apply,
+    lambda z, t, s, training, **kw: entmax_bisect_loss(z, t, alpha=s["alpha"], n_iter=entmax_bisect_steps(z, s),
                                                        **kw),
     (ALPHA, LEARN_ALPHA), "alpha", sparse=True, conformal_support=True, cosine_classifier=False,
     doc="alpha-entmax, alpha fixed or learned (Correia et al. 2019)", check_settings=_learned_alpha_inside))

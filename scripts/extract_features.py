@@ -259,10 +259,7 @@ def ood_config(cfg, args):
         if args.ood_root:
             raise UserError("--ood-root needs --ood NAME")
         return None
-    name = ood_report.resolve_ood_dataset(args.ood, cfg.data.dataset)
-    if name not in data.DATASET_NAMES or name == "features":
-        raise UserError(f"unknown --ood '{name}'; valid: auto, "
-                        f"{', '.join(n for n in data.DATASET_NAMES if n != 'features')}")
+    name = ood_report.resolve_ood_dataset(args.ood, cfg.data.dataset, flag="--ood")
     ood = copy.deepcopy(cfg)
     ood.data.dataset = name
     if args.ood_root:
@@ -277,7 +274,7 @@ def main(argv=None):
 
     args = parse_args(argv)
     cfg, weights, kind = eval_py.resolve(args)
-    if F.is_features(cfg.data):
+    if data.is_features(cfg.data):
         raise UserError(f"{args.checkpoint} was trained on cached features (data.dataset=features): extract from "
                         f"the run or weights of the image model")
     splits = list(dict.fromkeys(args.splits or default_splits(cfg)))
