@@ -246,7 +246,7 @@ def expected_warnings_filtered(size):
         if w not in expected:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     if expected:
-        print(EXPECTED_NOTE.format(size=size, version=torch.__version__), file=sys.stderr)
+        print(EXPECTED_NOTE.format(size=size, version=torch.__version__))  # with the "wrote" line it precedes
 
 
 def export_timm_folder(args) -> str:

@@ -114,7 +114,7 @@ def test_logits_export_and_learned_alpha(tmp_path, fmt, recwarn, capsys):
     # torch's expected tracer / deprecation warnings: one note instead, nothing alarming left
     assert not [w for w in recwarn if issubclass(w.category, (torch.jit.TracerWarning, FutureWarning))
                 or "legacy TorchScript-based ONNX" in str(w.message)]
-    assert "note: torch's tracer and deprecation warnings for this export were expected" in capsys.readouterr().err
+    assert "note: torch's tracer and deprecation warnings for this export were expected" in capsys.readouterr().out
     got = run_exported(out, fmt, x)
     assert (got - probs).abs().max().item() <= TOLERANCE and (probs == 0).any()
     meta = json.loads(out.with_name(out.name + ".json").read_text())
