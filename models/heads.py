@@ -62,6 +62,11 @@ class OutputHead(nn.Module):
         alpha = self.spec.alpha
         return torch.tensor(float("nan") if alpha is None else float(self.settings.get(alpha, alpha)))
 
+    def alpha_value(self):
+        """The entmax alpha as a float (a learned one's current value), None for a head outside the
+        entmax family: what HeadSpec.alpha says, read once here for reports and prediction sets."""
+        return None if self.spec.alpha is None else float(self.alpha.detach())
+
     def hparams(self) -> dict:
         """The selected head's own hyperparameters, e.g. {"gamma": 2.0} for normmax."""
         out = dict(self.settings)

@@ -24,7 +24,8 @@ interpolation and crop_pct also at the top level), the model and the head with i
 scripts/onnx_predict.py is a consumer that follows only the sidecar (onnxruntime, numpy, Pillow).
 class_map.txt beside OUTPUT lists the classes in timm's class_map format. The files are written
 atomically; an existing OUTPUT (or a class_map.txt of other classes) needs --overwrite. The run directory or
-weights file is read as eval.py reads it (config.yaml, classes.json, model[_ema].safetensors).
+weights file is opened as eval.py opens it (engine/trained_run.py: config.yaml, classes.json,
+model[_ema].safetensors).
 """
 import argparse
 import contextlib
@@ -43,8 +44,12 @@ import torch.nn as nn  # noqa: E402
 from common.errors import UserError  # noqa: E402
 from common.io import atomic_write, atomic_write_text, ensure_folder, write_json  # noqa: E402
 from data.classes import CLASS_MAP_FILE, class_map_text  # noqa: E402
+from data.transforms import eval_transform  # noqa: E402
 from engine.cli import run_cli  # noqa: E402
 from engine.runlock import RunLock  # noqa: E402
+from engine.trained_run import add_run_arguments, open_from_args, parse_with_overrides  # noqa: E402
+from models.mappings import threshold_path  # noqa: E402
+from models.registry import head_spec  # noqa: E402
 
 FILE_FORMATS = ("onnx", "torchscript")  # one file and its sidecar
 FORMATS = FILE_FORMATS + ("timm",)  # timm: a folder (scripts/export_timm.py)
@@ -95,7 +100,7 @@ def autograd_functions_inlined():
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n")[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint", metavar="RUN_DIR|WEIGHTS", help="train.py run directory or a weights file")
+    add_run_arguments(p, positional=True)
     p.add_argument("--format", required=True, help=f"one of: {', '.join(FORMATS)}")
     p.add_argument("--head-probabilities", action="store_true",
                    help="append the head's probability mapping (the output is probabilities, not logits)")
@@ -103,17 +108,7 @@ def parse_args(argv=None):
                                     "model.torchscript.pt in a run directory); the sidecar is OUTPUT.json; "
                                     "--format timm: a folder (default RUN_DIR/timm, or RUN_DIR/timm_ema with --ema)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUTPUT")
-    p.add_argument("--ema", action="store_true", help="export the run's EMA weights")
-    p.add_argument("--config", help="YAML config for a weights file (as eval.py --config)")
-    p.add_argument("--model", help="model name for a weights file without --config (e.g. resmlp_tiny)")
-    p.add_argument("--head", help="output head for a weights file without --config (default softmax)")
-    p.add_argument("--img-size", type=int, help="model image size for a weights file (default: the variant's)")
-    args, rest = p.parse_known_args(argv)
-    import eval as eval_cli  # the run / weights resolution eval.py uses
-
-    args.overrides = eval_cli._collect_overrides(rest, p)
-    args.dataset = args.data_root = args.batch_size = None  # (eval.resolve reads these flags too)
-    return args
+    return parse_with_overrides(p, argv, tool="python scripts/export.py")
 
 
 def check_format(fmt: str) -> str:
@@ -128,22 +123,12 @@ def default_output(checkpoint: str, fmt: str, ema: bool) -> str:
     return os.path.splitext(checkpoint)[0] + SUFFIX[fmt]
 
 
-def class_names_of(checkpoint: str, cfg):
-    """The run's classes.json, else the configured dataset's class names."""
-    import data
-    from data.classes import load_class_names
-
-    names = load_class_names(checkpoint) if os.path.isdir(checkpoint) else None
-    return names if names is not None else list(data.class_names(cfg.data))
-
-
 def load_classifier(args):
-    """(cfg, model in eval mode, class names) as eval.py would evaluate them."""
-    import eval as eval_cli
-
-    cfg, weights, _ = eval_cli.resolve(args)
-    classes = class_names_of(args.checkpoint, cfg)
-    return cfg, eval_cli.build_model(cfg, weights, len(classes)), classes
+    """(cfg, model in eval mode, class names) as eval.py would evaluate them: the run's classes.json,
+    else the configured dataset's class names."""
+    run = open_from_args(args)
+    classes = run.classes()
+    return run.cfg, run.build_model(len(classes)), classes
 
 
 def split_head(model: nn.Module):
@@ -161,8 +146,6 @@ def example_images(cfg, batch: int = 2) -> torch.Tensor:
 
 def build_exported(model: nn.Module, cfg, fmt: str, head_probabilities: bool) -> nn.Module:
     """The module to save: eager for ONNX (traced by the exporter), scripted for TorchScript."""
-    from models.mappings import threshold_path
-
     backbone, head = split_head(model)
     if fmt == "onnx":
         return ExportedClassifier(backbone, head if head_probabilities else None).eval()
@@ -181,8 +164,6 @@ def build_exported(model: nn.Module, cfg, fmt: str, head_probabilities: bool) ->
 def save_export(module: nn.Module, cfg, fmt: str, output: str, head_name: str) -> None:
     """Write `module` to `output` through the one atomic writer (common/io.py: a temp file beside it,
     then os.replace; a write failure is one line, exit 74, and leaves no temp file)."""
-    from models.mappings import threshold_path
-
     def write(path):
         if fmt == "torchscript":
             torch.jit.save(module, path)
@@ -200,8 +181,6 @@ def save_export(module: nn.Module, cfg, fmt: str, output: str, head_name: str) -
 
 
 def sidecar(cfg, model, classes, fmt: str, head_probabilities: bool, output: str) -> dict:
-    from data.transforms import eval_transform
-
     head = model.output_head
     size = cfg.model.img_size
     spec = eval_transform(cfg.data)  # the transform eval.py applies to this run's images
@@ -258,12 +237,10 @@ def export_timm_folder(args) -> str:
                         "(config.json says how to get the head's probabilities), or use --format onnx")
     folder = args.output or export_timm.default_folder(args.checkpoint, args.ema)
     export_timm.check_folder(folder, args.overwrite)
-    import eval as eval_cli
-    from models.registry import head_spec
-
-    cfg, _, _ = eval_cli.resolve(args)
-    export_timm.check_exportable(cfg, head_spec(cfg.head.name))  # before reading the weights
-    cfg, model, classes = load_classifier(args)
+    run = open_from_args(args)
+    export_timm.check_exportable(run.cfg, head_spec(run.cfg.head.name))  # before reading the weights
+    classes = run.classes()
+    cfg, model = run.cfg, run.build_model(len(classes))
     ensure_folder(folder)
     with RunLock(folder, purpose="export"):
         export_timm.write_folder(folder, cfg, model, classes)

@@ -336,17 +336,20 @@ def test_a_runs_config_yaml_after_resume_with_changes_is_a_valid_config(resumed_
 
 
 def test_eval_takes_a_checkpoint_directory_of_a_run(resumed_run, tmp_path, capsys):
-    import eval as eval_entry
     from engine import checkpoint as ck
+    from engine.trained_run import CHECKPOINT, open_run
 
     root = os.path.join(resumed_run, ck.CHECKPOINT_SUBDIR)
     steps = [s for s, _ in ck.list_checkpoints(root)]
     first = os.path.join(root, ck.checkpoint_name(min(steps)))
     last = os.path.join(root, ck.checkpoint_name(max(steps)))
-    cfg, weights, kind = eval_entry.resolve(eval_entry.parse_args(["--checkpoint", last]))
-    assert weights == os.path.join(last, rundir.WEIGHTS) and kind == "raw"
+    run = open_run(last)
+    cfg, weights, kind = run.cfg, run.weights, run.weights_kind
+    assert weights == os.path.join(last, rundir.WEIGHTS) and kind == "raw" and run.source == CHECKPOINT
+    assert run.run_dir == os.path.abspath(resumed_run)
     assert cfg == load_run_config(resumed_run)  # the last checkpoint was trained with the run's final config
-    cfg, weights, kind = eval_entry.resolve(eval_entry.parse_args(["--checkpoint", last, "--ema"]))
+    run = open_run(last, ema=True)
+    cfg, weights, kind = run.cfg, run.weights, run.weights_kind
     assert weights == os.path.join(last, rundir.EMA_WEIGHTS) and kind == "ema"
     # the final checkpoint holds the exported weights: both evaluations agree exactly
     out_run, out_ckpt = str(tmp_path / "run.json"), str(tmp_path / "ckpt.json")
@@ -358,7 +361,7 @@ def test_eval_takes_a_checkpoint_directory_of_a_run(resumed_run, tmp_path, capsy
     # an earlier checkpoint is evaluated with the config that trained it (its fingerprint), not the
     # run's later one: the first epoch ran at optim.lr 5e-3 for one epoch
     assert steps == [5, 8, 10, 15, 16]
-    cfg, _, _ = eval_entry.resolve(eval_entry.parse_args(["--checkpoint", first]))
+    cfg = open_run(first).cfg
     assert (cfg.optim.lr, cfg.optim.epochs) == (5e-3, 1)
 
 
