@@ -233,3 +233,26 @@ def test_the_small_calibration_warning_reaches_eval_the_thresholds_and_the_repor
     assert _load_json(os.path.join(tiny_run_dir(), "conformal.json"))["warning"] == result["warning"]
     report = open(os.path.join(root, "report", "report.md")).read()
     assert "- Note: prediction sets calibrated on only 64 samples" in report
+
+
+def test_the_readmes_python_snippet_gives_predict_pys_top_classes(tmp_path, predictions):
+    """The README's Python inference example, as written (its two paths swapped for a tiny run and a
+    grey image of an odd size), prints the non-zero classes predict.py ranks first."""
+    text = open(os.path.join(ROOT, "README.md")).read()
+    start = text.index("```python", text.index("The same from Python"))
+    code = text[start + len("```python"):text.index("```", start + 3)]
+    assert len(code.strip().splitlines()) <= 6
+    image = tmp_path / "grey.png"
+    Image.new("L", (45, 29), 90).save(image)
+    run = tiny_run_dir("sparsemax")
+    code = code.replace('"runs/quickstart"', repr(run)).replace('"photo.png"', repr(str(image)))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    printed = eval(proc.stdout)  # [(probability, class)], best first
+    out = tmp_path / "p.jsonl"
+    status, err = _predict(["--checkpoint", run, "--images", str(image), "--output", str(out), "--topk", "5"])
+    assert status == 0, err
+    row = json.loads(out.read_text())
+    assert {c: p for p, c in printed} == pytest.approx({t["class"]: t["prob"] for t in row["topk"]}, abs=1e-4)
+    assert all(p > 0 for p, _ in printed)
