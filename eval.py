@@ -132,6 +132,8 @@ def ood_results(head, ood_cfg, ood_dataset, preds, evaluate_split):
         probs_in, probs_out = head(preds.logits).float(), head(ood_preds.logits).float()
     result = ood_report.run_summary(probs_in, probs_out, head.name, ood_cfg.dataset)
     result["root"] = ood_cfg.root if data.dataset_spec(ood_cfg.dataset).files else None  # generated: no files
+    if data.is_features(ood_cfg):  # name the images the OOD features came from, not just "features"
+        result["source"] = data.features.read_meta(ood_cfg.root).get("dataset")
     return result
 
 

@@ -183,8 +183,8 @@ def _plot_inputs(variants):
                 for pt in run["result"]["prediction_sets"]["methods"][method]["curve"]:
                     per_eps.setdefault(pt["eps"], []).append((pt["mean_set_size"], pt["coverage"]))
             cov_curves[(variant, method)] = [
-                (statistics.fmean(s for s, _ in pts), statistics.fmean(c for _, c in pts))
-                for pts in per_eps.values()]
+                (statistics.fmean(s for s, _ in pts), statistics.fmean(c for _, c in pts), eps)
+                for eps, pts in per_eps.items()]
         if is_sparse(runs[0]["result"]["head"]):  # a support worth plotting: exact zeros
             points[variant] = (statistics.fmean(r["result"]["support_mean"] for r in runs),
                                statistics.fmean(r["result"]["support_coverage"] for r in runs))
@@ -403,7 +403,7 @@ def ood_section(variants):
         oods = [r["result"]["ood"] for r in runs if r["result"].get("ood")]
         if not oods:
             continue
-        names.update(o["dataset"] for o in oods)
+        names.update(f"{o['source']} (cached features)" if o.get("source") else o["dataset"] for o in oods)
         hists[variant] = ood_report.pooled_histograms(oods)
         for score in oods[0]["scores"]:
             rows.append([variant, ood_report.SCORE_LABELS.get(score, score),
