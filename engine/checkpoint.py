@@ -2,14 +2,12 @@
 
 Layout of one checkpoint directory (names: common/rundir.py):
     model.safetensors       raw weights (unwrapped state dict, incl. output_head)
-    model_ema.safetensors   EMA weights (when train.ema; ema.safetensors in older checkpoints, still read)
+    model_ema.safetensors   EMA weights (when train.ema)
     optimizer.pt            optimizer state dict   (torch.save; loaded with weights_only=True)
     scheduler.pt            timm scheduler state dict
     scaler.pt               fp16 grad-scaler state (fp16 only)
-    trainer_state.json      step/epoch counters, loader position, best metric, the whole resolved
-                            config (`config`, engine/resume_policy.py), the epoch's partial loss sums
-                            (`epoch_loss`), `loss_finite` (False when an update was skipped for a
-                            non-finite loss since the previous save)
+    trainer_state.json      the versioned TrainerState (engine/trainer_state.py: counters, position
+                            in the epoch, the whole resolved config, `loss_finite`)
     rng_<rank>.json         every rank's Python/numpy/torch RNG states
     COMPLETE.json           written last: {"step", "files": {name: size}, "sha256": {name: hex}};
                             a directory without it is not a checkpoint
@@ -63,11 +61,11 @@ from common.removal import removal_blockers, remove
 from common.weights import first_line, read_torch, save_safetensors, safetensors_writer, tensors_nbytes
 
 from .runlock import held_by_this_process
+from .trainer_state import TrainerState, read_quietly
 
 CHECKPOINT_SUBDIR = rundir.CHECKPOINTS
 MARKER = rundir.MARKER
 STATE_FILE = rundir.TRAINER_STATE
-LOSS_FINITE_KEY = "loss_finite"  # trainer_state key: False marks a checkpoint saved after a non-finite loss
 checkpoint_name = rundir.checkpoint_name
 _NAME = re.compile(r"^step_(\d+)$")
 _HASH_CHUNK = 1 << 20
@@ -177,7 +175,10 @@ def write_rank_files(tmp, rank, rng_state):
 
 
 def write_main_files(tmp, *, model_state, ema_state, optimizer_state, scheduler_state, scaler_state, trainer_state):
-    """Main process: weights, optimizer/scheduler/scaler, counters."""
+    """Main process: weights, optimizer/scheduler/scaler, the TrainerState."""
+    if not isinstance(trainer_state, TrainerState):
+        raise TypeError(f"trainer_state must be an engine.trainer_state.TrainerState, got {type(trainer_state).__name__}")
+    record = trainer_state.to_dict()
     payloads = [(rundir.WEIGHTS, safetensors_writer(model_state), model_state)]
     if ema_state is not None:
         payloads.append((rundir.EMA_WEIGHTS, safetensors_writer(ema_state), ema_state))
@@ -185,7 +186,7 @@ def write_main_files(tmp, *, model_state, ema_state, optimizer_state, scheduler_
                       (rundir.SCALER, scaler_state)):
         if obj is not None:
             payloads.append((name, _torch_writer(obj), obj))
-    payloads.append((STATE_FILE, _json_writer(trainer_state), trainer_state))
+    payloads.append((STATE_FILE, _json_writer(record), record))
     _write_checkpoint_files(tmp, payloads)
 
 
@@ -224,12 +225,9 @@ def commit_save(root, step):
     return final
 
 
-def read_state_quietly(path):
-    try:
-        with open(os.path.join(path, STATE_FILE)) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return {}
+def _saved_after_nonfinite_loss(path):
+    state = read_quietly(path)
+    return state is not None and not state.loss_finite
 
 
 def prune(root, keep_last, keep_steps=(), protect_last_finite=True, warn=print):
@@ -242,7 +240,7 @@ def prune(root, keep_last, keep_steps=(), protect_last_finite=True, warn=print):
     keep = set(valid[-keep_last:]) | {s for s in keep_steps if s is not None}
     if protect_last_finite:
         paths = dict(found)
-        finite = [s for s in valid if read_state_quietly(paths[s]).get(LOSS_FINITE_KEY, True) is not False]
+        finite = [s for s in valid if not _saved_after_nonfinite_loss(paths[s])]
         if finite:
             keep.add(finite[-1])
     newest = valid[-1] if valid else -1
@@ -403,7 +401,7 @@ def newest_verified_checkpoint(run_dir, require_finite_loss=True):
     for _, path in reversed(list_checkpoints(os.path.join(run_dir, CHECKPOINT_SUBDIR))):
         if validation_error(path) is not None:
             continue
-        if require_finite_loss and read_state_quietly(path).get(LOSS_FINITE_KEY, True) is False:
+        if require_finite_loss and _saved_after_nonfinite_loss(path):
             continue
         return path
     return None
@@ -456,14 +454,6 @@ def resolve_resume(resume, run_dir, warn=print):
 
 
 # ----------------------------------------------------------------------------- loading
-def read_trainer_state(path):
-    try:
-        with open(os.path.join(path, STATE_FILE)) as f:
-            return json.load(f)
-    except (OSError, ValueError) as err:
-        raise UserError(f"checkpoint {path}: cannot read {STATE_FILE} ({err})") from None
-
-
 def load_torch(path):
     """A checkpoint's torch file (weights_only=True), None when the checkpoint has none."""
     return read_torch(path) if os.path.isfile(path) else None

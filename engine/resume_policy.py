@@ -24,8 +24,8 @@ derived from it:
   to the history file at the next save), and the config loader ignores it.
 
 Keys present on only one side (added to the schema after the checkpoint was written) are not
-compared: the checkpoint cannot say what it used. Checkpoints written before this fingerprint
-(trainer_state has only the short `fingerprint` dict) are compared on what they recorded.
+compared: the checkpoint cannot say what it used. The fingerprint is TrainerState.config
+(engine/trainer_state.py).
 """
 import datetime
 import os
@@ -95,18 +95,6 @@ def resume_fingerprint(cfg, *, num_classes, global_batch):
     return flat
 
 
-def saved_fingerprint(trainer_state):
-    """The fingerprint recorded in a checkpoint's trainer_state (legacy short form mapped)."""
-    if isinstance(trainer_state.get("config"), dict):
-        return dict(trainer_state["config"])
-    legacy = dict(trainer_state.get("fingerprint", {}))
-    if "num_classes" in legacy:
-        legacy["run.num_classes"] = legacy.pop("num_classes")
-    if trainer_state.get("global_batch") is not None:
-        legacy["run.global_batch"] = trainer_state["global_batch"]
-    return legacy
-
-
 def fingerprint_config(flat):
     """The nested config dict a fingerprint was flattened from (its derived values left out), e.g.
     to evaluate a checkpoint with exactly the settings that trained it."""
@@ -133,29 +121,12 @@ def config_changes(saved, current, allowlist=RESUME_ALLOWLIST):
     return changes
 
 
-def saved_epoch_partial(trainer_state):
-    """The checkpoint's partial epoch as [sum over its updates of the update's loss (mean over
-    ranks), number of updates]: world-independent. Checkpoints written before `epoch_partial` saved
-    the sums over ranks (`epoch_loss`, each update counted once per rank): divided by their world size."""
-    partial = trainer_state.get("epoch_partial")
-    if partial is not None:
-        return [float(partial["loss_sum"]), float(partial["updates"])]
-    legacy = trainer_state.get("epoch_loss")
-    if legacy is None:
-        return [0.0, 0.0]
-    world = int(trainer_state.get("world_size") or 1)
-    return [float(legacy[0]) / world, float(legacy[1]) / world]
-
-
-def updates_in_epoch(trainer_state, global_batch):
-    """Optimizer updates of the checkpoint's epoch done, counted in updates of `global_batch` samples
-    (the resuming launch's): the same number when the global batch is unchanged, whatever the number
-    of processes or grad_accum; UserError when a changed global batch does not divide the samples done."""
-    done = trainer_state.get("updates_in_epoch")
-    if done is None:  # older checkpoints: micro-batches per rank
-        accum = saved_fingerprint(trainer_state).get("train.grad_accum") or 1
-        done = int(trainer_state.get("batch", 0)) // int(accum)
-    old_batch = trainer_state.get("global_batch") or global_batch
+def updates_in_epoch(saved, global_batch):
+    """Optimizer updates of the checkpoint's epoch done (`saved`: its TrainerState), counted in updates
+    of `global_batch` samples (the resuming launch's): the same number when the global batch is
+    unchanged, whatever the number of processes or grad_accum; UserError when a changed global batch
+    does not divide the samples done."""
+    done, old_batch = saved.updates_in_epoch, saved.global_batch
     samples = done * old_batch
     if samples % global_batch:
         raise UserError(

@@ -18,6 +18,7 @@ from common import weights as common_weights
 from common.errors import UserError
 from common.weights import read_safetensors
 from engine import checkpoint as ck
+from engine.trainer_state import TrainerState
 from engine.cli import run_cli
 from engine.runlock import RunLock
 
@@ -41,7 +42,7 @@ def save_checkpoint(run_dir, step, width=64, loss_finite=True, ranks=1):
     ck.write_main_files(tmp, model_state=model.state_dict(), ema_state=model.state_dict(),
                         optimizer_state=opt.state_dict(), scheduler_state={"base_values": [1e-3]},
                         scaler_state=None,
-                        trainer_state={"step": step, "epoch": 0, "batch": step, ck.LOSS_FINITE_KEY: loss_finite})
+                        trainer_state=TrainerState(step=step, epoch=0, batch=step, loss_finite=loss_finite))
     return ck.commit_save(root, step)
 
 

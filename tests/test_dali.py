@@ -495,6 +495,7 @@ def test_train_py_resume_mid_epoch_bit_identical(mixed, tmp_path):
     import shutil
 
     from engine import checkpoint as ck
+    from engine.trainer_state import read_trainer_state
     from test_train_helpers import run_inprocess, tiny_cfg, weights
 
     recipe = ["data.dataset=imagefolder", f"data.root={mixed}", "data.backend=dali", "data.num_workers=1",
@@ -505,7 +506,7 @@ def test_train_py_resume_mid_epoch_bit_identical(mixed, tmp_path):
     ref = str(tmp_path / "ref")
     assert run_inprocess(tiny_cfg(ref, *recipe)) == 0
     mid = os.path.join(ref, "checkpoints", ck.checkpoint_name(4))
-    assert ck.read_trainer_state(mid)["batch"] == 4  # inside the first epoch (6 batches)
+    assert read_trainer_state(mid).batch == 4  # inside the first epoch (6 batches)
     run = str(tmp_path / "resumed")
     shutil.copytree(mid, os.path.join(run, "checkpoints", ck.checkpoint_name(4)))
     assert run_inprocess(tiny_cfg(run, *recipe), resume="auto") == 0

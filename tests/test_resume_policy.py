@@ -82,16 +82,11 @@ def test_derived_values_are_checked_and_legacy_fingerprints_are_compared_on_what
     with pytest.raises(UserError, match="run.num_classes=10 -> 100"):
         rp.check_resume_changes(_fp(_cfg_dict()), _fp(_cfg_dict(), num_classes=100), checkpoint="ck",
                                 accept_changes=True)
-    legacy_state = {"fingerprint": {"model.name": "resmlp_tiny", "head.name": "softmax", "num_classes": 10},
-                    "global_batch": 256}
-    saved = rp.saved_fingerprint(legacy_state)
-    assert saved == {"model.name": "resmlp_tiny", "head.name": "softmax", "run.num_classes": 10,
-                     "run.global_batch": 256}
-    current = _fp(_cfg_dict(optim={"lr": 1.0}))  # keys the legacy checkpoint never recorded: not compared
+    saved = {"model.name": "resmlp_tiny", "head.name": "softmax", "run.num_classes": 10, "run.global_batch": 256}
+    current = _fp(_cfg_dict(optim={"lr": 1.0}))  # keys the checkpoint never recorded (newer schema keys): not compared
     assert rp.check_resume_changes(saved, current, checkpoint="ck") == []
     with pytest.raises(UserError, match="run.num_classes=10 -> 100"):
         rp.check_resume_changes(saved, _fp(_cfg_dict(), num_classes=100), checkpoint="ck")
-    assert rp.saved_fingerprint({"config": current, "fingerprint": {}}) == current
 
 
 # ----------------------------------------------------------------------------- applying a new schedule
@@ -242,17 +237,11 @@ def test_a_checkpoint_fingerprint_gives_back_its_config():
 
 
 # ----------------------------------------------------------------------------- world-independent epoch state
-def test_epoch_partial_is_per_update_and_legacy_sums_over_ranks_are_divided_by_their_world():
-    assert rp.saved_epoch_partial({"epoch_partial": {"loss_sum": 6.0, "updates": 3}}) == [6.0, 3.0]
-    # before issue 19: the sums over 2 ranks, each update counted once per rank
-    assert rp.saved_epoch_partial({"epoch_loss": [12.0, 6.0], "world_size": 2}) == [6.0, 3.0]
-    assert rp.saved_epoch_partial({}) == [0.0, 0.0]
-
-
 def test_updates_in_epoch_counts_updates_whatever_the_processes_and_accumulation():
-    state = {"batch": 6, "global_batch": 32, "config": {"train.grad_accum": 2}}  # legacy: micro-batches
+    from engine.trainer_state import TrainerState
+
+    state = TrainerState(batch=6, updates_in_epoch=3, config={"run.global_batch": 32, "train.grad_accum": 2})
     assert rp.updates_in_epoch(state, 32) == 3
-    assert rp.updates_in_epoch(dict(state, updates_in_epoch=3), 32) == 3
-    assert rp.updates_in_epoch(dict(state, updates_in_epoch=3), 16) == 6  # 96 samples = 6 updates of 16
+    assert rp.updates_in_epoch(state, 16) == 6  # 96 samples = 6 updates of 16
     with pytest.raises(UserError, match="96 samples into its epoch.*global batch 64"):
-        rp.updates_in_epoch(dict(state, updates_in_epoch=3), 64)
+        rp.updates_in_epoch(state, 64)

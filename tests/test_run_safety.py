@@ -18,6 +18,7 @@ from common import io as common_io
 from common.errors import UserError
 from configs import load_config, load_run_config
 from engine import checkpoint as ck
+from engine.trainer_state import read_trainer_state
 from engine import resume_policy as rp
 from test_train_helpers import (ROOT, gated_train_cmd, read_metrics, reset_accelerate_state, run_inprocess,
                                 subprocess_env, tiny_cfg, train_cmd, wait_for_file, weights, write_cfg)
@@ -225,8 +226,8 @@ def test_skip_budget_stops_with_exit_3_and_pruning_keeps_a_finite_checkpoint(tmp
     root = os.path.join(run, ck.CHECKPOINT_SUBDIR)
     kept = dict(ck.list_checkpoints(root))
     assert sorted(kept) == [5, 16]  # keep_last=1 keeps the newest; pruning keeps the last finite one
-    assert ck.read_trainer_state(kept[5])[ck.LOSS_FINITE_KEY] is True
-    assert ck.read_trainer_state(kept[16])[ck.LOSS_FINITE_KEY] is False
+    assert read_trainer_state(kept[5]).loss_finite is True
+    assert read_trainer_state(kept[16]).loss_finite is False
     assert f"Newest verified checkpoint with a finite loss: {kept[5]}" in err
     assert not os.path.exists(os.path.join(run, "summary.json"))
     rows = [r for r in read_metrics(run) if r["kind"] == "train"]

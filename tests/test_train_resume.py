@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from engine import checkpoint as ck
+from engine.trainer_state import read_trainer_state
 from test_train_helpers import (ROOT, gated_train_cmd, hooked_train_cmd, read_metrics, run_train_subprocess, subprocess_env,
                                 tiny_cfg, wait_for_file, weights, write_cfg)
 
@@ -80,7 +81,7 @@ def test_sigkill_mid_epoch_and_mid_save_then_resume_is_bit_identical(tmp_path, r
     assert killed_at is not None and proc.returncode == -signal.SIGKILL, proc.stderr.read()[-2000:]
     assert not os.path.exists(os.path.join(run, "summary.json"))
     latest = ck.find_latest(run)
-    assert latest.endswith(ck.checkpoint_name(5)) and ck.read_trainer_state(latest)["batch"] == 5  # mid-epoch
+    assert latest.endswith(ck.checkpoint_name(5)) and read_trainer_state(latest).batch == 5  # mid-epoch
 
     # 2. resume, and die in the middle of writing the step-10 checkpoint (after its weights, before its marker)
     died = subprocess.run(hooked_train_cmd(cfg_path, "--kill-during-save", "10", "--resume", "auto"), cwd=ROOT,
@@ -124,7 +125,7 @@ def test_sigterm_mid_epoch_saves_exits_143_and_resume_is_bit_identical(tmp_path,
     root = os.path.join(run, "checkpoints")
     assert [s for s, _ in ck.list_checkpoints(root)] == [3]
     stop = os.path.join(root, ck.checkpoint_name(3))
-    assert ck.validation_error(stop) is None and ck.read_trainer_state(stop)["batch"] == 3
+    assert ck.validation_error(stop) is None and read_trainer_state(stop).batch == 3
     assert not os.path.exists(os.path.join(run, "summary.json")) and not os.path.exists(os.path.join(run, "run.lock"))
 
     resumed = run_train_subprocess(cfg_path, "--resume", "auto")
