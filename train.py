@@ -600,7 +600,7 @@ def save_checkpoint(run, epoch, batch):
     rank; the previous checkpoints are untouched."""
     accelerator, state = run.accelerator, run.state
     stop_if_nonfinite(run)  # never save the weights of a non-finite update
-    root, step = os.path.join(run.run_dir, ck.CHECKPOINT_SUBDIR), state.step
+    root, step = os.path.join(run.run_dir, rundir.CHECKPOINTS), state.step
     tmp = ck.tmp_dir_for(root, step)
     # the epoch's partial loss sums, per update (not per rank): epochs.csv stays exact after a
     # mid-epoch resume on any number of processes

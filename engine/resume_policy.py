@@ -19,7 +19,7 @@ derived from it:
   (OPTIM_KEYS, class OPTIMIZER), evaluated at the current update (so a new lr or epoch count takes
   effect from this step on), `change_record` is the metrics.jsonl row and
   `save_config_with_history` writes config.yaml (always a plain, valid `--config` file) and appends
-  the change to its history, RUN_DIR/config_history.yaml (CONFIG_HISTORY_NAME). Runs written
+  the change to its history, RUN_DIR/config_history.yaml (rundir.CONFIG_HISTORY). Runs written
   before kept the history inside config.yaml as a `history` key: it is read from there (and moved
   to the history file at the next save), and the config loader ignores it.
 
@@ -59,7 +59,6 @@ FROZEN_KEYS = keys_of_class(FROZEN) | frozenset({"run.num_classes"})
 OPTIM_KEYS = keys_of_class(OPTIMIZER) | frozenset({"run.global_batch"})
 
 # Beside config.yaml: the changes accepted on resume (--resume-with-changes), a YAML list.
-CONFIG_HISTORY_NAME = rundir.CONFIG_HISTORY
 
 RESUME_FLAG = "--resume-with-changes"
 _MISSING = object()
@@ -214,7 +213,7 @@ def change_record(changes, *, step, checkpoint):
 
 
 def history_entry(changes, *, step, checkpoint):
-    """One entry of the run's config history (CONFIG_HISTORY_NAME)."""
+    """One entry of the run's config history (rundir.CONFIG_HISTORY)."""
     return {"step": int(step), "checkpoint": checkpoint,
             "time": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
             "flag": RESUME_FLAG,
@@ -223,7 +222,7 @@ def history_entry(changes, *, step, checkpoint):
 
 def history_path(config_path):
     """The history file beside a run's config.yaml."""
-    return os.path.join(os.path.dirname(os.path.abspath(config_path)), CONFIG_HISTORY_NAME)
+    return os.path.join(os.path.dirname(os.path.abspath(config_path)), rundir.CONFIG_HISTORY)
 
 
 def read_config_history(config_path):
@@ -246,7 +245,7 @@ def read_config_history(config_path):
 
 def save_config_with_history(path, cfg, entry=None, keep_history=True):
     """Write the resolved config (a Config, or its plain nested dict) to `path` atomically as a plain
-    config (a valid `--config` file), and its history beside it (CONFIG_HISTORY_NAME): the history
+    config (a valid `--config` file), and its history beside it (rundir.CONFIG_HISTORY): the history
     already recorded (when `keep_history`, i.e. on a resume) plus `entry` (a `history_entry`, when
     changes were accepted). Without `keep_history` (a fresh start) an old history file is removed:
     it belonged to the run this one replaces."""

@@ -9,6 +9,7 @@ import pytest
 import torch
 import yaml
 
+from common import rundir
 from common.errors import UserError
 from configs.schema import Config, OptimConfig
 from engine import resume_policy as rp
@@ -171,13 +172,13 @@ def test_change_record_and_config_history(tmp_path):
     assert data["optim"]["lr"] == 3e-2 and data["optim"]["epochs"] == 450
     # the history lives beside config.yaml (issue 16), which stays a plain config
     assert "history" not in data and data == json.loads(json.dumps(_cfg_dict(optim={"lr": 3e-2, "epochs": 450})))
-    history = yaml.safe_load(open(tmp_path / rp.CONFIG_HISTORY_NAME))
+    history = yaml.safe_load(open(tmp_path / rundir.CONFIG_HISTORY))
     assert [h["step"] for h in history] == [16, 40]
     assert history[0]["changes"] == {"optim.lr": {"old": 5e-3, "new": 3e-2}}
     assert history[1]["changes"]["data.mean"] == {"old": [0.5] * 3, "new": [0.4] * 3}
     assert rp.read_config_history(path) == history
     rp.save_config_with_history(path, cfg, keep_history=False)  # a fresh start (--overwrite) drops it
-    assert "history" not in yaml.safe_load(open(path)) and not (tmp_path / rp.CONFIG_HISTORY_NAME).exists()
+    assert "history" not in yaml.safe_load(open(path)) and not (tmp_path / rundir.CONFIG_HISTORY).exists()
     assert rp.read_config_history(path) == []
 
     row = rp.change_record(first, step=16, checkpoint="c")
@@ -195,17 +196,17 @@ def test_history_inside_an_older_runs_config_yaml_is_read_and_moved_beside_it(tm
     new_entry = rp.history_entry([rp.Change("optim.epochs", 400, 450)], step=40, checkpoint="c40")
     rp.save_config_with_history(path, _cfg_dict(optim={"lr": 3e-2, "epochs": 450}), new_entry)
     assert "history" not in yaml.safe_load(open(path))
-    assert [h["step"] for h in yaml.safe_load(open(tmp_path / rp.CONFIG_HISTORY_NAME))] == [16, 40]
+    assert [h["step"] for h in yaml.safe_load(open(tmp_path / rundir.CONFIG_HISTORY))] == [16, 40]
 
 
 def test_a_broken_history_is_one_line(tmp_path):
     path = str(tmp_path / "config.yaml")
     rp.save_config_with_history(path, _cfg_dict())
-    (tmp_path / rp.CONFIG_HISTORY_NAME).write_bytes(b"- step: 1\n  step: 2\n")
+    (tmp_path / rundir.CONFIG_HISTORY).write_bytes(b"- step: 1\n  step: 2\n")
     with pytest.raises(UserError) as err:
         rp.read_config_history(path)
     assert "step" in str(err.value) and "lines 1 and 2" in str(err.value) and "\n" not in str(err.value)
-    (tmp_path / rp.CONFIG_HISTORY_NAME).write_bytes(b"step: 1\n")
+    (tmp_path / rundir.CONFIG_HISTORY).write_bytes(b"step: 1\n")
     with pytest.raises(UserError, match="list of changes"):
         rp.read_config_history(path)
 

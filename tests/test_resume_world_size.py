@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+from common import rundir
 from engine import checkpoint as ck
 from engine.trainer_state import read_trainer_state
 from test_train_helpers import ROOT, TRAIN_PY, read_metrics, subprocess_env, tiny_cfg, wait_for_file, write_cfg
@@ -62,9 +63,9 @@ def _wait_for_lines(path, count, proc, timeout=240):
 
 
 def _checkpoint_state(run, step):
-    root = os.path.join(run, ck.CHECKPOINT_SUBDIR)
+    root = os.path.join(run, rundir.CHECKPOINTS)
     assert step in [s for s, _ in ck.list_checkpoints(root)]
-    return read_trainer_state(os.path.join(root, ck.checkpoint_name(step)))
+    return read_trainer_state(os.path.join(root, rundir.checkpoint_name(step)))
 
 
 def test_resume_on_another_world_size_keeps_epochs_csv_exact(tmp_path):
