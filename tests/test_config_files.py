@@ -1,5 +1,5 @@
-"""Config files can't lie (issue 19), the schema is the one source of every key's facts (issue 16),
-and the help a user gets (issue 20):
+"""Config files can't lie, the schema is the one source of every key's facts,
+and the help a user gets:
 
 - an empty or non-mapping file, bytes that are not UTF-8, a key given twice at any depth: one
   line naming the file (and the byte offset or both lines), from the loader and through train.py
@@ -144,7 +144,7 @@ def test_bad_files_are_one_line_through_train_and_eval(tmp_path, capsys, name):
                        (_eval_main(), ["--checkpoint", _write(tmp_path / "w.safetensors", b""), "--config", path])):
         code, err = _cli(capsys, main, argv)
         assert code == 2 and err.count("\n") == 1 and err.startswith(f"error: {path}") and expected in err, err
-    # and an empty run config.yaml: eval.py no longer evaluates the defaults (issue 19)
+    # and an empty run config.yaml: eval.py no longer evaluates the defaults
     run = tmp_path / "run"
     run.mkdir(exist_ok=True)
     _write(run / "model.safetensors", b"")
@@ -174,7 +174,7 @@ def test_no_suggestion_when_nothing_is_close(tmp_path, key):
     ("optim.lrr", "optim.lr"), ("lr", "optim.lr"), ("train.epochs", "optim.epochs"), ("data.lr", "optim.lr"),
     ("modle", "model"), ("data.img_size", "data.image_size"), ("data.workers", "data.num_workers"),
     ("optim.weightdecay", "optim.weight_decay"), ("head.nme", "head.name"),
-    # keys that once had wrong suggestions (model.name, model.norm, train.compile) now exist (issue 18)
+    # keys that once had wrong suggestions (model.name, model.norm, train.compile) now exist
     ("model.pretraind", "model.pretrained"), ("model.freez", "model.freeze"), ("train.distil", "train.distill"),
 ])
 def test_close_keys_are_suggested_by_whole_name_or_last_part(key, suggestion):
@@ -274,7 +274,7 @@ def test_one_image_size_key_and_the_old_one_is_read_as_it(tmp_path):
 
 
 def test_an_older_runs_config_yaml_loads_as_a_config(tmp_path):
-    """Written before issue 16: model.img_size beside data.image_size, and the change history inside."""
+    """Written by an older version: model.img_size beside data.image_size, and the change history inside."""
     cfg = config_from_dict({"optim": {"lr": 0.02}, "data": {"image_size": 16}})
     old = configs.config_to_dict(cfg)
     old["model"]["img_size"] = 16
