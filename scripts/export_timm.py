@@ -22,6 +22,7 @@ from common.errors import UserError
 from common.io import atomic_write_text, write_json
 from common.weights import save_safetensors
 from data.classes import class_map_text
+from data.registry import is_features
 from data.transforms import eval_transform
 from models.convert import to_timm_state_dict
 from models.resmlp import TIMM_ARCHITECTURES, VARIANTS
@@ -41,7 +42,7 @@ _PROBABILITIES = {
 def refusal(cfg, spec) -> str:
     """Why timm has no model for this run, whose head is declared by `spec` (None when it has one)."""
     name = cfg.model.name
-    if cfg.data.dataset == "features":
+    if is_features(cfg.data):
         return "the run is a linear probe on cached features, not a ResMLP"
     if name not in TIMM_ARCHITECTURES:
         return (f"timm has no architecture for {name} (only the paper's variants have one: "
