@@ -9,8 +9,9 @@
 
 A run directory gives the resolved config (config.yaml) and weights (model.safetensors, or
 model_ema.safetensors with --ema); a checkpoint directory of a run (RUN/checkpoints/step_N) gives
-its weights (ema.safetensors with --ema) and the config that trained it; a weights file (.safetensors/.pth, this project's, timm's or the
-original FB/DeiT ResMLP format) needs --config or --model/--dataset to say what to build.
+its weights and the config that trained it; a weights file (.safetensors/.pth, this project's,
+timm's or the original FB/DeiT ResMLP format) needs --config or --model/--dataset to say what to
+build (engine/trained_run.py opens all three).
 Extra `key.sub=value` arguments (or `--data.root X`) override the config, as for train.py.
 
 Metrics (evaluation/metrics.py, through evaluation/evaluate.py, the loop train.py's periodic eval
@@ -40,7 +41,10 @@ import os
 import sys
 import time
 
-import torch
+from common.startup import say_loading
+
+say_loading("eval.py")  # before the imports' seconds, so the command does not look hung
+import torch  # noqa: E402
 from accelerate import Accelerator
 
 import data
@@ -129,6 +133,8 @@ def ood_results(head, ood_cfg, ood_dataset, preds, evaluate_split):
         probs_in, probs_out = head(preds.logits).float(), head(ood_preds.logits).float()
     result = ood_report.run_summary(probs_in, probs_out, head.name, ood_cfg.dataset)
     result["root"] = ood_cfg.root if data.dataset_spec(ood_cfg.dataset).files else None  # generated: no files
+    if data.is_features(ood_cfg):  # name the images the OOD features came from, not just "features"
+        result["source"] = data.features.read_meta(ood_cfg.root).get("dataset")
     return result
 
 
@@ -241,6 +247,7 @@ def main(argv=None):
         "wall_seconds": time.perf_counter() - t0,
     }
     result["skipped_images"] = skipped
+    result["learn_alpha"] = head.learn_alpha  # its alpha is where training moved it (report tables show it)
     if skipped and not preds.totals["n"]:
         print(f"warning: every image of the {args.split} split ({skipped}) was undecodable and skipped "
               f"(data.skip_corrupt): no image was evaluated, the metrics are null", file=sys.stderr)

@@ -17,7 +17,7 @@ def _check(cfg, split):
     choices and ranges were checked when the config was loaded (configs/schema.py)."""
     if split not in SPLITS:
         raise UserError(f"unknown split '{split}'; valid: {', '.join(SPLITS)}")
-    if split == "calib" and cfg.calib_fraction <= 0:
+    if split == "calib" and cfg.calib_fraction <= 0 and "calib" not in dataset_spec(cfg.dataset).splits:
         raise UserError("the calib split needs data.calib_fraction > 0 (e.g. data.calib_fraction=0.1)")
     if split == "tune" and cfg.tune_fraction <= 0:
         raise UserError("the tune split needs data.tune_fraction > 0 (e.g. data.tune_fraction=0.1)")
@@ -62,10 +62,12 @@ def split_positions(n, calib_fraction, tune_fraction):
 def build_dataset(cfg, split):
     """split 'train' | 'val' | 'calib' | 'tune' -> dataset with `num_classes`, items (tensor, label).
 
-    'calib' is a deterministic `calib_fraction` of the train split, 'tune' a deterministic
-    `tune_fraction` of what is left (split_positions); both are excluded from 'train' and carry the
-    eval transform. 'train' carries the train transform. Cached features are read as extracted
-    (calib held out already; no pixels, no transform), tune held out of their train split here.
+    A split the dataset stores (its declaration's `splits`) is read as stored. A calib split it does
+    not store is a deterministic `calib_fraction` of the train split, 'tune' a deterministic
+    `tune_fraction` of what train has left (split_positions); both are then excluded from 'train'
+    and carry the eval transform, 'train' the train transform. Cached features are read as
+    extracted (their builder checks their settings; no pixels, no transform), with tune held out
+    of their train split here.
     """
     spec = dataset_spec(cfg.dataset)
     if spec.features:
@@ -75,11 +77,13 @@ def build_dataset(cfg, split):
             return _nonempty(whole.subset(split_positions(len(whole), 0.0, cfg.tune_fraction)[split]), cfg, split)
         return spec.build(cfg, split)
     _check(cfg, split)
-    ds = spec.build(cfg, "val" if split == "val" else "train")
+    stored = split if split in spec.splits and split != "tune" else "train"
+    ds = spec.build(cfg, stored)
     if spec.in_memory and not isinstance(ds, ArrayDataset):
         raise ValueError(f"dataset '{spec.name}' is declared in_memory but its build gave a {type(ds).__name__}")
-    if split != "val" and (cfg.calib_fraction > 0 or cfg.tune_fraction > 0):
-        ds = ds.subset(split_positions(len(ds), cfg.calib_fraction, cfg.tune_fraction)[split])
+    calib_fraction = 0.0 if "calib" in spec.splits else cfg.calib_fraction  # a stored calib is not carved
+    if stored == "train" and (calib_fraction > 0 or cfg.tune_fraction > 0):
+        ds = ds.subset(split_positions(len(ds), calib_fraction, cfg.tune_fraction)[split])
     native = getattr(ds, "native_size", None)
     ds.transform = build_train_transform(cfg, native) if split == "train" else build_eval_transform(cfg, native)
     return _nonempty(ds, cfg, split)
