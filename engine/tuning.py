@@ -37,11 +37,11 @@ import threading
 import time
 
 from common.errors import UserError
+from common.rundir import EPOCHS as EPOCHS_FILE
 from common.seeding import mix_seed
 from common.search_space import parse_search
 
 from .children import StoppedBySignal
-from .logging import EPOCHS_FILE
 from .runlock import process_record, stale_reason
 
 TRIAL_SEED = 1000  # every trial's train.seed: the settings differ between trials, not the seed
