@@ -35,23 +35,12 @@ def precision_line(configured, used, env=None):
     return line
 
 
-def tensorboard_warning(wanted, available):
-    """One line when train.tensorboard=true but TensorBoard is missing, so no tensorboard/ folder appears."""
-    if wanted and not available:
-        return ("warning: train.tensorboard=true but TensorBoard is not installed, so no tensorboard/ folder is "
-                "written (metrics.jsonl and epochs.csv still are): pip install tensorboard, or set "
-                "train.tensorboard=false")
-    return None
-
-
-def launch_lines(*, num_processes, device, configured_precision, used_precision, backend, backend_why,
-                 tensorboard_wanted, tensorboard_available, env=None):
+def launch_lines(*, num_processes, device, configured_precision, used_precision, backend, backend_why, env=None):
     """The run's first log lines: processes and device, precision, data backend, and any warning."""
     lines = [f"launch: {num_processes} process(es) on {device.type}; "
              + precision_line(configured_precision, used_precision, env),
              f"data backend: {backend} ({backend_why})"]
-    for warning in (single_process_warning(num_processes, env),
-                    tensorboard_warning(tensorboard_wanted, tensorboard_available)):
-        if warning:
-            lines.append(warning)
+    warning = single_process_warning(num_processes, env)
+    if warning:
+        lines.append(warning)
     return lines
