@@ -29,6 +29,7 @@ import yaml
 from common import rundir
 from common.io import atomic_write_text
 from common.errors import UserError
+from common.intervals import parse_interval
 
 from models.hopfield_pool import check_pool_k
 from models.registry import HPARAMS, check_settings
@@ -36,9 +37,8 @@ from models.registry import HPARAMS, check_settings
 from .finetune_checks import check_finetune_settings
 from .schema import ALIASES, CHOICES, RANGES, Config, is_key, schema_fields, section_names
 
-RUN_CONFIG_NAME = rundir.CONFIG
 # Keys a run's config.yaml held before the change history moved beside it
-# (engine/resume_policy.py CONFIG_HISTORY_NAME): read and ignored.
+# (engine/resume_policy.py rundir.CONFIG_HISTORY): read and ignored.
 LEGACY_RUN_KEYS = ("history",)
 # How close an unknown key must be to a valid one (difflib ratio) to be suggested: below it, a
 # suggestion is more often wrong than right (learning_rate is not optim.clip_grad).
@@ -371,16 +371,6 @@ def _leaves(obj, prefix=""):
             yield prefix + f.name, value
 
 
-def _interval_check(interval):
-    """'[0, 1)' -> (predicate, text for a message)."""
-    low, high = (float(x) for x in interval[1:-1].split(","))
-    low_ok = (lambda v: v >= low) if interval[0] == "[" else (lambda v: v > low)
-    high_ok = (lambda v: v <= high) if interval[-1] == "]" else (lambda v: v < high)
-    low_text = f"{low:g}"
-    text = (f"{'>=' if interval[0] == '[' else '>'} {low_text}" if high == math.inf else f"in {interval}")
-    return (lambda v: low_ok(v) and high_ok(v)), text
-
-
 def _check_numbers(cfg):
     """Every float finite; every field of RANGES inside its interval (None allowed where typed so)."""
     for key, value in _leaves(cfg):
@@ -388,10 +378,10 @@ def _check_numbers(cfg):
         if any(isinstance(v, float) and not math.isfinite(v) for v in values):
             raise UserError(f"config key '{key}' must be a finite number, got {_show(value)}")
         if key in RANGES and value is not None:
-            inside, text = _interval_check(RANGES[key])
-            if not all(inside(v) for v in values):
-                raise UserError(f"config key '{key}' must be {text}{' (each)' if isinstance(value, tuple) else ''}, "
-                                f"got {_show(value)}")
+            interval = parse_interval(RANGES[key])
+            if not all(v in interval for v in values):
+                raise UserError(f"config key '{key}' must be {interval.describe()}"
+                                f"{' (each)' if isinstance(value, tuple) else ''}, got {_show(value)}")
 
 
 def _check(cfg):
@@ -513,9 +503,9 @@ def save_config(cfg, path):
 
 def load_run_config(run_dir, overrides=()):
     """The resolved config a training run saved (RUN_DIR/config.yaml; a file path works too)."""
-    path = os.path.join(run_dir, RUN_CONFIG_NAME) if os.path.isdir(run_dir) else run_dir
+    path = os.path.join(run_dir, rundir.CONFIG) if os.path.isdir(run_dir) else run_dir
     if not os.path.isfile(path):
-        raise UserError(f"no {RUN_CONFIG_NAME} in {run_dir}: is it a run directory written by train.py?")
+        raise UserError(f"no {rundir.CONFIG} in {run_dir}: is it a run directory written by train.py?")
     data, sources = _read_yaml(path)
     data.pop("base", None)
     data = apply_overrides(data, overrides)

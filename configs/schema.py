@@ -22,6 +22,7 @@ still load: the loader reads it as data.image_size (a one-line error when both a
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass, make_dataclass
 from typing import Optional, Tuple, Union, get_type_hints
 
+from common.intervals import parse_interval
 from data.names import BACKENDS
 from data.registry import dataset_names, describe_datasets
 from data.transforms import INTERPOLATIONS, TRAIN_CROPS
@@ -294,8 +295,11 @@ def _metadata_table(name):
     return {key: f.metadata[name] for key, (f, _) in schema_fields().items() if name in f.metadata}
 
 
-# Numeric intervals checked at load time, e.g. {"optim.lr": "(0, inf)"}.
+# Numeric intervals checked at load time, e.g. {"optim.lr": "(0, inf)"} (common/intervals.py reads
+# them; a text that is no interval fails here, at import).
 RANGES = _metadata_table("range")
+for _interval in RANGES.values():
+    parse_interval(_interval)
 # Closed vocabularies checked at load time, e.g. {"model.norm": NORMS}.
 CHOICES = _metadata_table("choices")
 # What a resume may do with each key: FREE, FROZEN, OPTIMIZER, or None (with --resume-with-changes).

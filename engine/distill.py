@@ -26,8 +26,9 @@ import os
 import torch
 import torch.nn.functional as F
 
+from common import rundir
 from common.errors import UserError
-from configs.loader import RUN_CONFIG_NAME, load_run_config
+from configs.loader import load_run_config
 from data.classes import class_mismatch, class_names, load_class_names
 from models import MODEL_NAMES, create_classifier
 from models.convert import convert_state_dict, read_state_dict
@@ -101,7 +102,7 @@ def _run_dir_teacher(path, data_cfg, num_classes):
     elif len(class_names(data_cfg)) != num_classes:
         raise UserError(f"train.teacher: {path} has no classes list and another class count")
     teacher = create_classifier(tcfg.model, tcfg.head, num_classes)
-    sd = read_state_dict(os.path.join(path, "model.safetensors"))
+    sd = read_state_dict(os.path.join(path, rundir.WEIGHTS))
     _load_strict(teacher, _converted(sd, teacher, f"train.teacher {path}"), f"train.teacher {path}")
     return teacher, teacher.output_head, teacher.img_size
 
@@ -149,7 +150,7 @@ def build_distiller(cfg, num_classes, accelerator):
     import timm
 
     spec = tc.teacher
-    if os.path.isdir(spec) and os.path.isfile(os.path.join(spec, RUN_CONFIG_NAME)):
+    if os.path.isdir(spec) and os.path.isfile(os.path.join(spec, rundir.CONFIG)):
         if tc.teacher_weights is not None:
             raise UserError("train.teacher_weights goes with a timm model name; a run directory brings its weights")
         _, tc.teacher_sha256 = hashed_file(spec, tc.teacher_sha256, "train.teacher")

@@ -1,8 +1,9 @@
 """Swappable output heads: a named probability mapping plus its training loss.
 
-Each head is one declaration in models/registry.py (mapping, loss, hyperparameters, flags); the
-mappings live in models/mappings.py and models/<head>.py, the entmax family's losses in
-models/losses.py. Everything public is re-exported here so callers only need
+Each head is one declaration in models/registry.py (mapping, loss, hyperparameters, flags): softmax,
+sparsemax, entmax15, entmax_bisect, normmax, sparse_softmax, taylor_softmax, am_softmax and
+perturbmax. The mappings live in models/mappings.py and models/<head>.py, the entmax family's
+losses in models/losses.py. Everything public is re-exported here so callers only need
 `from models.heads import ...`.
 
 `OutputHead` holds no classifier weights (the model's `head` Linear produces the logits); it maps

@@ -1,4 +1,4 @@
-"""Hopfield pooling against average pooling (issue 21, item 3): training-step overhead and accuracy.
+"""Hopfield pooling against average pooling: training-step overhead and accuracy.
 
 1. Step overhead. The same model (the config's) with model.pool=avg and with model.pool=hopfield under
    each --mappings, on the same batch with the same optimizer; a step is forward + the head's loss +

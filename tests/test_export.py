@@ -1,4 +1,4 @@
-"""scripts/export.py (issue 17, item 3): ONNX and TorchScript exports of every head, checked
+"""scripts/export.py: ONNX and TorchScript exports of every head, checked
 against eager PyTorch (onnxruntime on CPU for ONNX).
 
 Tolerance: max |exported - eager| <= 1e-5 on logits and probabilities (float32; the measured

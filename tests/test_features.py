@@ -1,6 +1,6 @@
 """Cached features (scripts/extract_features.py, data.dataset=features, models/linear_probe.py).
 
-The central check (issue 18): with augmentation off, a linear probe trained on cached features
+The central check: with augmentation off, a linear probe trained on cached features
 equals the frozen-backbone probe trained on the images (model.pretrained + model.freeze=backbone),
 same seed, to fp32 tolerance: the same classifier at step 0, the same final logits on val.
 The source is a tiny builtin10 run trained here; the probes train on builtin100 (a new classifier)."""

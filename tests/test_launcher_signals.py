@@ -1,4 +1,4 @@
-"""Signals pass through the launchers (issue 19): a real SIGTERM to scripts/compare_heads.py reaches
+"""Signals pass through the launchers: a real SIGTERM to scripts/compare_heads.py reaches
 its train.py child, which saves and stops; compare_heads exits with the child's code (143), no
 child is left (checked with `ps`), the run lock is released and the same command then resumes
 and finishes. A second signal kills the children at once (--jobs 2). engine.children's own rules
@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from common import rundir
 from engine import checkpoint as ck
 from engine.children import EXIT_TIMEOUT, ChildProcesses, StoppedBySignal
 from test_compare import TINY_CONFIG
@@ -78,7 +79,7 @@ def test_sigterm_to_compare_heads_stops_its_training_cleanly_and_the_rerun_resum
     assert "SIGTERM: training" in err and "rerun the same command" in err
     assert _wait_gone(run) == []  # no train.py child outlives compare_heads
     assert not os.path.exists(os.path.join(run, "run.lock"))
-    assert [s for s, _ in ck.list_checkpoints(os.path.join(run, ck.CHECKPOINT_SUBDIR))] == [PAUSE_AFTER]
+    assert [s for s, _ in ck.list_checkpoints(os.path.join(run, rundir.CHECKPOINTS))] == [PAUSE_AFTER]
 
     again = subprocess.run(_compare_cmd(tmp_path), cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,
                            timeout=400)

@@ -1,4 +1,4 @@
-"""Pooling support of hopfield-pooled models (issue 21, item 3): eval.py's summary, per-example
+"""Pooling support of hopfield-pooled models: eval.py's summary, per-example
 records and support maps, computed in the evaluation's own forward pass; the comparison report's
 section and support-map PNG (hopfield runs only); average pooling unchanged.
 

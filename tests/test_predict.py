@@ -64,7 +64,8 @@ def predictions(val_images, tmp_path_factory):
 
 
 def test_probabilities_equal_eval_py(predictions, val_images):
-    from evaluation.examples import examples_path, load_examples
+    from common.rundir import examples_path
+    from evaluation.examples import load_examples
 
     names = val_images[1]
     for head, (rows, _) in predictions.items():
@@ -181,7 +182,7 @@ def test_images_that_cannot_match_the_model_are_refused(tmp_path, one_line_error
     (tmp_path / "other.yaml").write_text(config)
     line = one_line_error("predict", ["--checkpoint", weights, "--config", str(tmp_path / "other.yaml"),
                            "--images", images, "--output", out])
-    assert "was trained at 32 px" in line and "set data.image_size=32" in line  # one image-size key (issue 16)
+    assert "was trained at 32 px" in line and "set data.image_size=32" in line  # one image-size key
 
 
 def test_stale_thresholds_are_not_used(tmp_path, val_images):
