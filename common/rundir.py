@@ -56,6 +56,7 @@ SCALER = "scaler.pt"
 LEGACY_EMA_WEIGHTS = "ema.safetensors"  # the EMA weights of checkpoints saved before the one EMA name
 
 # ----------------------------------------------------------------------------- eval outputs
+OOD_MEMORY = {"raw": "ood_memory.safetensors", "ema": "ood_memory_ema.safetensors"}  # eval.py's feature memory
 EVAL_CSV_SUFFIX = ".csv"
 EXAMPLES_SUFFIX = ".examples.safetensors"
 POOL_MAPS_SUFFIX = ".pool_maps.safetensors"  # model.pool=hopfield: the first images' pooling weights
@@ -82,6 +83,11 @@ def ema_weights(folder):
         if os.path.isfile(path):
             return path
     return None
+
+
+def ood_memory_name(weights_kind):
+    """The OOD feature memory of a run's raw or EMA weights (evaluation/feature_memory.py)."""
+    return OOD_MEMORY[weights_kind]
 
 
 def eval_result_name(ema=False):

@@ -16,7 +16,10 @@ from .ood import ood_detection, ood_scores
 
 # The built-in family's own OOD sets (data/builtin.py: other outlines through the same renderer).
 BUILTIN_OOD = {"builtin10": "builtin10_ood", "builtin100": "builtin100_ood"}
-SCORE_LABELS = {"max_prob": "max probability", "neg_entropy": "entropy", "neg_support": "support size"}
+SCORE_LABELS = {"max_prob": "max probability", "neg_entropy": "entropy", "neg_support": "support size",
+                "energy": "energy", "max_logit": "max logit", "hopfield_softmax": "Hopfield energy",
+                "hopfield_sparsemax": "Hopfield sparsemax", "hopfield_entmax15": "Hopfield 1.5-entmax",
+                "hopfield_support": "retrieval support", "she": "SHE", "knn": "kNN"}
 HIST_BINS = 20
 
 
@@ -54,11 +57,14 @@ def _histograms(scores_in, scores_out, num_classes):
     return hists
 
 
-def run_summary(probs_in, probs_out, head_name, dataset, tpr=0.95):
+def run_summary(probs_in, probs_out, head_name, dataset, extra_in=None, extra_out=None, tpr=0.95):
     """JSON-ready OOD results of one evaluation from the head's probabilities (N, K) on the
-    in-distribution split and on the OOD set."""
+    in-distribution split and on the OOD set, plus any other scores ({name: (N,)}, e.g. from the
+    logits and the feature memory, evaluation/ood_scores.py) in extra_in / extra_out."""
     sparse = is_sparse(head_name)
     scores_in, scores_out = ood_scores(probs_in, sparse=sparse), ood_scores(probs_out, sparse=sparse)
+    scores_in.update(extra_in or {})
+    scores_out.update(extra_out or {})
     detection = ood_detection(scores_in, scores_out, tpr=tpr)
     return {"dataset": dataset, "n_in": int(probs_in.shape[0]), "n_out": int(probs_out.shape[0]), "tpr": tpr,
             "scores": {name: {"auroc": d["auroc"], "fpr_at_tpr": d["fpr_at_tpr"]} for name, d in detection.items()},
