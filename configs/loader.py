@@ -29,6 +29,7 @@ import yaml
 from common import rundir
 from common.io import atomic_write_text
 from common.errors import UserError
+from common.intervals import parse_interval
 
 from models.hopfield_pool import check_pool_k
 from models.registry import HPARAMS, check_settings
@@ -371,16 +372,6 @@ def _leaves(obj, prefix=""):
             yield prefix + f.name, value
 
 
-def _interval_check(interval):
-    """'[0, 1)' -> (predicate, text for a message)."""
-    low, high = (float(x) for x in interval[1:-1].split(","))
-    low_ok = (lambda v: v >= low) if interval[0] == "[" else (lambda v: v > low)
-    high_ok = (lambda v: v <= high) if interval[-1] == "]" else (lambda v: v < high)
-    low_text = f"{low:g}"
-    text = (f"{'>=' if interval[0] == '[' else '>'} {low_text}" if high == math.inf else f"in {interval}")
-    return (lambda v: low_ok(v) and high_ok(v)), text
-
-
 def _check_numbers(cfg):
     """Every float finite; every field of RANGES inside its interval (None allowed where typed so)."""
     for key, value in _leaves(cfg):
@@ -388,10 +379,10 @@ def _check_numbers(cfg):
         if any(isinstance(v, float) and not math.isfinite(v) for v in values):
             raise UserError(f"config key '{key}' must be a finite number, got {_show(value)}")
         if key in RANGES and value is not None:
-            inside, text = _interval_check(RANGES[key])
-            if not all(inside(v) for v in values):
-                raise UserError(f"config key '{key}' must be {text}{' (each)' if isinstance(value, tuple) else ''}, "
-                                f"got {_show(value)}")
+            interval = parse_interval(RANGES[key])
+            if not all(v in interval for v in values):
+                raise UserError(f"config key '{key}' must be {interval.describe()}"
+                                f"{' (each)' if isinstance(value, tuple) else ''}, got {_show(value)}")
 
 
 def _check(cfg):

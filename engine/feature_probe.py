@@ -15,6 +15,7 @@ dimension for a trained probe's weights.
 """
 from common.errors import UserError
 from data import features as feature_data
+from data.registry import is_features
 from models import create_classifier
 from models.linear_probe import create_linear_probe
 
@@ -25,7 +26,7 @@ SOURCE_MODEL_KEYS = ("name", "norm", "init_values", "pool", "pool_mapping", "poo
 
 def resolve_features(cfg, say):
     """-> features.json (dict) for data.dataset=features, else None; changes `cfg` in place."""
-    if not feature_data.is_features(cfg.data):
+    if not is_features(cfg.data):
         return None
     root = cfg.data.root
     if cfg.model.pretrained is not None:

@@ -83,5 +83,5 @@ def ood_results(head, cfg, ood_cfg, ood_dataset, preds, evaluate_split, *, tempe
     result = ood_report.run_summary(probs_in, probs_out, head.name, ood_cfg.dataset, extra_in, extra_out)
     result["temperature"] = temperature
     result["memory"] = memory_info
-    result["root"] = None if ood_cfg.dataset.startswith("builtin") else ood_cfg.root  # built-in: no files
+    result["root"] = ood_cfg.root if data.dataset_spec(ood_cfg.dataset).files else None  # generated: no files
     return result

@@ -34,8 +34,8 @@ from common.errors import UserError
 
 from . import thresholds_cpu, thresholds_device
 from .head_targets import masked_dot
-from .mappings import threads_for, uses_device_path
-from .rows import compute_dtype, from_rows, to_rows
+from .mappings import rows_backward, rows_forward, threads_for, uses_device_path
+from .rows import compute_dtype
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -72,23 +72,19 @@ def ksubset_backward(mu: Tensor, g: Tensor) -> Tensor:
     return gf.sub_(free * mean)
 
 
+def _ksubset_rows(rows: Tensor, k: int):
+    mu = ksubset_kernel(rows, k)
+    return mu, (mu,)
+
+
 class KSubsetFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, k: int, dim: int):
-        rows, shape = to_rows(compute_dtype(x), dim)
-        with threads_for(x):
-            mu = ksubset_kernel(rows, k)
-        ctx.dim, ctx.shape = dim, shape
-        ctx.save_for_backward(mu)
-        return from_rows(mu, shape, dim).to(x.dtype)
+        return rows_forward(ctx, x, dim, lambda rows: _ksubset_rows(rows, k))
 
     @staticmethod
     def backward(ctx, g: Tensor):
-        (mu,) = ctx.saved_tensors
-        g_rows = to_rows(g.to(mu.dtype), ctx.dim)[0]
-        with threads_for(mu):
-            dx = ksubset_backward(mu, g_rows)
-        return from_rows(dx, ctx.shape, ctx.dim).to(g.dtype), None, None
+        return rows_backward(ctx, g, ksubset_backward), None, None
 
 
 def ksubset(x: Tensor, k: int, dim: int = -1) -> Tensor:

@@ -373,6 +373,10 @@ VARIANTS = {
     "resmlp_b24": dict(img_size=224, patch_size=8, embed_dim=768, depth=24, init_values=1e-6),
 }
 MODEL_NAMES = tuple(VARIANTS)
+# timm's own model of the same architecture (timm.models.mlp_mixer), for the paper's variants with
+# the Affine norm; models/convert.py maps the weights both ways.
+TIMM_ARCHITECTURES = {"resmlp_s12": "resmlp_12_224", "resmlp_s24": "resmlp_24_224", "resmlp_s36": "resmlp_36_224",
+                      "resmlp_b24": "resmlp_big_24_224"}
 
 
 def _pretrained_cfg(img_size: int) -> dict:

@@ -36,7 +36,7 @@ from .thresholds_device import (N_NEWTON, default_n_iter, entmax15_tau_sorted, k
 # and the CPU heads issue 20-50 of them per loss call (F.cross_entropy: 7) plus masked_select's
 # two-pass parallel scan; on a 2-core machine shared with other jobs the second thread is often
 # descheduled, so each join waits for it. At 2 threads the 1.5-entmax loss at 256 x 1000 was
-# 3-5x slower than at 1 (issue 11), and up to 20x under heavier load. Above this size (16 MB of
+# 3-5x slower than at 1, and up to 20x under heavier load. Above this size (16 MB of
 # fp32, several ms per op) the caller's thread setting is kept: there, free cores pay off.
 # There is no lower bound: exp, sqrt, ceil and softmax use a second thread already at 256 x 10
 # (measured with the worker's CPU time), and leaving small rows alone made them 7-80x slower.

@@ -1,4 +1,4 @@
-"""The `entmax` package's numerical contract (issue 17): alpha-entmax and its loss for every
+"""The `entmax` package's numerical contract: alpha-entmax and its loss for every
 alpha >= 1 (alpha > 2 too), float or tensor alpha, scalar or per row, on both threshold paths.
 
 The reference is an independent float64 bisection written here (300 halvings of the bracket

@@ -1,4 +1,4 @@
-"""Hopfield pooling (issue 21, item 3; models/hopfield_pool.py): ξ = Xᵀ entmax(β X q) over the
+"""Hopfield pooling (models/hopfield_pool.py): ξ = Xᵀ entmax(β X q) over the
 final patch tokens, against a float64 reference, average pooling at β = 0, sparse selection,
 gradients, TorchScript / fx, every norm and head, and no host reads on the device path."""
 import warnings

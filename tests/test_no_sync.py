@@ -1,4 +1,4 @@
-"""The device path of every mapping and loss never reads a value on the host (issue 11).
+"""The device path of every mapping and loss never reads a value on the host.
 
 Everything runs on CPU tensors with the device path forced (models.mappings.threshold_path) under
 tests/sync_guard.py, which fails on each op that would make the host wait for the GPU on CUDA.
