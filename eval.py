@@ -9,8 +9,9 @@
 
 A run directory gives the resolved config (config.yaml) and weights (model.safetensors, or
 model_ema.safetensors with --ema); a checkpoint directory of a run (RUN/checkpoints/step_N) gives
-its weights (ema.safetensors with --ema) and the config that trained it; a weights file (.safetensors/.pth, this project's, timm's or the
-original FB/DeiT ResMLP format) needs --config or --model/--dataset to say what to build.
+its weights and the config that trained it; a weights file (.safetensors/.pth, this project's,
+timm's or the original FB/DeiT ResMLP format) needs --config or --model/--dataset to say what to
+build (engine/trained_run.py opens all three).
 Extra `key.sub=value` arguments (or `--data.root X`) override the config, as for train.py.
 
 Metrics (evaluation/metrics.py, through evaluation/evaluate.py, the loop train.py's periodic eval
@@ -43,7 +44,10 @@ import os
 import sys
 import time
 
-import torch
+from common.startup import say_loading
+
+say_loading("eval.py")  # before the imports' seconds, so the command does not look hung
+import torch  # noqa: E402
 from accelerate import Accelerator
 
 import data
@@ -246,6 +250,7 @@ def main(argv=None):
         "wall_seconds": time.perf_counter() - t0,
     }
     result["skipped_images"] = skipped
+    result["learn_alpha"] = head.learn_alpha  # its alpha is where training moved it (report tables show it)
     if skipped and not preds.totals["n"]:
         print(f"warning: every image of the {args.split} split ({skipped}) was undecodable and skipped "
               f"(data.skip_corrupt): no image was evaluated, the metrics are null", file=sys.stderr)

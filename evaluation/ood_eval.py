@@ -84,4 +84,6 @@ def ood_results(head, cfg, ood_cfg, ood_dataset, preds, evaluate_split, *, tempe
     result["temperature"] = temperature
     result["memory"] = memory_info
     result["root"] = ood_cfg.root if data.dataset_spec(ood_cfg.dataset).files else None  # generated: no files
+    if data.is_features(ood_cfg):  # name the images the OOD features came from, not just "features"
+        result["source"] = data.features.read_meta(ood_cfg.root).get("dataset")
     return result

@@ -69,6 +69,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from common.startup import say_loading  # noqa: E402  (standard library only)
+
+say_loading("compare_heads.py")
 from compare_progress import Progress  # noqa: E402
 from compare_worker import InProcess, WorkerSlot, can_run  # noqa: E402
 from engine.children import ChildProcesses  # noqa: E402
@@ -79,8 +82,6 @@ from common.io import atomic_write_text, json_text, write_json  # noqa: E402
 from engine.runlock import RunLock  # noqa: E402
 from models.registry import HEAD_NAMES, check_settings  # noqa: E402
 
-REQUEST_FILE = rundir.COMPARE_REQUEST  # what this script asked train.py for, to detect clashes
-LOG_FILE = rundir.COMPARE_LOG  # a run's train + eval output under --jobs N > 1
 REPORT_SOURCE = "compare_source.json"  # in a report folder: the runs folder its report is of
 
 
@@ -176,7 +177,10 @@ def _variants(args):
     """[(variant name, variant stem without the norm, norm, head, alpha)] in plan order."""
     for head in args.heads:
         if head not in HEAD_NAMES:
-            raise UserError(f"unknown head '{head}' in --heads; valid: {', '.join(HEAD_NAMES)}")
+            from configs.loader import suggest_value
+
+            raise UserError(f"unknown head '{head}' in --heads; valid: {', '.join(HEAD_NAMES)}"
+                            f"{suggest_value(head, HEAD_NAMES)}")
     if args.alphas and "entmax_bisect" not in args.heads:
         raise UserError("--alphas applies to entmax_bisect; add it to --heads")
     for a in args.alphas or ():
@@ -346,7 +350,7 @@ def _first_difference(old, new, prefix=""):
 def _check_request(run_dir, request, create=True):
     """Refuse to mix a run trained with other settings (overrides or config contents) into this
     comparison; record the request when the run is first started."""
-    path = os.path.join(run_dir, REQUEST_FILE)
+    path = os.path.join(run_dir, rundir.COMPARE_REQUEST)
     request = json.loads(json_text(request))  # tuples -> lists, as stored
     if os.path.isfile(path):
         with open(path) as f:
@@ -444,7 +448,7 @@ def run_parallel(todo, commands, jobs, children, progress=None):
             env = workers[slot].env
             pinned = {k: env[k] for k in ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS") if k in env}
             os.makedirs(run_dir, exist_ok=True)
-            log = os.path.join(run_dir, LOG_FILE)
+            log = os.path.join(run_dir, rundir.COMPARE_LOG)
             steps = ([("training", commands.train(overrides))] if not trained else []) \
                 + [("evaluating", commands.evaluate(run_dir))]
             with open(log, "a") as out:
@@ -702,7 +706,7 @@ def run_todo(todo, commands, requests, jobs, children, progress=None):
 def write_comparison_report(plan, commands, args, pairs, stem, command, report_dir, runs_dir):
     """Report the finished runs (naming the missing ones) and print its table and sentences;
     -> (report.md path, missing run dirs)."""
-    from evaluation import comparison
+    from evaluation import comparison, summary
 
     weights = "ema" if args.ema else "raw"
     variants, missing = {}, []
@@ -736,6 +740,9 @@ def write_comparison_report(plan, commands, args, pairs, stem, command, report_d
     if checks:
         print("Sanity checks:")
         print("\n".join(f"- {c}" for c in checks))
+    print(f"\n{summary.HEADER}")  # last: what a user takes away, derived from the numbers above
+    print("\n".join(f"- {line}" for line in summary.plain_words(variants, paired_results,
+                                                                comparison.mean_curves(variants))))
     print()
     return path, missing
 
