@@ -58,6 +58,7 @@ SCHEDULER = "scheduler.pt"
 SCALER = "scaler.pt"
 
 # ----------------------------------------------------------------------------- eval outputs
+OOD_MEMORY = {"raw": "ood_memory.safetensors", "ema": "ood_memory_ema.safetensors"}  # eval.py's feature memory
 EVAL_CSV_SUFFIX = ".csv"
 EXAMPLES_SUFFIX = ".examples.safetensors"
 POOL_MAPS_SUFFIX = ".pool_maps.safetensors"  # model.pool=hopfield: the first images' pooling weights
@@ -74,6 +75,11 @@ def rng_file(rank):
 
 def checkpoints_dir(run_dir):
     return os.path.join(run_dir, CHECKPOINTS)
+
+
+def ood_memory_name(weights_kind):
+    """The OOD feature memory of a run's raw or EMA weights (evaluation/feature_memory.py)."""
+    return OOD_MEMORY[weights_kind]
 
 
 def eval_result_name(ema=False):
