@@ -49,7 +49,7 @@ def sandbox(tmp_path, feats, monkeypatch):
 
 def _args(feats, *extra):
     return ["--config", "cfg.yaml", "--features", feats, "--runs-dir", "runs", "--report-dir", "rep",
-            "--ood-dataset", "none", "--tune", *extra]
+            "--ood-dataset", "none", "--no-mlflow", "--tune", *extra]
 
 
 def _compare(argv):
