@@ -32,7 +32,8 @@ from .am_softmax import am_softmax_loss, check_margin, check_scale
 from .losses import entmax15_loss, entmax_bisect_loss, softmax_loss, sparsemax_loss
 from .mappings import ALPHA_OF, default_n_iter, entmax15, entmax_bisect, softmax, sparsemax
 from .normmax import check_gamma, normmax, normmax_loss
-from .perturbmax import NOISES, check_noise, check_samples, check_sigma, perturbmax, perturbmax_loss
+from .perturbmax import (LOGIT_SCALE, NOISES, check_noise, check_samples, check_sigma, perturbmax, perturbmax_loss,
+                         sigma_floor)
 from .taylor_softmax import check_order, taylor_softmax, taylor_softmax_loss
 from .topk_softmax import check_k, topk_softmax, topk_softmax_loss
 
@@ -65,7 +66,7 @@ class HeadSpec:
     doc: str
     check_settings: Optional[Callable[[dict], None]] = None  # cross-field checks of its settings
     check_classes: Optional[Callable[[dict, int], None]] = None  # checks against the class count
-    draws: bool = False  # random: its settings get "draw" = (seed, step) of its noise (OutputHead)
+    draws: bool = False  # random: its settings get "draw" = (seed, step[, row ids]) of its noise (OutputHead)
 
 
 HEADS: Dict[str, HeadSpec] = {}
@@ -256,15 +257,17 @@ register(HeadSpec(
     (SCALE, MARGIN), None, sparse=False, conformal_support=False, cosine_classifier=True,
     doc="additive-margin softmax on a cosine classifier (Wang et al. 2018)"))
 
-SIGMA = HParam("sigma", float, 1.0, "(0, inf)", check_sigma,
-               "perturbmax only: noise scale sigma > 0 (Gumbel, sigma = 1: softmax in expectation)")
+SIGMA = HParam("sigma", float, 1.0, f"[{sigma_floor():.2g}, inf)", check_sigma,
+               "perturbmax only: noise scale sigma > 0 (Gumbel, sigma = 1: softmax in expectation), at least "
+               f"float32's resolution next to logits up to +-{LOGIT_SCALE:g}")
 SAMPLES = HParam("samples", int, 16, "[1, inf)", check_samples, "perturbmax only: Monte-Carlo draws per row")
 NOISE = HParam("noise", str, "gumbel", " | ".join(NOISES), check_noise, "perturbmax only: noise distribution")
 
 
 def _perturbmax_args(s: dict) -> dict:
-    seed, step = s["draw"]
-    return dict(sigma=s["sigma"], samples=s["samples"], noise=s["noise"], seed=seed, step=step)
+    seed, step, *ids = s["draw"]  # (seed, step) in training; (seed, step, row ids) in evaluation
+    return dict(sigma=s["sigma"], samples=s["samples"], noise=s["noise"], seed=seed, step=step,
+                ids=ids[0] if ids else None)
 
 
 register(HeadSpec(
