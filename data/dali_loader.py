@@ -29,10 +29,10 @@ from common.errors import UserError
 
 from . import dali_params as P
 from .loaders import epoch_train_batches
+from .registry import dataset_names, dataset_spec
 from .samplers import eval_batches
 from .transforms import eval_transform
 
-DALI_DATASETS = ("imagefolder", "shards")
 _PREFETCH_BATCHES = 3  # host read-ahead, in batches
 
 
@@ -41,9 +41,9 @@ def check_dali_config(cfg):
     from .dali_pipeline import require_dali
     from .transforms import train_crop_mode
 
-    if cfg.dataset not in DALI_DATASETS:
-        raise UserError(f"data.backend=dali supports data.dataset {' or '.join(DALI_DATASETS)}, not '{cfg.dataset}' "
-                        "(CIFAR and the built-in data use the in-memory device path: set data.backend=pil)")
+    if not dataset_spec(cfg.dataset).dali:
+        raise UserError(f"data.backend=dali supports data.dataset {' or '.join(dataset_names(dali=True))}, not "
+                        f"'{cfg.dataset}' (the in-memory datasets use the device path: set data.backend=pil)")
     if train_crop_mode(cfg) != "rrc":
         raise UserError("data.backend=dali implements data.train_crop=rrc (DeiT) only; set data.train_crop=rrc "
                         "or data.backend=pil")
@@ -74,8 +74,9 @@ def explain_backend(cfg, device=None):
 
     if cfg.backend != "auto":
         return cfg.backend, f"data.backend={cfg.backend}"
-    if cfg.dataset not in DALI_DATASETS:
-        return "pil", f"data.backend=auto: DALI serves {' and '.join(DALI_DATASETS)} only, not '{cfg.dataset}'"
+    if not dataset_spec(cfg.dataset).dali:
+        served = " and ".join(dataset_names(dali=True))
+        return "pil", f"data.backend=auto: DALI serves {served} only, not '{cfg.dataset}'"
     on_cuda = torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda")
     if not on_cuda:
         return "pil", "data.backend=auto: no CUDA device (DALI decodes on the GPU)"

@@ -45,10 +45,6 @@ def shard_path(root, split, i):
     return os.path.join(root, split, shard_name(i))
 
 
-def is_features(data_cfg):
-    return data_cfg.dataset == "features"
-
-
 def read_meta(root):
     """features.json of a feature folder, checked; UserError (one line) for a missing folder or file,
     an unreadable file or an unfinished extraction."""
@@ -71,10 +67,6 @@ def read_meta(root):
     if dim < 1 or not classes:
         raise UserError(f"{path} records feature_dim={dim} and {len(classes)} classes; extract the features again")
     return meta
-
-
-def num_classes(root):
-    return len(read_meta(root)["classes"])
 
 
 def class_names(root):
@@ -107,9 +99,6 @@ def image_settings_note(data_cfg, meta):
 class FeatureDataset:
     """One split of cached features: `features` (K, N, D) float32 for K views (1 unless augmented),
     `labels` (N,) int64, `index` (N,) the source dataset positions. `view(epoch)` -> (N, D)."""
-
-    in_memory_capable = False
-    is_feature_dataset = True
 
     def __init__(self, features, labels, index, num_classes, name="features"):
         self.views = features

@@ -28,22 +28,30 @@ from torchvision import transforms as T
 
 from common.errors import UserError
 
+from .names import CROP_RECIPES
+from .registry import dataset_spec
+
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest", "random")
-TRAIN_CROPS = ("auto", "pad", "rrc")
+TRAIN_CROPS = ("auto",) + CROP_RECIPES
 
 
 def train_crop_mode(cfg):
+    """data.train_crop, with auto resolved to the dataset's declared recipe (data/registry.py)."""
     if cfg.train_crop not in TRAIN_CROPS:
         raise UserError(f"unknown data.train_crop '{cfg.train_crop}'; valid: {', '.join(TRAIN_CROPS)}")
     if cfg.train_crop != "auto":
         return cfg.train_crop
-    return "rrc" if cfg.dataset in ("imagefolder", "shards") else "pad"
+    return dataset_spec(cfg.dataset).train_crop
 
 
-def uses_memory_path(cfg, dataset):
+def in_memory_path(cfg):
+    """Whether cfg's dataset sits in memory as one uint8 tensor and data.in_memory asks to use that."""
+    return bool(cfg.in_memory) and dataset_spec(cfg.dataset).in_memory
+
+
+def uses_memory_path(cfg):
     """The device fast path covers pad-crop + flip + erasing; anything else goes per-sample."""
-    return (bool(cfg.in_memory) and getattr(dataset, "in_memory_capable", False) and not cfg.auto_augment
-            and not cfg.color_jitter and train_crop_mode(cfg) == "pad")
+    return in_memory_path(cfg) and not cfg.auto_augment and not cfg.color_jitter and train_crop_mode(cfg) == "pad"
 
 
 def _posterize_zero_safe(img, bits_to_keep, **kw):

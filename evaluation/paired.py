@@ -21,11 +21,9 @@ head learned nothing gets "no comparison: nothing learned" as its verdict.
 import numpy as np
 
 from . import sanity
-from .statistics import across_trainings, describe_across_trainings, describe_difference, mcnemar_exact, \
-    paired_bootstrap
+from .statistics import METRIC_TABLE, METRICS, across_trainings, describe_across_trainings, describe_difference, \
+    mcnemar_exact, paired_bootstrap
 
-METRICS = ("top1", "ece", "loss")
-METRIC_LABELS = {"top1": "top-1", "ece": "ECE", "loss": "FY loss"}
 N_BOOT = 2000
 
 
@@ -100,8 +98,8 @@ def _signed(x, digits):
 
 
 def _scaled(metric):
-    """(scale, digits, unit) of a metric's differences in the tables: points for top-1 and ECE."""
-    return (100.0, 2, " pt") if metric in ("top1", "ece") else (1.0, 4, "")
+    """(scale, digits, unit) of a metric's differences in the tables: points or its own units."""
+    return (100.0, 2, " pt") if METRIC_TABLE[metric].in_points else (1.0, 4, "")
 
 
 def markdown_rows(results):
@@ -114,7 +112,7 @@ def markdown_rows(results):
             r = res["bootstrap"][m]
             scale, digits, unit = _scaled(m)
             p = res["mcnemar"]["p_value"] if m == "top1" else None
-            rows.append([f"{res['variant']} − {res['baseline']}", METRIC_LABELS[m],
+            rows.append([f"{res['variant']} − {res['baseline']}", METRIC_TABLE[m].label,
                          _signed(scale * r["difference"], digits) + unit,
                          f"[{_signed(scale * r['ci_low'], digits)}, {_signed(scale * r['ci_high'], digits)}]",
                          "yes" if r["significant"] else "no", "" if p is None else f"{p:.3g}"])
@@ -139,7 +137,7 @@ def across_rows(results):
             scale, digits, unit = _scaled(m)
             mdd = (r["mdd_low"], r["mdd_high"])
             needed = (r["seeds_needed_low"], r["seeds_needed_high"])
-            rows.append([f"{res['variant']} − {res['baseline']}", METRIC_LABELS[m],
+            rows.append([f"{res['variant']} − {res['baseline']}", METRIC_TABLE[m].label,
                          ", ".join(_signed(scale * d, digits) for d in r["per_seed"]),
                          _signed(scale * r["difference"], digits) + unit,
                          _interval(r["t_low"], r["t_high"], scale, digits),

@@ -67,15 +67,34 @@ Pure functions of arrays (numpy, float64): no I/O, no model.
 """
 import functools
 import math
+from dataclasses import dataclass
+from typing import Tuple
 
 import numpy as np
 import torch
 
 from evaluation.metrics import ECE_BINS
 
-METRICS = ("top1", "loss", "ece")
-_NEEDS = {"top1": ("correct",), "loss": ("loss",), "ece": ("confidence", "correct")}
-_LABELS = {"top1": "top-1", "loss": "FY loss", "ece": "ECE"}
+
+@dataclass(frozen=True)
+class Metric:
+    """A compared metric: its label, the per-example arrays it is computed from, whether its
+    differences read as percentage points (a fraction) or in its own units, and the decimals a
+    sentence gives them."""
+
+    label: str
+    needs: Tuple[str, ...]
+    in_points: bool
+    digits: int
+
+
+# The compared metrics, in report order (results, tables and sentences of evaluation/paired.py).
+METRIC_TABLE = {"top1": Metric("top-1", ("correct",), True, 1),
+                "ece": Metric("ECE", ("confidence", "correct"), True, 2),
+                "loss": Metric("FY loss", ("loss",), False, 3)}
+METRICS = tuple(METRIC_TABLE)
+_NEEDS = {m: t.needs for m, t in METRIC_TABLE.items()}
+_LABELS = {m: t.label for m, t in METRIC_TABLE.items()}
 _MINUS = "\u2212"
 _MAX_GATHERED = 4_000_000  # rows x replicates per chunk: bounds memory for large validation sets
 
@@ -540,9 +559,9 @@ def describe_difference(result, name_a, name_b, mcnemar=None, digits=None):
     mcnemar_exact result, appended for top-1.
     """
     metric = result["metric"]
-    in_points = metric in ("top1", "ece")
+    in_points = METRIC_TABLE[metric].in_points
     scale = 100.0 if in_points else 1.0
-    digits = digits if digits is not None else {"top1": 1, "ece": 2, "loss": 3}[metric]
+    digits = digits if digits is not None else METRIC_TABLE[metric].digits
     verdict = "significant" if result["significant"] else "not significant"
     alpha = f"{(1 - result['level']) * 100:g}%"
     text = (f"{name_a} {_MINUS} {name_b} {_LABELS[metric]}: {_signed(result['difference'] * scale, digits)}"

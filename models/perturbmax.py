@@ -37,15 +37,16 @@ are sampling artefacts, not structure, and are not a prediction set: the head is
 """
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
 from torch import Tensor
 
 from common.errors import UserError
-from .head_targets import RowGradientLoss, compute_dtype, finite_or_inf, from_rows, masked_dot, row_loss, to_rows
+from common.intervals import RangeCheck
+from .head_targets import RowGradientLoss, compute_dtype, finite_or_inf, masked_dot, row_loss
 from .keyed_noise import keyed_noise, row_keys
+from .mappings import rows_backward, rows_forward
 
 NOISES = ("gaussian", "gumbel")
 EULER_GAMMA = 0.5772156649015329  # E[Z] of the standard Gumbel
@@ -60,34 +61,24 @@ def sigma_floor(dtype: torch.dtype = torch.float32) -> float:
     return RESOLUTION_STEPS * torch.finfo(dtype).eps * LOGIT_SCALE
 
 
-def check_sigma(sigma, dtype: torch.dtype = torch.float32) -> float:
-    """sigma as a float, refused in one line when not > 0 or below the compute dtype's floor."""
-    try:
-        sigma = float(sigma)
-    except (TypeError, ValueError):
-        raise UserError(f"head.sigma must be a number > 0, got {sigma!r}") from None
-    if not (sigma > 0 and math.isfinite(sigma)):
-        raise UserError(f"head.sigma must be a finite number > 0 (the noise scale; 1 = Gumbel-softmax), got {sigma}")
-    floor = sigma_floor(dtype)
-    if sigma < floor:
-        name = str(dtype).replace("torch.", "")
-        raise UserError(f"head.sigma={sigma:g} is below what {name} resolves next to logits up to "
-                        f"+-{LOGIT_SCALE:g} (ties would break by class index, not at random); use "
-                        f"head.sigma >= {floor:.2g}")
-    return sigma
+def _sigma_check(dtype: torch.dtype) -> RangeCheck:
+    floor = float(f"{sigma_floor(dtype):.2g}")
+    return RangeCheck("head.sigma", float, f"[{floor:g}, inf)",
+                      f"the noise scale, 1 = Gumbel-softmax; smaller, {str(dtype)[6:]} cannot resolve the noise next "
+                      f"to logits up to +-{LOGIT_SCALE:g}, and perturbed logits tie, broken by class index")
 
 
-def _compute(x: Tensor) -> torch.dtype:
-    """The dtype x is computed in (fp16/bf16 in fp32): the one whose resolution bounds sigma."""
-    return x.dtype if x.dtype == torch.float64 else torch.float32
+# the declared range: float32's floor, the compute dtype of fp32/bf16/fp16 logits
+check_sigma = _sigma_check(torch.float32)
+_check_sigma_float64 = _sigma_check(torch.float64)
 
 
-def check_samples(samples) -> int:
-    if isinstance(samples, float) and samples.is_integer():
-        samples = int(samples)
-    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-        raise UserError(f"head.samples must be a whole number >= 1 (Monte-Carlo draws per row), got {samples!r}")
-    return samples
+def check_sigma_for(sigma, x: Tensor) -> float:
+    """sigma checked for x's compute dtype: the declared range, or float64's lower floor for float64 x."""
+    return (_check_sigma_float64 if x.dtype == torch.float64 else check_sigma)(sigma)
+
+
+check_samples = RangeCheck("head.samples", int, "[1, inf)", "Monte-Carlo draws per row")
 
 
 def check_noise(noise) -> str:
@@ -128,7 +119,7 @@ def _draws(z: Tensor, sigma: float, samples: int, noise: str, seed: int, step: i
     if ids is None:
         eps = draw_noise((samples,) + tuple(z.shape), noise, seed, step, z)
     else:
-        eps = keyed_noise(row_keys(seed, ids), samples, z.shape[-1], noise, z.dtype)
+        eps = keyed_noise(row_keys(seed, check_ids(ids, z.shape[0])), samples, z.shape[-1], noise, z.dtype)
     perturbed = z.unsqueeze(0) + sigma * eps
     best, winner = perturbed.max(-1)  # (M, R)
     counts = torch.zeros_like(z).scatter_add_(-1, winner.transpose(0, 1), torch.ones_like(best).transpose(0, 1))
@@ -141,24 +132,29 @@ def _grad_nu(eps: Tensor, noise: str) -> Tensor:
     return eps if noise == "gaussian" else 1.0 - torch.exp(-eps)
 
 
+def _perturbmax_rows(rows: Tensor, sigma: float, samples: int, noise: str, seed: int, step: int, ids):
+    p, _, eps = _draws(rows, sigma, samples, noise, seed, step, ids)
+    return p, (rows, eps)
+
+
+def _perturbmax_backward(rows: Tensor, eps: Tensor, g_rows: Tensor, sigma: float, noise: str) -> Tensor:
+    winner = (rows.unsqueeze(0) + sigma * eps).argmax(-1, keepdim=True)  # (M, R, 1)
+    g_win = g_rows.unsqueeze(0).expand_as(eps).gather(-1, winner)  # <g, one-hot argmax>
+    dx = (g_win * _grad_nu(eps, noise)).mean(0) / sigma
+    return dx * (rows > float("-inf"))  # a masked class gets no gradient
+
+
 class PerturbmaxFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, dim: int, sigma: float, samples: int, noise: str, seed: int, step: int, ids):
-        rows, shape = to_rows(compute_dtype(x), dim)
-        p, _, eps = _draws(rows, sigma, samples, noise, seed, step, check_ids(ids, rows.shape[0]))
-        ctx.save_for_backward(rows, eps)
-        ctx.dim, ctx.shape, ctx.sigma, ctx.noise = dim, shape, sigma, noise
-        return from_rows(p, shape, dim).to(x.dtype)
+        ctx.sigma, ctx.noise = sigma, noise
+        return rows_forward(ctx, x, dim, lambda rows: _perturbmax_rows(rows, sigma, samples, noise, seed, step, ids))
 
     @staticmethod
     def backward(ctx, g: Tensor):
-        rows, eps = ctx.saved_tensors
-        g_rows = to_rows(g.to(rows.dtype), ctx.dim)[0]
-        winner = (rows.unsqueeze(0) + ctx.sigma * eps).argmax(-1, keepdim=True)  # (M, R, 1)
-        g_win = g_rows.unsqueeze(0).expand_as(eps).gather(-1, winner)  # <g, one-hot argmax>
-        dx = (g_win * _grad_nu(eps, ctx.noise)).mean(0) / ctx.sigma
-        dx = dx * (rows > float("-inf"))  # a masked class gets no gradient
-        return from_rows(dx, ctx.shape, ctx.dim).to(g.dtype), None, None, None, None, None, None, None
+        dx = rows_backward(ctx, g, lambda rows, eps, g_rows: _perturbmax_backward(rows, eps, g_rows, ctx.sigma,
+                                                                                   ctx.noise))
+        return dx, None, None, None, None, None, None, None
 
 
 def perturbmax(x: Tensor, sigma: float = 1.0, samples: int = 16, noise: str = "gumbel", dim: int = -1,
@@ -166,7 +162,7 @@ def perturbmax(x: Tensor, sigma: float = 1.0, samples: int = 16, noise: str = "g
     """Monte-Carlo perturbed argmax along `dim`: the frequency with which each class wins
     argmax(x + sigma Z) over `samples` draws of (seed, step), or with `ids` (one integer per row,
     e.g. the examples' dataset indices) of (seed, the row's id): then independent of the batch."""
-    return PerturbmaxFunction.apply(x, dim, check_sigma(sigma, _compute(x)), check_samples(samples), check_noise(noise),
+    return PerturbmaxFunction.apply(x, dim, check_sigma_for(sigma, x), check_samples(samples), check_noise(noise),
                                     int(seed), int(step), ids)
 
 
@@ -174,7 +170,7 @@ class _PerturbedFYLoss(RowGradientLoss):
     @staticmethod
     def forward(ctx, z: Tensor, target: Tensor, sigma: float, samples: int, noise: str, seed: int, step: int, ids):
         zf = compute_dtype(z)
-        p, f, _ = _draws(zf, sigma, samples, noise, seed, step, check_ids(ids, zf.shape[0]))
+        p, f, _ = _draws(zf, sigma, samples, noise, seed, step, ids)
         shift = sigma * (EULER_GAMMA if noise == "gumbel" else 0.0)
         # unclamped: the estimate's mean is the loss (a per-row clamp at 0 would bias it upward)
         if target.dtype.is_floating_point:
@@ -194,10 +190,9 @@ def perturbmax_loss(logits: Tensor, target: Tensor, sigma: float = 1.0, samples:
     so it may be negative on a row); gradient: mean one-hot argmax of the draws - q. Classes last.
     `ids`: one integer per row (logits' leading shape), as in `perturbmax`."""
     return row_loss(_PerturbedFYLoss, logits, target, label_smoothing, ignore_index, reduction,
-                    check_sigma(sigma, _compute(logits)),
-                    check_samples(samples), check_noise(noise), int(seed), int(step), ids, class_indices=True)
+                    check_sigma_for(sigma, logits), check_samples(samples), check_noise(noise), int(seed), int(step),
+                    ids, class_indices=True)
 
 
 __all__ = ["perturbmax", "perturbmax_loss", "NOISES", "EVAL_SEED", "LOGIT_SCALE", "RESOLUTION_STEPS", "draw_seed",
-           "sigma_floor",
-           "check_sigma", "check_samples", "check_noise"]
+           "sigma_floor", "check_sigma", "check_sigma_for", "check_samples", "check_noise"]

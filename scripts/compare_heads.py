@@ -255,17 +255,18 @@ def baseline_pairs(args):
 
 def resolve_ood(args, cfg):
     """The OOD dataset name eval.py gets (None: no OOD detection)."""
-    from data import DATASET_NAMES
-    from evaluation.ood_report import default_ood_dataset
+    from data import is_features
+    from evaluation.ood_report import default_ood_dataset, ood_dataset_names
 
     if args.ood_dataset == "none":
         return None
-    if cfg.data.dataset == "features":
+    if is_features(cfg.data):
         return _feature_ood(args, cfg)
     if args.ood_dataset == "auto":
         return default_ood_dataset(cfg.data.dataset)
-    if args.ood_dataset not in DATASET_NAMES:
-        raise UserError(f"unknown --ood-dataset '{args.ood_dataset}'; valid: auto, none, {', '.join(DATASET_NAMES)}")
+    if args.ood_dataset not in ood_dataset_names():
+        raise UserError(f"unknown --ood-dataset '{args.ood_dataset}'; valid: auto, none, "
+                        f"{', '.join(ood_dataset_names())}")
     return args.ood_dataset
 
 

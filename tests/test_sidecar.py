@@ -95,13 +95,14 @@ def make_run(root, recipe):
 def eval_py(run, output):
     """eval.py's own per-image records (pred, support_size) and, from its model and dataset, the supports."""
     import eval as eval_entry
+    from engine.trained_run import open_run
     from evaluation.examples import load_examples
 
     reset_accelerate_state()
     assert eval_entry.main(["--checkpoint", run, "--output", output, "--calib", "none", "--quiet"]) in (0, None)
     records, _ = load_examples(output.replace(".json", ".examples.safetensors"))
-    cfg, weights, _ = eval_entry.resolve(eval_entry.parse_args(["--checkpoint", run]))
-    model = eval_entry.build_model(cfg, weights, 10)
+    opened = open_run(run)
+    cfg, model = opened.cfg, opened.build_model(10)
     ds = data.build_dataset(cfg.data, "val")
     with torch.no_grad():
         probs = model.output_head(model(torch.stack([ds[i][0] for i in range(len(ds))])))

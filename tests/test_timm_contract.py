@@ -1,4 +1,4 @@
-"""timm's model contract for our ResMLP (issue 17, item 1): TorchScript, torch.fx, features_only,
+"""timm's model contract for our ResMLP: TorchScript, torch.fx, features_only,
 forward_intermediates / prune_intermediate_layers and gradient checkpointing, for every variant
 and every norm.
 
