@@ -37,6 +37,7 @@ are sampling artefacts, not structure, and are not a prediction set: the head is
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -57,13 +58,15 @@ RESOLUTION_STEPS = 100  # sigma spans this many of the dtype's spacings there: t
 
 def sigma_floor(dtype: torch.dtype = torch.float32) -> float:
     """Smallest sigma whose noise the dtype resolves next to logits up to +-LOGIT_SCALE: RESOLUTION_STEPS
-    times the dtype's spacing there (at most eps * LOGIT_SCALE)."""
-    return RESOLUTION_STEPS * torch.finfo(dtype).eps * LOGIT_SCALE
+    times the dtype's spacing there (at most eps * LOGIT_SCALE), rounded up to two significant figures
+    (the range --help-config shows is the one checked)."""
+    exact = RESOLUTION_STEPS * torch.finfo(dtype).eps * LOGIT_SCALE
+    unit = 10.0 ** (math.floor(math.log10(exact)) - 1)
+    return float(f"{math.ceil(exact / unit) * unit:.2g}")
 
 
 def _sigma_check(dtype: torch.dtype) -> RangeCheck:
-    floor = float(f"{sigma_floor(dtype):.2g}")
-    return RangeCheck("head.sigma", float, f"[{floor:g}, inf)",
+    return RangeCheck("head.sigma", float, f"[{sigma_floor(dtype):g}, inf)",
                       f"the noise scale, 1 = Gumbel-softmax; smaller, {str(dtype)[6:]} cannot resolve the noise next "
                       f"to logits up to +-{LOGIT_SCALE:g}, and perturbed logits tie, broken by class index")
 

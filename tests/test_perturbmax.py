@@ -227,3 +227,30 @@ def test_sigma_below_the_dtypes_resolution_is_refused():
     assert ((p - 1 / 3).abs() < 0.01).all()
     p = perturbmax(tied + 100.0, sigma=sigma_floor(torch.float32), samples=64).mean(0)  # at the floor, |z| = 100
     assert ((p - 1 / 3).abs() < 0.01).all()
+
+
+def test_evaluate_gives_each_example_the_same_numbers_at_any_batch_size(one_thread):
+    """evaluation.evaluate (train.py's and eval.py's loop) passes each example's index to the head:
+    batch sizes 1, 7, 128 and 256 give the same per-example probabilities."""
+    from evaluation.evaluate import evaluate
+
+    class Tiny(torch.nn.Module):
+        num_classes = 10
+
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(6, 10)
+            self.output_head = build_output_head("perturbmax", samples=16)
+
+        def forward(self, x):
+            return self.fc(x)
+
+    torch.manual_seed(0)
+    model, x = Tiny(), torch.randn(260, 6) * 3
+    y = torch.randint(0, 10, (260,))
+    # batch 1 over the first 30 examples only (the loop's cost is per batch)
+    out = {b: evaluate(model, [(x[s:s + b], y[s:s + b]) for s in range(0, 30 if b == 1 else 260, b)],
+                       keep_examples=True).records for b in (1, 7, 128, 256)}
+    for b in (1, 7, 128):
+        for key in ("max_prob", "p_y", "pred", "support_size"):
+            assert torch.equal(out[b][key], out[256][key][:len(out[b][key])]), (b, key)
