@@ -66,17 +66,20 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from common.startup import say_loading  # noqa: E402  (standard library only)
+
+say_loading("train.py")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
-from accelerate.utils import gather_object  # noqa: E402
+from accelerate.utils import ProjectConfiguration, gather_object  # noqa: E402
 from timm.utils import ModelEmaV3  # noqa: E402
 
 import configs  # noqa: E402
@@ -89,17 +92,19 @@ from data.samplers import num_train_batches  # noqa: E402
 from engine import checkpoint as ck  # noqa: E402
 from engine import resume_policy as rp  # noqa: E402
 from engine.cli import run_cli  # noqa: E402
-from engine.distill import build_distiller  # noqa: E402
+from engine.distill import build_distiller, teacher_line  # noqa: E402
 from engine.feature_probe import build_feature_probe, resolve_features  # noqa: E402
 from engine.finetune import load_pretrained_weights, resolve_pretrained, summary_fields  # noqa: E402
-from engine.freeze import apply_freeze  # noqa: E402
+from engine.freeze import apply_freeze, freeze_line  # noqa: E402
 from engine.launch import launch_lines  # noqa: E402
-from engine.logging import EpochCSV, MetricsLog, console, format_eval, progress_bar, tensorboard_available  # noqa: E402
+from engine import trackers  # noqa: E402
+from engine.logging import EpochCSV, MetricsLog, console, format_eval, progress_bar  # noqa: E402
 from engine.optim import build_optimizer, build_scheduler  # noqa: E402
 from engine.preemption import PreemptionGuard, gloo_reduce_max  # noqa: E402
 from engine.rng import capture_rng_state, reseed, restore_rng_state  # noqa: E402
 from engine.run_start import prepare_run_dir  # noqa: E402
 from engine.runlock import RunLock  # noqa: E402
+from engine.trainer_state import Counters, TrainerState  # noqa: E402
 from evaluation.evaluate import evaluate  # noqa: E402
 from models import create_classifier  # noqa: E402
 
@@ -156,25 +161,10 @@ class NonFiniteLoss(Exception):
 
 
 @dataclass
-class RunState:
-    """The counters a checkpoint saves (trainer_state.json) and a resume restores."""
-    step: int = 0  # optimizer updates done
-    epoch: int = 0  # epochs done
-    batch: int = 0  # micro-batches done in the current epoch
-    best_top1: Optional[float] = None
-    best_step: Optional[int] = None
-    skipped: int = 0  # updates skipped for a non-finite loss
-    recent_skips: list = field(default_factory=list)  # steps skipped within the last SKIP_WINDOW updates
-    train_time_s: float = 0.0
-    images: int = 0
-    warmup_s: float = 0.0  # session warm-up time (see WARMUP_UPDATES), excluded from img/s
-    warmup_images: int = 0
-    last_eval: dict = field(default_factory=dict)
-    # the lr schedule is indexed at step + schedule_offset: a resume with a changed global batch
-    # (--resume-with-changes) maps the run's position to the new number of updates per epoch
-    schedule_offset: int = 0
-    epoch_note: str = ""  # config changes applied during the current epoch (its epochs.csv row notes them)
-    last_ckpt: Optional[str] = None  # not saved: where this session's last checkpoint went
+class RunState(Counters):
+    """The run's counters: those a checkpoint saves and a resume restores (engine/trainer_state.py),
+    and where this session's last checkpoint went (not saved)."""
+    last_ckpt: Optional[str] = None
 
 
 @dataclass
@@ -182,7 +172,7 @@ class Run:
     """Everything one training run holds; built once by `setup`."""
     cfg: Any
     accelerator: Any
-    use_tb: bool
+    trackers: list  # train.log_with resolved: the Accelerate trackers logged to (engine/trackers.py)
     fingerprint: dict  # engine.resume_policy.resume_fingerprint: the whole resolved config
     global_batch: int
     updates_per_epoch: int
@@ -481,7 +471,7 @@ def log_step(run):
         row = {"kind": "train", "step": step, "epoch": state.epoch + 1,
                "loss": loss_t.item(), "lr": lr, "img_per_s": ips, "skipped": state.skipped}
         run.metrics.write(**row)
-        if run.use_tb:
+        if run.trackers:
             run.accelerator.log({"train/loss": row["loss"], "train/lr": lr, "train/img_per_s": ips}, step=step)
         run.bar.set_postfix(loss=f"{row['loss']:.4f}", lr=f"{lr:.2e}", img_s=f"{ips:.0f}", refresh=False)
     run.bar.update(1)
@@ -505,6 +495,10 @@ def end_of_epoch(run, epoch, seconds):
         row["changes"], state.epoch_note = state.epoch_note, ""
     line = (f"epoch {epoch + 1}/{epochs}  step {state.step}  loss {row['train_loss']:.4f}  "
             f"lr {row['lr']:.2e}  {row['img_per_s']:.0f} img/s")
+    alphas = learned_alphas(run)  # head.learn_alpha: where it has moved to
+    if alphas:
+        row.update({f"{weights}_alpha": a for weights, a in alphas.items()})
+        line += f"  α {alphas['raw']:.4f}" + (f" (ema {alphas['ema']:.4f})" if "ema" in alphas else "")
     evaluated = (epoch + 1) % run.cfg.train.eval_every == 0 or epoch + 1 == epochs
     if evaluated:
         line += evaluate_epoch(run, row)
@@ -515,6 +509,13 @@ def end_of_epoch(run, epoch, seconds):
     save_checkpoint(run, epoch + 1, 0)
     if evaluated:
         stop_if_empty_eval(run)
+
+
+def learned_alphas(run):
+    """{"raw": α, "ema": α} of a head that learns α (the EMA weights average it too); {} otherwise."""
+    models = {"raw": run.raw_model, **({"ema": run.ema.module} if run.ema is not None else {})}
+    out = {weights: m.output_head.learned_alpha() for weights, m in models.items()}
+    return {} if out["raw"] is None else out
 
 
 def stop_if_empty_eval(run):
@@ -552,7 +553,7 @@ def evaluate_epoch(run, row):
         run.metrics.write(kind="eval", step=state.step, epoch=state.epoch, weights=weights, **m)
         row.update({f"{weights}_{k}": v for k, v in m.items()})
         text += f"  | {weights}: {format_eval(m)}"
-        if run.use_tb:
+        if run.trackers:
             run.accelerator.log({f"val_{weights}/{k}": v for k, v in m.items() if k != "n"}, step=state.step)
     state.last_eval = evals
     if not evals["raw"]["n"]:
@@ -581,6 +582,8 @@ def write_summary(run):
         "data_backend": data_lib.explain_backend(run.cfg.data, run.accelerator.device)[0],
         **summary_fields(run.cfg),  # model.pretrained and train.teacher: path and sha256
     }
+    if learned_alphas(run):
+        summary["learned_alpha"] = learned_alphas(run)
     write_json(summary, os.path.join(run_dir, rundir.SUMMARY))
     raw_top1 = _percent(state.last_eval.get("raw", {}).get("top1", math.nan))
     ema_text = f", {_percent(state.last_eval['ema']['top1'])} (ema)" if "ema" in state.last_eval else ""
@@ -614,7 +617,7 @@ def save_checkpoint(run, epoch, batch):
     rank; the previous checkpoints are untouched."""
     accelerator, state = run.accelerator, run.state
     stop_if_nonfinite(run)  # never save the weights of a non-finite update
-    root, step = os.path.join(run.run_dir, ck.CHECKPOINT_SUBDIR), state.step
+    root, step = os.path.join(run.run_dir, rundir.CHECKPOINTS), state.step
     tmp = ck.tmp_dir_for(root, step)
     # the epoch's partial loss sums, per update (not per rank): epochs.csv stays exact after a
     # mid-epoch resume on any number of processes
@@ -623,17 +626,14 @@ def save_checkpoint(run, epoch, batch):
     def write_files():
         ck.write_rank_files(tmp, run.rank, capture_rng_state())
         if run.main_proc:
-            trainer_state = asdict(state)
-            del trainer_state["last_ckpt"]
-            # the whole config once (its name is config["name"]); global_batch stays for older readers
-            trainer_state.update(epoch=epoch, batch=batch, config=run.fingerprint, global_batch=run.global_batch,
-                                 world_size=run.world,
-                                 updates_in_epoch=batch // run.cfg.train.grad_accum,
-                                 updates_per_epoch=run.updates_per_epoch,
-                                 epoch_partial={"loss_sum": loss_sum, "updates": updates})
-            # False when an update was skipped for a non-finite loss since the previous checkpoint:
-            # pruning then keeps an older checkpoint saved with finite losses
-            trainer_state[ck.LOSS_FINITE_KEY] = state.skipped == run.skipped_at_save
+            trainer_state = TrainerState(
+                **{**state.counters(), "epoch": epoch, "batch": batch},
+                config=run.fingerprint,  # the whole config once (its name is config["name"])
+                world_size=run.world, updates_in_epoch=batch // run.cfg.train.grad_accum,
+                updates_per_epoch=run.updates_per_epoch, epoch_partial={"loss_sum": loss_sum, "updates": updates},
+                # False when an update was skipped for a non-finite loss since the previous checkpoint:
+                # pruning then keeps an older checkpoint saved with finite losses
+                loss_finite=state.skipped == run.skipped_at_save)
             ck.write_main_files(
                 tmp,
                 model_state=run.raw_model.state_dict(),
@@ -680,8 +680,8 @@ def restore(run, ckpt, saved, changes=(), fresh_hparams=None):
     source = f"checkpoint {ckpt}"
     load_into(run.raw_model, read_safetensors(os.path.join(ckpt, rundir.WEIGHTS)), source)
     if run.ema is not None:
-        ema_path = rundir.ema_weights(ckpt)  # older checkpoints: ema.safetensors
-        if ema_path is not None:
+        ema_path = os.path.join(ckpt, rundir.EMA_WEIGHTS)
+        if os.path.isfile(ema_path):
             load_into(run.ema.module, read_safetensors(ema_path), source)
         else:  # EMA switched on by an accepted change: it starts from the resumed weights
             run.ema.set(run.raw_model)
@@ -693,12 +693,11 @@ def restore(run, ckpt, saved, changes=(), fresh_hparams=None):
     rng_state = ck.load_rng(ckpt, run.rank)
     if rng_state is not None:
         restore_rng_state(rng_state)
-    for f in fields(RunState):
-        if f.name in saved:
-            setattr(run.state, f.name, saved[f.name])
+    for name, value in saved.counters().items():
+        setattr(run.state, name, value)
     run.state.last_ckpt = ckpt
     run.skipped_at_save = run.state.skipped
-    run.epoch_loss_carried = rp.saved_epoch_partial(saved)  # on every rank: the totals add it once
+    run.epoch_loss_carried = saved.partial_epoch()  # on every rank: the totals add it once
     new_epoch_length = restore_epoch_position(run, saved, changes)
     run.metrics.truncate_after(run.state.step)  # rows after the checkpoint are re-logged exactly once
     run.epochs_csv.truncate_after(run.state.step)
@@ -722,12 +721,12 @@ def restore_epoch_position(run, saved, changes):
     state.batch = done * run.cfg.train.grad_accum
     state.schedule_offset = state.epoch * run.updates_per_epoch + done - state.step
     notes = [rp.format_changes(changes)] if changes else []
-    if saved.get("world_size") not in (None, run.world):
-        notes.append(f"processes {saved['world_size']} -> {run.world}")
+    if saved.world_size != run.world:
+        notes.append(f"processes {saved.world_size} -> {run.world}")
     if notes:
         note = f"from step {state.step}: {', '.join(notes)}"
         state.epoch_note = f"{state.epoch_note}; {note}" if state.epoch_note else note
-    return saved.get("updates_per_epoch", run.updates_per_epoch) != run.updates_per_epoch
+    return saved.updates_per_epoch != run.updates_per_epoch
 
 
 # ============================================================================ setup
@@ -739,18 +738,18 @@ def setup(cfg, resume, overwrite, accept_changes=False):
     # to zero costs nothing (a census of one training step per head found none; the sparse-head
     # slowdowns first blamed on them came from other jobs sharing the cores). Deterministic either way.
     torch.set_flush_denormal(True)
-    accelerator, use_tb = build_accelerator(cfg)
+    accelerator, tracker_names = build_accelerator(cfg)
     main_proc = accelerator.is_main_process
     lock = RunLock(cfg.train.output_dir, purpose="training", enabled=main_proc,
                    warn=lambda msg: console(msg, main_proc))
     try:
-        return build_run(cfg, resume, overwrite, accept_changes, accelerator, use_tb, lock)
+        return build_run(cfg, resume, overwrite, accept_changes, accelerator, tracker_names, lock)
     except BaseException:
         lock.release()
         raise
 
 
-def build_run(cfg, resume, overwrite, accept_changes, accelerator, use_tb, lock):
+def build_run(cfg, resume, overwrite, accept_changes, accelerator, tracker_names, lock):
     world, device, main_proc = accelerator.num_processes, accelerator.device, accelerator.is_main_process
     global_batch = cfg.data.batch_size * world * cfg.train.grad_accum
     num_classes = data_lib.num_classes(cfg.data)
@@ -763,7 +762,7 @@ def build_run(cfg, resume, overwrite, accept_changes, accelerator, use_tb, lock)
     backend, backend_why = data_lib.explain_backend(cfg.data, device)
     for line in launch_lines(num_processes=world, device=device, configured_precision=cfg.train.mixed_precision,
                              used_precision=accelerator.mixed_precision, backend=backend, backend_why=backend_why,
-                             tensorboard_wanted=cfg.train.tensorboard, tensorboard_available=tensorboard_available()):
+                             threads=torch.get_num_threads()):
         console(line, main_proc)
 
     with accelerator.main_process_first():  # downloads / dataset caches are written once
@@ -782,13 +781,16 @@ def build_run(cfg, resume, overwrite, accept_changes, accelerator, use_tb, lock)
     if pretrained is not None:
         load_pretrained_weights(raw_model, pretrained, lambda msg: console(msg, main_proc))
     apply_freeze(raw_model, cfg.model.freeze)  # model.freeze=backbone: a linear probe
+    for line in (freeze_line(raw_model, cfg.model.freeze), distiller and teacher_line(cfg, distiller)):
+        if line:
+            console(line, main_proc)
     optimizer = build_optimizer(raw_model, cfg.optim, global_batch)
     fresh_hparams = rp.optimizer_hparams(optimizer)  # this config's settings, before a checkpoint's replace them
     scheduler = build_scheduler(optimizer, cfg.optim, updates_per_epoch)  # stepped by us per update
     model, optimizer = accelerator.prepare(raw_model, optimizer)
     label_smoothing = 0.0 if mixup is not None else cfg.data.label_smoothing
     run = Run(
-        cfg=cfg, accelerator=accelerator, use_tb=use_tb, fingerprint=fp, global_batch=global_batch,
+        cfg=cfg, accelerator=accelerator, trackers=tracker_names, fingerprint=fp, global_batch=global_batch,
         updates_per_epoch=updates_per_epoch, train_set=train_set, val_loader=val_loader, mixup=mixup,
         # Mixup/CutMix already fold label smoothing into their soft targets: never apply it twice.
         label_smoothing=label_smoothing, raw_model=raw_model, model=model,
@@ -804,8 +806,8 @@ def build_run(cfg, resume, overwrite, accept_changes, accelerator, use_tb, lock)
     run.epoch_loss = torch.zeros(2, dtype=torch.float64, device=device)
     if ckpt is not None:
         restore(run, ckpt, saved, changes, fresh_hparams)
-    if use_tb:
-        accelerator.init_trackers("tensorboard")
+    trackers.start(accelerator, tracker_names, cfg, trackers.flat_params(configs.config_to_dict(cfg)),
+                   resuming=ckpt is not None)
     run.time_base, run.log_images = run.state.train_time_s, run.state.images
     run.session_images = run.state.images
     run.session_t0 = run.log_t = time.perf_counter()
@@ -847,17 +849,19 @@ def build_accelerator(cfg):
     if cfg.train.sync_debug and cfg.train.nonfinite == "skip":
         raise UserError("train.sync_debug=true cannot be combined with train.nonfinite=skip, which reads one flag "
                         "per update by design; use train.nonfinite=stop")
-    use_tb = cfg.train.tensorboard and tensorboard_available()
+    tracker_names = trackers.tracker_names(cfg.train.log_with)  # a missing package: one line, exit 2
     # Accelerate only sets up gloo multi-process training on CPU when asked for the CPU explicitly.
     cpu_multi_process = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
     accelerator = Accelerator(
         cpu=cpu_multi_process,
         mixed_precision=cfg.train.mixed_precision,
         gradient_accumulation_steps=cfg.train.grad_accum,
-        log_with="tensorboard" if use_tb else None,
-        project_dir=cfg.train.output_dir,
+        log_with=tracker_names or None,
+        # TensorBoard writes to LOGGING_DIR/<run name>: RUN_DIR/tensorboard/<name>
+        project_config=ProjectConfiguration(project_dir=cfg.train.output_dir,
+                                            logging_dir=trackers.tensorboard_dir(cfg.train.output_dir)),
     )
-    return accelerator, use_tb
+    return accelerator, tracker_names
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@
         model.safetensors        exported raw weights, after every epoch
         model_ema.safetensors    exported EMA weights (train.ema)
         summary.json             written last by a finished training
-        tensorboard/             TensorBoard logs (Accelerate's project dir)
+        tensorboard/<name>/      TensorBoard logs through Accelerate (train.log_with, engine/trackers.py)
+        mlflow.db, trackers.json MLflow's local store when MLFLOW_TRACKING_URI is unset; the MLflow run id
         eval.json, eval_ema.json eval results scripts/compare_heads.py asks eval.py for (with the
                                  .csv row and .examples.safetensors records beside, see below)
         compare_request.json     the settings compare_heads trained the run with
@@ -19,8 +20,7 @@
             model.safetensors, model_ema.safetensors, optimizer.pt, scheduler.pt, scaler.pt,
             trainer_state.json, rng_<rank>.json, COMPLETE.json (written last)
 
-One EMA name in both places: model_ema.safetensors. Checkpoints written before it call the EMA
-weights ema.safetensors; `ema_weights` finds either, so they still resume.
+One EMA name in both places: model_ema.safetensors.
 
 An eval result OUTPUT.json has its CSV row at OUTPUT.csv and its per-example records at
 OUTPUT.examples.safetensors (`eval_csv_path`, `examples_path`); a hopfield-pooled model's support
@@ -40,6 +40,7 @@ WEIGHTS = "model.safetensors"
 EMA_WEIGHTS = "model_ema.safetensors"
 SUMMARY = "summary.json"
 TENSORBOARD = "tensorboard"
+TRACKERS = "trackers.json"  # the MLflow run a resumed training goes on logging into (engine/trackers.py)
 CHECKPOINTS = "checkpoints"
 EVAL_RESULT = "eval.json"
 EVAL_EMA_RESULT = "eval_ema.json"
@@ -55,9 +56,9 @@ TRAINER_STATE = "trainer_state.json"
 OPTIMIZER = "optimizer.pt"
 SCHEDULER = "scheduler.pt"
 SCALER = "scaler.pt"
-LEGACY_EMA_WEIGHTS = "ema.safetensors"  # the EMA weights of checkpoints saved before the one EMA name
 
 # ----------------------------------------------------------------------------- eval outputs
+OOD_MEMORY = {"raw": "ood_memory.safetensors", "ema": "ood_memory_ema.safetensors"}  # eval.py's feature memory
 EVAL_CSV_SUFFIX = ".csv"
 EXAMPLES_SUFFIX = ".examples.safetensors"
 POOL_MAPS_SUFFIX = ".pool_maps.safetensors"  # model.pool=hopfield: the first images' pooling weights
@@ -76,14 +77,9 @@ def checkpoints_dir(run_dir):
     return os.path.join(run_dir, CHECKPOINTS)
 
 
-def ema_weights(folder):
-    """Path of the EMA weights in a run or checkpoint directory: model_ema.safetensors, or the
-    legacy ema.safetensors of an older checkpoint; None when neither exists."""
-    for name in (EMA_WEIGHTS, LEGACY_EMA_WEIGHTS):
-        path = os.path.join(folder, name)
-        if os.path.isfile(path):
-            return path
-    return None
+def ood_memory_name(weights_kind):
+    """The OOD feature memory of a run's raw or EMA weights (evaluation/feature_memory.py)."""
+    return OOD_MEMORY[weights_kind]
 
 
 def eval_result_name(ema=False):

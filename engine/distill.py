@@ -26,8 +26,9 @@ import os
 import torch
 import torch.nn.functional as F
 
+from common import rundir
 from common.errors import UserError
-from configs.loader import RUN_CONFIG_NAME, load_run_config
+from configs.loader import load_run_config
 from data.classes import class_mismatch, class_names, load_class_names
 from models import MODEL_NAMES, create_classifier
 from models.convert import convert_state_dict, read_state_dict
@@ -101,7 +102,7 @@ def _run_dir_teacher(path, data_cfg, num_classes):
     elif len(class_names(data_cfg)) != num_classes:
         raise UserError(f"train.teacher: {path} has no classes list and another class count")
     teacher = create_classifier(tcfg.model, tcfg.head, num_classes)
-    sd = read_state_dict(os.path.join(path, "model.safetensors"))
+    sd = read_state_dict(os.path.join(path, rundir.WEIGHTS))
     _load_strict(teacher, _converted(sd, teacher, f"train.teacher {path}"), f"train.teacher {path}")
     return teacher, teacher.output_head, teacher.img_size
 
@@ -140,6 +141,16 @@ def _timm_teacher(name, weights, num_classes):
     return teacher, softmax, size
 
 
+def teacher_line(cfg, distiller):
+    """The run's teacher in one line: what it is, its file's hash, how its output enters the loss."""
+    tc = cfg.train
+    weights = f", weights {tc.teacher_weights}" if tc.teacher_weights else ""
+    digest = f", sha256 {tc.teacher_sha256[:12]}..." if tc.teacher_sha256 else ""
+    target = "its argmax as the label" if tc.distill == "hard" else f"its probabilities at temperature τ = {tc.distill_tau:g}"
+    return (f"teacher: {tc.teacher}{weights}{digest} ({type(distiller.teacher).__name__}, frozen); train.distill={tc.distill}: "
+            f"loss = {1 - tc.distill_alpha:g} × the head's loss + {tc.distill_alpha:g} × the loss towards {target}")
+
+
 def build_distiller(cfg, num_classes, accelerator):
     """The run's Distiller (None for train.distill=none); records the teacher file's sha256 in
     cfg.train.teacher_sha256 (a pinned one must match). Call before the resume fingerprint."""
@@ -149,7 +160,7 @@ def build_distiller(cfg, num_classes, accelerator):
     import timm
 
     spec = tc.teacher
-    if os.path.isdir(spec) and os.path.isfile(os.path.join(spec, RUN_CONFIG_NAME)):
+    if os.path.isdir(spec) and os.path.isfile(os.path.join(spec, rundir.CONFIG)):
         if tc.teacher_weights is not None:
             raise UserError("train.teacher_weights goes with a timm model name; a run directory brings its weights")
         _, tc.teacher_sha256 = hashed_file(spec, tc.teacher_sha256, "train.teacher")

@@ -14,6 +14,8 @@ import tempfile
 
 import pytest
 
+from common import rundir
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "compare_heads.py")
 HEADS = ("softmax", "sparsemax")
@@ -167,13 +169,13 @@ def test_runs_with_other_settings_are_refused(tmp_path):
     cfg.write_text(TINY_CONFIG)
     run = tmp_path / "runs" / "softmax-s0"
     run.mkdir(parents=True)
-    (run / compare_heads.REQUEST_FILE).write_text(json.dumps({"config": str(cfg), "overrides": ["x=1"]}))
+    (run / rundir.COMPARE_REQUEST).write_text(json.dumps({"config": str(cfg), "overrides": ["x=1"]}))
     args = ["--config", str(cfg), "--heads", "softmax", "--runs-dir", str(tmp_path / "runs"),
             "--report-dir", str(tmp_path / "report")]
     with pytest.raises(UserError, match="other settings"):
         compare_heads.main(args)
     # The same overrides but the config file changed since: named in the message.
-    (run / compare_heads.REQUEST_FILE).unlink()
+    (run / rundir.COMPARE_REQUEST).unlink()
     assert compare_heads.main(args + ["--dry-run"]) == 0
     plan, _ = compare_heads.plan_runs(compare_heads.parse_args(args))
     import configs
@@ -207,7 +209,8 @@ def test_plan_names_variants_and_overrides():
 
 
 def _records(run_dir):
-    from evaluation.examples import examples_path, load_examples
+    from common.rundir import examples_path
+    from evaluation.examples import load_examples
 
     return load_examples(examples_path(os.path.join(run_dir, "eval.json")))[0]
 
@@ -259,6 +262,16 @@ def test_report_has_paired_statistics_selective_and_ood_sections():
         row = next(line for line in md.splitlines() if line.startswith(f"| {head} | {label} |"))
         assert row.split("|")[3].strip() == f"{100 * evals[head]['ood']['scores'][key]['auroc']:.2f}%"
     assert not any(line.startswith("| softmax | support size |") for line in md.splitlines())
+    # the logit and feature-memory scores beside them, each with its difference to max probability
+    ood_md = md.split("## Out-of-distribution detection")[1].split("\n## ")[0]
+    assert "Δ AUROC vs max prob" in ood_md
+    row = next(line for line in ood_md.splitlines() if line.startswith("| sparsemax | kNN |")).split("|")
+    diff = evals["sparsemax"]["ood"]["scores"]["knn"]["auroc"] - evals["sparsemax"]["ood"]["scores"]["max_prob"]["auroc"]
+    from evaluation.statistics import signed_points
+
+    assert row[5].strip() == f"{signed_points(diff)} pt (1 seed)"
+    assert next(line for line in ood_md.splitlines()
+                if line.startswith("| softmax | max probability |")).split("|")[5].strip() == "—"
     assert "Train times and img/s depend on what else the machine was running" in md
 
 
