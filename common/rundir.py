@@ -10,7 +10,8 @@
         model.safetensors        exported raw weights, after every epoch
         model_ema.safetensors    exported EMA weights (train.ema)
         summary.json             written last by a finished training
-        tensorboard/             TensorBoard logs (Accelerate's project dir)
+        tensorboard/<name>/      TensorBoard logs through Accelerate (train.log_with, engine/trackers.py)
+        mlflow.db, trackers.json MLflow's local store when MLFLOW_TRACKING_URI is unset; the MLflow run id
         eval.json, eval_ema.json eval results scripts/compare_heads.py asks eval.py for (with the
                                  .csv row and .examples.safetensors records beside, see below)
         compare_request.json     the settings compare_heads trained the run with
@@ -39,6 +40,7 @@ WEIGHTS = "model.safetensors"
 EMA_WEIGHTS = "model_ema.safetensors"
 SUMMARY = "summary.json"
 TENSORBOARD = "tensorboard"
+TRACKERS = "trackers.json"  # the MLflow run a resumed training goes on logging into (engine/trackers.py)
 CHECKPOINTS = "checkpoints"
 EVAL_RESULT = "eval.json"
 EVAL_EMA_RESULT = "eval_ema.json"
