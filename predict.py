@@ -229,9 +229,10 @@ def prediction_rows(head, logits, index, paths, names, topk, thresholds, aps_see
     sparse = head.name in SPARSE_HEAD_NAMES
     rows = []
     for start in range(0, logits.shape[0], ROW_CHUNK):
-        z, idx = logits[start:start + ROW_CHUNK], index[start:start + ROW_CHUNK].tolist()
-        with torch.no_grad():
-            probs = head(z).float()  # as eval.py's prediction sets compute them: the head on float32 logits
+        ids = index[start:start + ROW_CHUNK]
+        z, idx = logits[start:start + ROW_CHUNK], ids.tolist()
+        with torch.no_grad():  # as eval.py's prediction sets compute them: the head on float32 logits,
+            probs = head(z, ids=ids).float()  # a random head's noise keyed by each image's index in the list
         order = probs.double().sort(dim=1, descending=True, stable=True).indices
         masks = {}
         for t in thresholds:

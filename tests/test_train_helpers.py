@@ -58,6 +58,33 @@ def run_inprocess(cfg, **kwargs):
         torch.set_num_threads(threads)
 
 
+def main_inprocess(*argv):
+    """`python train.py ARGV` in this process (engine.cli.run_cli, as the command line runs it): a
+    subprocess.CompletedProcess with the exit status and what it printed. For tests where a real
+    process is not what is tested (no signal, kill or second process): it saves a Python start-up."""
+    import contextlib
+    import io
+
+    import torch
+
+    import train
+    from engine.cli import run_cli
+
+    reset_accelerate_state()
+    out, err = io.StringIO(), io.StringIO()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as run_inprocess (and OMP_NUM_THREADS=1 in subprocess_env)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                run_cli(train.main, list(argv))  # always ends in sys.exit(status)
+            except SystemExit as stop:
+                code = stop.code
+    finally:
+        torch.set_num_threads(threads)
+    return subprocess.CompletedProcess(["train.py", *argv], code, out.getvalue(), err.getvalue())
+
+
 def subprocess_env(**extra):
     env = dict(os.environ)
     env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
