@@ -48,7 +48,7 @@ import data
 import models
 from common import rundir
 from common.errors import UserError
-from common.io import remove_stale_temp, write_json
+from common.io import prepare_output, write_json
 from common.seeding import mix_seed
 from common.weights import load_into, read_state_dict
 from configs.loader import apply_overrides, config_to_dict
@@ -57,7 +57,7 @@ from engine import checkpoint as ck
 from engine import resume_policy as rp
 from engine.cli import run_cli
 from engine.feature_probe import build_eval_probe
-from engine.runlock import RunLock
+from engine.runlock import writing_into
 from evaluation import conformal, ood_report, pool_support, report, selective_report
 from evaluation import metrics as M
 from evaluation.evaluate import evaluate
@@ -344,6 +344,8 @@ def selective_summary(records, head_name):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.output:
+        prepare_output(args.output)  # a bad --output is one line now, not after the forward passes
     cfg, weights, kind = resolve(args)
 
     # Data and weights first: every user error surfaces before any process group is set up.
@@ -441,8 +443,7 @@ def write_outputs(result, records, output, pool_maps=None):
     line naming the file (WriteError, exit 74)."""
     folder = os.path.dirname(os.path.abspath(output))
     maps_path = rundir.pool_maps_path(output)
-    with RunLock(folder, purpose="eval"):  # one writer per folder
-        remove_stale_temp(folder, names=rundir.eval_outputs(output) + [maps_path])
+    with writing_into(folder, purpose="eval", names=rundir.eval_outputs(output) + [maps_path]):  # one writer per folder
         write_json(result, output)
         report.write_csv([report.flatten_metrics(result)], rundir.eval_csv_path(output))
         save_examples(records, rundir.examples_path(output), head=result["head"], split=result["split"],

@@ -132,7 +132,7 @@ def load_model(cfg, weights, names, source):
     """eval.py's model building, with the class list's size; a class count that differs from the
     weights' classifier is named as the classes file's fault (not as a mismatched tensor)."""
     from eval import build_model
-    from models.convert import read_state_dict
+    from common.weights import read_state_dict
 
     classifier = read_state_dict(weights).get("head.weight")
     if classifier is not None and classifier.shape[0] != len(names):
@@ -305,21 +305,25 @@ def csv_text(rows, topk, sparse, set_keys):
 
 def write_predictions(rows, output, topk, sparse, thresholds):
     from common.io import atomic_write_text, json_text
+    from engine.runlock import writing_into
 
-    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     if output.lower().endswith(".jsonl"):
         text = "".join(json_text(row) + "\n" for row in rows)
     else:
         set_keys = [(t["method"], f"{t['epsilon']:g}") for t in thresholds]
         text = csv_text(rows, topk, sparse, set_keys)
-    atomic_write_text(output, text)
+    with writing_into(os.path.dirname(os.path.abspath(output)), purpose="predict", names=[output]):
+        atomic_write_text(output, text)
 
 
 # ============================================================================ main
 def main(argv=None):
     args = parse_args(argv)
     check_args(args)
+    from common.io import prepare_output
     from eval import resolve
+
+    prepare_output(args.output)  # before the forward pass: a path through a file or a read-only folder is one line now
 
     from data.unlabeled import list_images
     from engine.logging import console

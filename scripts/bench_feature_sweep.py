@@ -35,6 +35,8 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 import yaml  # noqa: E402
 
+from common.io import atomic_write_text, prepare_output  # noqa: E402
+from engine.cli import run_cli  # noqa: E402
 from models.heads import HEAD_NAMES  # noqa: E402
 
 TARGET_S = 60.0
@@ -65,8 +67,7 @@ def parse_args(argv=None):
 
 
 def write_yaml(obj, path):
-    with open(path, "w") as f:
-        yaml.safe_dump(obj, f)
+    atomic_write_text(path, yaml.safe_dump(obj))
     return path
 
 
@@ -92,7 +93,7 @@ def run(cmd, cpu=None):
 def main(argv=None):
     args = parse_args(argv)
     work = args.work or tempfile.mkdtemp(prefix="bench_features_")
-    os.makedirs(work, exist_ok=True)
+    prepare_output(work, folder=True)  # a folder that cannot be written: one line (exit 74) before any timing
     for old in ("runs_f", "report_f", "report_f2", "runs_i", "report_i"):  # this script's own outputs: timed afresh
         shutil.rmtree(os.path.join(work, old), ignore_errors=True)
     data = QUICK_DATA if args.quick else DATA
@@ -151,4 +152,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

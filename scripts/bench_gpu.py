@@ -36,10 +36,11 @@ from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 import models  # noqa: E402,F401  (registers resmlp_* with timm)
 from common import rundir  # noqa: E402
-from common.io import write_json  # noqa: E402
+from common.io import prepare_output, write_json, writing  # noqa: E402
 from models.convert import convert_state_dict  # noqa: E402
 
 from engine.children import ChildProcesses, StoppedBySignal  # noqa: E402
+from engine.cli import run_cli  # noqa: E402
 
 # Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s, from the vendors' data sheets.
 PEAK_BF16_TFLOPS = {
@@ -142,7 +143,9 @@ def run_script(children, args, timeout, log):
     runs our signals reach it, a time limit kills it with exit 124); return (exit code, seconds).
     Raises StoppedBySignal once this script was signalled."""
     t0 = time.perf_counter()
-    with open(log, "w") as f, children:
+    with writing(log):
+        f = open(log, "w")
+    with f, children:
         rc = children.run([sys.executable, *args], timeout=timeout, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
     children.check_stopped(f"{args[0]} stopped (exit {rc}); nothing more is measured", rc)
     return rc, time.perf_counter() - t0
@@ -208,7 +211,7 @@ def main(argv=None):
     if device.type == "cuda" and not torch.cuda.is_available():
         print("error: no CUDA GPU visible; use --device cpu --quick for a smoke run", file=sys.stderr)
         return 2
-    os.makedirs(args.out, exist_ok=True)
+    prepare_output(args.out, folder=True)  # a folder that cannot be written: one line (exit 74) before measuring
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     peak, source = peak_tflops(name, args.peak_tflops)
     res = {"device": name, "torch": torch.__version__, "peak_tflops": peak, "peak_source": source}
@@ -263,4 +266,4 @@ def run_parts(args, device, res, peak, save, children):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

@@ -70,10 +70,11 @@ from engine.children import ChildProcesses  # noqa: E402
 from engine.cli import run_cli  # noqa: E402
 from common import rundir  # noqa: E402
 from common.errors import UserError  # noqa: E402
-from common.io import atomic_write_text, json_text, write_json  # noqa: E402
+from common.io import atomic_write_text, ensure_folder, json_text, prepare_output, write_json, writing  # noqa: E402
 from engine.runlock import RunLock  # noqa: E402
 from models.registry import HEAD_NAMES, check_settings  # noqa: E402
 
+FEATURE_IDENTITY_KEYS = ("features_source_sha256", "features_settings_sha256")  # data.* keys, data/features.py
 REQUEST_FILE = rundir.COMPARE_REQUEST  # what this script asked train.py for, to detect clashes
 LOG_FILE = rundir.COMPARE_LOG  # a run's train + eval output under --jobs N > 1
 
@@ -153,13 +154,17 @@ def feature_overrides(features, overrides):
     """The overrides --features DIR adds to every run (checked: DIR must be a feature folder)."""
     if features is None:
         return []
+    from data.features import identity as feature_identity
     from data.features import read_meta
 
-    clash = [o for o in overrides if o.split("=", 1)[0] in ("data.dataset", "data.root")]
+    keys = ("data.dataset", "data.root", *(f"data.{k}" for k in FEATURE_IDENTITY_KEYS))
+    clash = [o for o in overrides if o.split("=", 1)[0] in keys]
     if clash:
-        raise UserError(f"--features sets data.dataset=features and data.root; drop the override '{clash[0]}'")
-    read_meta(features)  # one line for a missing folder or one without features.json
-    return ["data.dataset=features", f"data.root={features}"]
+        raise UserError(f"--features sets {', '.join(keys)}; drop the override '{clash[0]}'")
+    # the folder's identity pins every run (train.py refuses other features) and enters each run's
+    # request: runs trained on features since re-extracted at DIR are refused, never mixed in
+    identity = dict(zip(FEATURE_IDENTITY_KEYS, feature_identity(read_meta(features))))
+    return ["data.dataset=features", f"data.root={features}", *(f"data.{k}='{v}'" for k, v in identity.items())]
 
 
 # ------------------------------------------------------------------------------------------ the plan
@@ -406,11 +411,13 @@ def run_parallel(todo, commands, jobs, children):
         try:
             env = workers[slot].env
             pinned = {k: env[k] for k in ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS") if k in env}
-            os.makedirs(run_dir, exist_ok=True)
             log = os.path.join(run_dir, LOG_FILE)
             steps = ([("training", commands.train(overrides))] if not trained else []) \
                 + [("evaluating", commands.evaluate(run_dir))]
-            with open(log, "a") as out:
+            with writing(log):
+                ensure_folder(run_dir)
+                out = open(log, "a")
+            with out:
                 for what, cmd in steps:
                     say(f"{tag}: {what} (slot {slot}, {' '.join(f'{k}={v}' for k, v in pinned.items())}; log {log})")
                     out.write(f"$ {' '.join(shlex.quote(c) for c in cmd)}\n")
@@ -539,9 +546,9 @@ def emit_slurm(path, plan, commands, stem, command, report_command):
         repo=shlex.quote(ROOT), config=shlex.quote(commands.config),
         cases="\n".join(cases), eval_file=shlex.quote(commands.eval_file),
         ood_check=shlex.quote(commands.ood) if commands.ood else "")
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     atomic_write_text(path, text)
-    os.chmod(path, 0o755)
+    with writing(path):
+        os.chmod(path, 0o755)
 
 
 def check_evaluated_cli(argv):
@@ -604,6 +611,7 @@ def main(argv=None):
     todo = runs_to_do(plan, commands, args)
     if args.dry_run:
         return 0
+    prepare_output(report_dir_of(args, stem), folder=True)  # before any training: a report folder that cannot be written
     start = time.perf_counter()
     with ChildProcesses() as children:  # signals go on to train.py / eval.py, which save and stop
         if args.features and args.jobs == 1 and not args.launcher:
@@ -655,6 +663,10 @@ def run_todo(todo, commands, requests, jobs, children):
     return trained_now, evaluated_now
 
 
+def report_dir_of(args, stem):
+    return args.report_dir or os.path.join("reports", stem)
+
+
 def write_comparison_report(plan, commands, args, pairs, stem, command):
     """Report the finished runs (naming the missing ones) and print its table and sentences;
     -> (report.md path, missing run dirs)."""
@@ -678,7 +690,7 @@ def write_comparison_report(plan, commands, args, pairs, stem, command):
     calib = (first.get("prediction_sets") or {}).get("calibration") or {}
     notes = [calib["note"]] if calib.get("note") else []
     pairs = [(a, b) for a, b in pairs if a in variants and b in variants]
-    report_dir = args.report_dir or os.path.join("reports", stem)
+    report_dir = report_dir_of(args, stem)
     with RunLock(report_dir, purpose="compare_heads report"):  # one writer of the report folder
         table, path, paired_results = comparison.write_report(
             variants, report_dir, f"Head comparison: {stem}", command, weights=weights,

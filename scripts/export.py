@@ -33,9 +33,9 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
 from common.errors import UserError  # noqa: E402
-from common.io import atomic_write, ensure_folder, write_json  # noqa: E402
+from common.io import atomic_write, prepare_output, write_json  # noqa: E402
 from engine.cli import run_cli  # noqa: E402
-from engine.runlock import RunLock  # noqa: E402
+from engine.runlock import writing_into  # noqa: E402
 
 FORMATS = ("onnx", "torchscript")
 EXPORT_OPSET = 17  # ONNX opset: TopK, ReduceMax etc. as onnxruntime >= 1.14 runs them
@@ -215,6 +215,7 @@ def export(args) -> str:
     for path in (output, output + ".json"):
         if os.path.lexists(path) and not args.overwrite:
             raise UserError(f"{path} exists; pass --overwrite to replace it, or choose --output")
+    prepare_output(output)  # a path through a file or a read-only folder: one line before the model is built
     cfg, model, classes = load_classifier(args)
     head = model.output_head
     if fmt == "onnx" and args.head_probabilities and head.spec.draws:
@@ -223,9 +224,8 @@ def export(args) -> str:
                         f"(drop --head-probabilities) or use --format torchscript")
     module = build_exported(model, cfg, fmt, args.head_probabilities)
     folder = os.path.dirname(os.path.abspath(output))
-    ensure_folder(folder)
-
-    with RunLock(folder, purpose="export"):  # one writer per folder (a run directory: not while it trains)
+    # one writer per folder (a run directory: not while it trains); a killed export's temp files go first
+    with writing_into(folder, purpose="export", names=[output, output + ".json"]):
         save_export(module, cfg, fmt, output, model.output_head.name)
         write_json(sidecar(cfg, model, classes, fmt, args.head_probabilities, output), output + ".json")
     return output
