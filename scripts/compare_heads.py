@@ -30,7 +30,9 @@ Modes:
   --report-only  aggregates the finished runs and names the missing ones;
   --dry-run      lists what would run.
 Cached features (--features DIR, a folder of scripts/extract_features.py): the same plan, each run a linear
-head on the cached features (data.dataset=features data.root=DIR added to every run's overrides), with the
+head on the cached features (data.dataset=features data.root=DIR and the folder's identity,
+data.features_source_sha256 / features_settings_sha256, added to every run's overrides: a run trained on
+features since re-extracted at DIR is refused, never mixed into the report), with the
 same report, statistics, prediction sets, selective prediction and OOD detection (--ood-dataset auto: the
 folder's OOD features, DIR/ood, when it has them). Without --launcher and --jobs, train.py and eval.py then
 run inside this process, one after the other (a probe trains in well under a second; a fresh Python with
