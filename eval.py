@@ -43,51 +43,29 @@ import time
 import torch
 from accelerate import Accelerator
 
-import configs
 import data
-import models
 from common import rundir
 from common.errors import UserError
 from common.io import prepare_output, write_json
-from common.seeding import mix_seed
-from common.weights import load_into, read_state_dict
-from configs.loader import apply_overrides, config_to_dict
-from data.classes import check_class_names, load_class_names
-from engine import checkpoint as ck
-from engine import resume_policy as rp
+from data.classes import check_class_names
+from engine.checkpoint import file_sha256
 from engine.cli import run_cli
-from engine.feature_probe import build_eval_probe
 from engine.runlock import writing_into
+from engine.trained_run import add_run_arguments, aps_seed, open_from_args, parse_with_overrides
 from evaluation import conformal, ood_report, pool_support, report, selective_report
 from evaluation import metrics as M
+from evaluation.calibration_file import conformal_path, save_thresholds
 from evaluation.evaluate import evaluate
 from evaluation.examples import save_examples
-from models.convert import convert_state_dict
-from models.pretrained import weights_patch_grid
-from models.resmlp import VARIANTS
 
-RAW_WEIGHTS = rundir.WEIGHTS
-EMA_WEIGHTS = rundir.EMA_WEIGHTS
 CALIB_SOURCES = ("auto", "calib", "val-half", "none")
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n")[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True, metavar="RUN_DIR_OR_WEIGHTS",
-                   help="train.py run directory, one of its checkpoints (RUN/checkpoints/step_N), or a "
-                        ".safetensors/.pth weights file")
-    p.add_argument("--config", help="YAML config (needed for a weights file unless --model is given; "
-                                    "replaces a run directory's config.yaml)")
-    p.add_argument("--model", help="model name for a weights file without --config (e.g. resmlp_s12)")
-    p.add_argument("--head", help="output head for a weights file without --config (default softmax)")
-    p.add_argument("--img-size", type=int, help="model/data image size (default: the model variant's own, "
-                                                "32 for the CIFAR-size models, 224 otherwise)")
-    p.add_argument("--dataset", help="override data.dataset")
-    p.add_argument("--data-root", help="override data.root")
+    add_run_arguments(p, data_flags=True, batch_help="per-process eval batch size")
     p.add_argument("--split", default="val", choices=("val", "calib", "train"))
-    p.add_argument("--ema", action="store_true", help="evaluate the run's EMA weights")
-    p.add_argument("--batch-size", type=int, help="per-process eval batch size (data.eval_batch_size)")
     p.add_argument("--calib", default="auto", choices=CALIB_SOURCES,
                    help="prediction-set calibration data: auto = the calib split when the run held one "
                         "out (data.calib_fraction > 0), else half of the evaluated split; none = skip")
@@ -102,127 +80,7 @@ def parse_args(argv=None):
     p.add_argument("--quiet", action="store_true", help="no table on the terminal")
     p.add_argument("--allow-class-mismatch", action="store_true",
                    help="evaluate although the dataset's class names differ from the run's classes.json")
-    args, rest = p.parse_known_args(argv)
-    args.overrides = _collect_overrides(rest, p)
-    return args
-
-
-def _collect_overrides(rest, parser):
-    """`key.sub=value` and `--key.sub value` / `--key.sub=value` -> ['key.sub=value', ...]."""
-    out, i = [], 0
-    while i < len(rest):
-        item = rest[i]
-        if item.startswith("--") and "." in item.split("=", 1)[0]:
-            if "=" in item:
-                out.append(item[2:])
-            elif i + 1 < len(rest):
-                out.append(f"{item[2:]}={rest[i + 1]}")
-                i += 1
-            else:
-                raise UserError(f"{item} needs a value (e.g. {item} VALUE)")
-        elif not item.startswith("-") and "=" in item:
-            out.append(item)
-        else:
-            raise UserError(f"unrecognized argument '{item}'; see python eval.py --help")
-        i += 1
-    return out
-
-
-def _flag_overrides(args, default_img_size=None):
-    out = []
-    if args.model:
-        out.append(f"model.name={args.model}")
-    if args.head:
-        out.append(f"head.name={args.head}")
-    img = args.img_size or default_img_size
-    if img:
-        out.append(f"data.image_size={img}")
-    if args.dataset:
-        out.append(f"data.dataset={args.dataset}")
-    if args.data_root:
-        out.append(f"data.root={args.data_root}")
-    if args.batch_size:
-        out.append(f"data.eval_batch_size={args.batch_size}")
-    return out + args.overrides
-
-
-def resolve(args):
-    """-> (cfg, weights_path, weights_kind) from --checkpoint and the flags; UserError otherwise."""
-    ckpt = args.checkpoint
-    if not os.path.exists(ckpt):
-        raise UserError(f"checkpoint not found: {ckpt} (give a train.py run directory or a weights file)")
-    if is_checkpoint_dir(ckpt):
-        return resolve_checkpoint_dir(args, ckpt)
-    if os.path.isdir(ckpt):
-        name = EMA_WEIGHTS if args.ema else RAW_WEIGHTS
-        weights = os.path.join(ckpt, name)
-        if not os.path.isfile(weights):
-            if args.ema and os.path.isfile(os.path.join(ckpt, RAW_WEIGHTS)):
-                raise UserError(f"{ckpt} has no {EMA_WEIGHTS} (trained with train.ema=false?); drop --ema")
-            from engine.run_status import missing_weights_error
-            raise missing_weights_error(ckpt, name)
-        overrides = _flag_overrides(args)
-        cfg = (configs.load_config(args.config, overrides) if args.config
-               else configs.load_run_config(ckpt, overrides))
-        return cfg, weights, "ema" if args.ema else "raw"
-    if args.ema:
-        raise UserError(f"--ema selects {EMA_WEIGHTS} inside a run directory; "
-                        "for a weights file, pass that file itself")
-    if args.config:
-        return configs.load_config(args.config, _flag_overrides(args)), ckpt, "file"
-    if not args.model:
-        raise UserError(f"{ckpt} is a weights file: say what to build with --config CFG.yaml "
-                        f"or --model NAME (e.g. --model resmlp_s12 --dataset imagefolder --data-root DIR)")
-    default_img = None if args.img_size else VARIANTS.get(args.model, {}).get("img_size", 224)
-    cfg = configs.config_from_dict({}, default_name=os.path.splitext(os.path.basename(ckpt))[0])
-    overrides = _flag_overrides(args, default_img)
-    cfg = configs.config_from_dict(apply_overrides(config_to_dict(cfg), overrides), default_name=cfg.name)
-    return cfg, ckpt, "file"
-
-
-def is_checkpoint_dir(path):
-    """A checkpoint of a run (RUN/checkpoints/step_N) rather than the run directory itself."""
-    return os.path.isfile(os.path.join(path, ck.STATE_FILE))
-
-
-def run_dir_of(path):
-    """The run directory of --checkpoint: itself, or the run a checkpoint directory belongs to."""
-    return os.path.dirname(os.path.dirname(os.path.abspath(path))) if is_checkpoint_dir(path) else path
-
-
-def resolve_checkpoint_dir(args, ckpt):
-    """-> (cfg, weights, kind) for RUN/checkpoints/step_N: its weights, with the config that trained
-    it (the fingerprint in its trainer_state; the run's config.yaml for older checkpoints)."""
-    weights = rundir.ema_weights(ckpt) if args.ema else os.path.join(ckpt, RAW_WEIGHTS)
-    if weights is None or not os.path.isfile(weights):
-        why = " (trained with train.ema=false?); drop --ema" if args.ema else ""
-        raise UserError(f"checkpoint {ckpt} has no {EMA_WEIGHTS if args.ema else RAW_WEIGHTS}{why}")
-    overrides = _flag_overrides(args)
-    saved = ck.read_trainer_state(ckpt).get("config")
-    if args.config:
-        cfg = configs.load_config(args.config, overrides)
-    elif isinstance(saved, dict):
-        cfg = configs.config_from_dict(apply_overrides(rp.fingerprint_config(saved), overrides))
-    else:
-        cfg = configs.load_run_config(run_dir_of(ckpt), overrides)
-    return cfg, weights, "ema" if args.ema else "raw"
-
-
-def build_model(cfg, weights, num_classes):
-    state_dict = read_state_dict(weights)
-    if data.features.is_features(cfg.data):  # a linear probe on cached features
-        model = build_eval_probe(cfg, num_classes)
-        load_into(model, state_dict, weights)
-        return model.eval()
-    grid = weights_patch_grid(state_dict)
-    if grid is not None and grid[0] != cfg.model.img_size and grid[1] == VARIANTS[cfg.model.name]["patch_size"]:
-        # the token-mixing layers fix the patch count: name the size, not the first mismatched tensor
-        raise UserError(f"{weights} was trained at {grid[0]} px ({grid[2]}x{grid[2]} patches) but the config has "
-                        f"data.image_size={cfg.model.img_size}: set data.image_size={grid[0]}")
-    model = models.create_classifier(cfg.model, cfg.head, num_classes)
-    # this project's, timm's or FB's format; UserError naming the first mismatched key
-    load_into(model, convert_state_dict(state_dict, model), weights)
-    return model.eval()
+    return parse_with_overrides(p, argv, tool="python eval.py")
 
 
 def _split_half(n, seed=0):
@@ -231,24 +89,15 @@ def _split_half(n, seed=0):
     return perm[: n // 2], perm[n // 2:]
 
 
-def aps_seed(cfg):
-    """The seed of randomized APS's uniforms: one per run (its training seed, head and head settings,
-    model norm), so seeds and heads do not all share one draw (evaluation/conformal.py)."""
-    head = ",".join(f"{k}={v}" for k, v in sorted(config_to_dict(cfg)["head"].items()))
-    return mix_seed("eval-aps", int(cfg.train.seed), head, str(cfg.model.norm))
-
-
 def ood_data_config(cfg, args):
     """cfg.data for the OOD set of --ood-dataset/--ood-root (None when not asked); UserError if unknown."""
     if args.ood_dataset is None:
         if args.ood_root:
             raise UserError("--ood-root needs --ood-dataset NAME")
         return None
-    if data.features.is_features(cfg.data):
+    if data.is_features(cfg.data):
         return feature_ood_config(cfg, args)
     name = ood_report.resolve_ood_dataset(args.ood_dataset, cfg.data.dataset)
-    if name not in data.DATASET_NAMES:
-        raise UserError(f"unknown --ood-dataset '{name}'; valid: auto, {', '.join(data.DATASET_NAMES)}")
     ood = copy.deepcopy(cfg.data)
     ood.dataset = name
     if args.ood_root:
@@ -279,7 +128,7 @@ def ood_results(head, ood_cfg, ood_dataset, preds, evaluate_split):
     with torch.no_grad():
         probs_in, probs_out = head(preds.logits).float(), head(ood_preds.logits).float()
     result = ood_report.run_summary(probs_in, probs_out, head.name, ood_cfg.dataset)
-    result["root"] = None if ood_cfg.dataset.startswith("builtin") else ood_cfg.root  # built-in: no files
+    result["root"] = ood_cfg.root if data.dataset_spec(ood_cfg.dataset).files else None  # generated: no files
     return result
 
 
@@ -308,7 +157,7 @@ def prediction_set_results(head, cfg, args, preds, evaluate_split):
     with torch.no_grad():
         for part in (cal, ev):
             part["probs"] = head(part["logits"]).float()
-    alpha = float(head.alpha.detach()) if head.name != "softmax" else None
+    alpha = head.alpha_value()
     eps = tuple(args.eps) if args.eps else conformal.EPSILONS
     for e in eps:
         if not 0 < e < 1:
@@ -326,14 +175,11 @@ def prediction_set_results(head, cfg, args, preds, evaluate_split):
 def save_conformal_thresholds(ps, head, checkpoint, weights, kind):
     """RUN_DIR/conformal.json (conformal_ema.json for --ema): the calibrated thresholds predict.py
     uses for new images, tied to these weights by their sha256. Nothing for a weights file."""
-    from engine.checkpoint import file_sha256
-    from evaluation.calibration_file import conformal_path, save_thresholds
-
     if ps is None or not os.path.isdir(checkpoint):
         return None
     path = conformal_path(checkpoint, kind)
     save_thresholds(path, prediction_sets=ps, head=head.name,
-                    alpha=float(head.alpha.detach()) if head.name != "softmax" else 1.0,
+                    alpha=head.alpha_value(),
                     weights_kind=kind, weights_sha256=file_sha256(weights), warning=ps.get("warning"))
     return path
 
@@ -346,7 +192,8 @@ def main(argv=None):
     args = parse_args(argv)
     if args.output:
         prepare_output(args.output)  # a bad --output is one line now, not after the forward passes
-    cfg, weights, kind = resolve(args)
+    run = open_from_args(args)
+    cfg, weights, kind = run.cfg, run.weights, run.weights_kind
 
     # Data and weights first: every user error surfaces before any process group is set up.
     if args.calib == "calib" and cfg.data.calib_fraction <= 0:
@@ -356,10 +203,9 @@ def main(argv=None):
     num_classes = data.num_classes(cfg.data)
     dataset = data.build_dataset(cfg.data, args.split)
     ood_dataset = data.build_dataset(ood_cfg, "val") if ood_cfg is not None else None
-    model = build_model(cfg, weights, num_classes)
-    if os.path.isdir(args.checkpoint):  # a run stores its class names: labels must mean the same classes
-        run_dir = run_dir_of(args.checkpoint)
-        check_class_names(load_class_names(run_dir), data.class_names(cfg.data), run_dir=run_dir,
+    model = run.build_model(num_classes)
+    if run.run_dir is not None:  # a run stores its class names: labels must mean the same classes
+        check_class_names(run.run_classes(), data.class_names(cfg.data), run_dir=run.run_dir,
                           allow_mismatch=args.allow_class_mismatch, warn=lambda m: print(m, file=sys.stderr))
     head = model.output_head
 
@@ -390,7 +236,7 @@ def main(argv=None):
     result = {
         "checkpoint": os.path.abspath(args.checkpoint), "weights": kind, "config_name": cfg.name,
         "model": cfg.model.name, "head": head.name,
-        "alpha": float(head.alpha.detach()) if head.name != "softmax" else 1.0,
+        "alpha": head.alpha_value(),
         "norm": cfg.model.norm, "dataset": cfg.data.dataset, "split": args.split, "num_processes": world,
         **M.metrics_from_records(preds.records, num_classes),
         "img_per_s": preds.img_per_s, "eval_seconds": preds.seconds, "prediction_sets": ps,

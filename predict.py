@@ -7,8 +7,8 @@
     accelerate launch --multi_gpu --num_processes 2 predict.py --checkpoint RUN --images DIR --output p.csv
 
 --checkpoint is a train.py run directory (its config.yaml, classes.json and model.safetensors, or
-model_ema.safetensors with --ema) or a weights file with --config or --model, as for eval.py (the
-same loading code). --images is a folder (searched recursively), a glob or a list file (one path per
+model_ema.safetensors with --ema), one of its checkpoints, or a weights file with --config or --model,
+opened as eval.py opens it (engine/trained_run.py). --images is a folder (searched recursively), a glob or a list file (one path per
 line). Each image goes through the run's eval transform (data/transforms.py: any shape and mode).
 Per image the output (CSV or JSONL, by the extension of --output) has: the path, the top-k classes
 and probabilities, the head's support (sparse heads: the classes with p > 0) and the conformal
@@ -20,15 +20,35 @@ on a terminal, and multi-GPU through Accelerate (the image list is split by proc
 back in order).
 """
 import argparse
+import csv
+import io
 import json
 import os
 import sys
 import time
 
 import torch
+from accelerate import Accelerator
+from accelerate.utils import gather_object
+from torch.utils.data import DataLoader
 
+import data
 from common.errors import UserError
+from common.io import atomic_write_text, json_text, prepare_output
+from common.seeding import mix_seed
+from common.weights import read_state_dict
+from data.classes import CLASSES_FILE, check_class_names
+from data.samplers import eval_batches
+from data.unlabeled import ImageBatches, list_images
+from engine.checkpoint import file_sha256
 from engine.cli import run_cli
+from engine.logging import console, progress_bar
+from engine.runlock import writing_into
+from engine.trained_run import add_run_arguments, open_from_args
+from evaluation import conformal
+from evaluation.calibration_file import conformal_path, load_thresholds
+from evaluation.gather import gather_chunks
+from models.heads import SPARSE_HEAD_NAMES
 
 OUTPUT_FORMATS = (".csv", ".jsonl")
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -38,8 +58,7 @@ LIST_SEP = ";"  # between class names inside one CSV cell (JSONL has real lists)
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n")[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True, metavar="RUN_DIR_OR_WEIGHTS",
-                   help="train.py run directory, or a .safetensors/.pth weights file (with --config or --model)")
+    add_run_arguments(p)
     p.add_argument("--images", required=True, metavar="DIR|GLOB|LIST",
                    help="a folder (recursive), a quoted glob ('photos/*.jpg', ** for subfolders) or a text "
                         "file with one image path per line")
@@ -49,20 +68,11 @@ def parse_args(argv=None):
     p.add_argument("--num-workers", type=int, help="decoding worker processes (default data.num_workers)")
     p.add_argument("--precision", default="auto", choices=PRECISIONS,
                    help="forward precision: auto = bf16 on CUDA, fp32 on CPU (fp32 gives eval.py's numbers)")
-    p.add_argument("--ema", action="store_true", help="use the run's EMA weights (and their conformal_ema.json)")
-    p.add_argument("--config", help="YAML config for a weights file (replaces a run directory's config.yaml)")
-    p.add_argument("--model", help="model name for a weights file without --config (e.g. resmlp_s12)")
-    p.add_argument("--head", help="output head for a weights file without --config (default softmax)")
-    p.add_argument("--img-size", type=int, help="model/data image size for a weights file without --config")
     p.add_argument("--classes", metavar="FILE",
                    help="class names: a classes.json ({\"classes\": [...]}) or one name per line (default: the "
                         "run's classes.json)")
     p.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
-    args = p.parse_args(argv)
-    # the fields eval.resolve reads that predict.py has no flag for
-    args.dataset = args.data_root = None
-    args.overrides = []
-    return args
+    return p.parse_args(argv)
 
 
 def check_args(args):
@@ -89,8 +99,8 @@ def read_class_file(path):
         text = f.read()
     if path.lower().endswith(".json"):
         try:
-            data = json.loads(text)
-            names = data["classes"] if isinstance(data, dict) else data
+            loaded = json.loads(text)
+            names = loaded["classes"] if isinstance(loaded, dict) else loaded
             if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
                 raise ValueError("not a list of names")
         except (ValueError, KeyError, TypeError) as err:
@@ -108,60 +118,36 @@ def read_class_file(path):
     return names
 
 
-def class_names_for(args, cfg):
+def class_names_for(args, run):
     """-> (names, where they came from): --classes, the run's classes.json, or the config's dataset."""
-    import data
-    from data.classes import CLASSES_FILE, check_class_names, load_class_names
-
-    run_names = load_class_names(args.checkpoint) if os.path.isdir(args.checkpoint) else None
+    run_names = run.run_classes()
     if args.classes:
         names = read_class_file(args.classes)
         if run_names is not None:
-            check_class_names(run_names, names, run_dir=args.checkpoint)
+            check_class_names(run_names, names, run_dir=run.run_dir)
         return names, args.classes
     if run_names is not None:
-        return run_names, os.path.join(args.checkpoint, CLASSES_FILE)
+        return run_names, os.path.join(run.run_dir, CLASSES_FILE)
     try:
-        return data.class_names(cfg.data), f"data.dataset={cfg.data.dataset}"
+        return data.class_names(run.cfg.data), f"data.dataset={run.cfg.data.dataset}"
     except UserError as err:
         raise UserError(f"no class names for {args.checkpoint} ({err}); pass --classes FILE "
                         f"(a classes.json or one name per line, in label order)") from None
 
 
-def load_model(cfg, weights, names, source):
-    """eval.py's model building, with the class list's size; a class count that differs from the
-    weights' classifier is named as the classes file's fault (not as a mismatched tensor)."""
-    from eval import build_model
-    from common.weights import read_state_dict
-
-    classifier = read_state_dict(weights).get("head.weight")
+def load_model(run, names, source):
+    """The run's model with the class list's size; a class count that differs from the weights'
+    classifier is named as the classes file's fault (not as a mismatched tensor)."""
+    classifier = read_state_dict(run.weights).get("head.weight")
     if classifier is not None and classifier.shape[0] != len(names):
-        raise UserError(f"{source} lists {len(names)} classes but the weights {weights} classify "
+        raise UserError(f"{source} lists {len(names)} classes but the weights {run.weights} classify "
                         f"{classifier.shape[0]}; give the classes file the model was trained with (--classes)")
-    return build_model(cfg, weights, len(names))
-
-
-def eval_transform(cfg):
-    """The run's eval transform for files of any size, checked to give the model's input size."""
-    from PIL import Image
-
-    from data.transforms import build_eval_transform
-
-    # (model.img_size == data.image_size is the config loader's own check)
-    transform = build_eval_transform(cfg.data, None)
-    probe = transform(Image.new("RGB", (37, 53)))  # an odd, non-square size
-    if tuple(probe.shape) != (3, cfg.model.img_size, cfg.model.img_size):
-        raise UserError(f"the eval transform (data.train_crop={cfg.data.train_crop}) gives {tuple(probe.shape)} "
-                        f"images, the model takes (3, {cfg.model.img_size}, {cfg.model.img_size})")
-    return transform
+    return run.build_model(len(names))
 
 
 # ============================================================================ conformal thresholds
 def conformal_thresholds(args, head, weights, kind, say):
     """-> (threshold rows, aps seed) eval.py calibrated for these weights; ([], None) with a note else."""
-    from engine.checkpoint import file_sha256
-    from evaluation.calibration_file import conformal_path, load_thresholds
-
     if not os.path.isdir(args.checkpoint):
         say(f"note: {args.checkpoint} is a weights file: no conformal prediction sets (they need a run "
             f"directory that python eval.py has calibrated)")
@@ -184,22 +170,12 @@ def conformal_thresholds(args, head, weights, kind, say):
 
 def aps_uniform(aps_seed, path):
     """Randomized APS's u for one image: a pure function of (the run's APS seed, the image's path)."""
-    from common.seeding import mix_seed
-
     return (mix_seed("predict-aps", int(aps_seed), path) >> 10) / float(1 << 53)
 
 
 # ============================================================================ the forward pass
 def forward_images(model, paths, transform, cfg, accelerator, *, batch_size, num_workers, precision):
     """-> (index (N,), logits (N, K) float32, failed [(index, reason)]) over every process, by index."""
-    from accelerate.utils import gather_object
-    from torch.utils.data import DataLoader
-
-    from data.samplers import eval_batches
-    from data.unlabeled import ImageBatches
-    from engine.logging import progress_bar
-    from evaluation.gather import gather_chunks
-
     device = accelerator.device
     tasks = [idx for idx, _ in eval_batches(len(paths), rank=accelerator.process_index,
                                             world_size=accelerator.num_processes, batch_size=batch_size)]
@@ -239,10 +215,7 @@ ROW_CHUNK = 4096  # rows per set computation: bounds the float64 temporaries of 
 
 def prediction_rows(head, logits, index, paths, names, topk, thresholds, aps_seed):
     """One dict per readable image: topk, support (sparse heads), conformal sets {method: {eps: [...]}}."""
-    from evaluation import conformal
-    from models.heads import SPARSE_HEAD_NAMES
-
-    alpha = float(head.alpha.detach()) if head.name != "softmax" else None
+    alpha = head.alpha_value()
     sparse = head.name in SPARSE_HEAD_NAMES
     rows = []
     for start in range(0, logits.shape[0], ROW_CHUNK):
@@ -280,9 +253,6 @@ def all_rows(pred_rows, index, failed, paths):
 
 
 def csv_text(rows, topk, sparse, set_keys):
-    import csv
-    import io
-
     header = ["path", "status"] + [f"{kind}_{k}" for k in range(1, topk + 1) for kind in ("class", "prob")]
     header += ["support"] if sparse else []
     header += [f"set_{method}_eps{eps}" for method, eps in set_keys] + ["error"]
@@ -304,9 +274,6 @@ def csv_text(rows, topk, sparse, set_keys):
 
 
 def write_predictions(rows, output, topk, sparse, thresholds):
-    from common.io import atomic_write_text, json_text
-    from engine.runlock import writing_into
-
     if output.lower().endswith(".jsonl"):
         text = "".join(json_text(row) + "\n" for row in rows)
     else:
@@ -320,26 +287,17 @@ def write_predictions(rows, output, topk, sparse, thresholds):
 def main(argv=None):
     args = parse_args(argv)
     check_args(args)
-    from common.io import prepare_output
-    from eval import resolve
-
     prepare_output(args.output)  # before the forward pass: a path through a file or a read-only folder is one line now
-
-    from data.unlabeled import list_images
-    from engine.logging import console
-    from models.heads import SPARSE_HEAD_NAMES
-
-    cfg, weights, kind = resolve(args)
-    transform = eval_transform(cfg)
-    names, source = class_names_for(args, cfg)
+    run = open_from_args(args)
+    cfg, weights, kind = run.cfg, run.weights, run.weights_kind
+    transform = run.eval_transform()  # files of any size, as eval.py's pipeline transforms its split
+    names, source = class_names_for(args, run)
     paths = list_images(args.images)  # every user error surfaces before any process group is set up
-    model = load_model(cfg, weights, names, source)
+    model = load_model(run, names, source)
     head = model.output_head
     main_rank = int(os.environ.get("RANK", "0")) == 0  # notes once, not once per process (before Accelerate)
     thresholds, aps_seed = conformal_thresholds(args, head, weights, kind,
                                                 lambda m: print(m, file=sys.stderr) if main_rank else None)
-
-    from accelerate import Accelerator
 
     accelerator = Accelerator(cpu=not torch.cuda.is_available())  # cpu=True: gloo multi-process on CPU
     model.to(accelerator.device)

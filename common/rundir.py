@@ -3,6 +3,7 @@
     RUN_DIR/
         config.yaml              the resolved config (configs/loader.py)
         classes.json             the training data's class names (data/classes.py)
+        class_map.txt            the same names, one per line: timm's class_map format
         run.lock                 one writer at a time (engine/runlock.py)
         metrics.jsonl            one row per logged step, eval and accepted config change
         epochs.csv               one row per epoch (engine/logging.py)
@@ -31,6 +32,7 @@ import os
 CONFIG = "config.yaml"
 CONFIG_HISTORY = "config_history.yaml"  # --resume-with-changes records, beside config.yaml
 CLASSES = "classes.json"
+CLASS_MAP = "class_map.txt"  # the same names in timm's class_map format (one per line, in label order)
 LOCK = "run.lock"
 METRICS = "metrics.jsonl"
 EPOCHS = "epochs.csv"

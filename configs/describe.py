@@ -9,7 +9,9 @@ import json
 
 import yaml
 
-from .loader import _interval_check, _type_name, apply_overrides, config_from_dict, config_to_dict, load_config
+from common.intervals import parse_interval
+
+from .loader import _type_name, apply_overrides, config_from_dict, config_to_dict, load_config
 from .schema import ALIASES, CHOICES, RANGES, Config, schema_fields, section_names
 
 
@@ -27,7 +29,7 @@ def _facts(key, tp, default, value, help_text, range_doc=None):
     if key in CHOICES:
         facts.append("one of " + "|".join(CHOICES[key]))
     if key in RANGES:
-        facts.append(_interval_check(RANGES[key])[1])
+        facts.append(parse_interval(RANGES[key]).describe())
     elif range_doc:
         facts.append(range_doc)
     if value != default:

@@ -29,7 +29,9 @@ import yaml
 from common import rundir
 from common.io import atomic_write_text
 from common.errors import UserError
+from common.intervals import parse_interval
 
+from models.hopfield_pool import check_pool_k
 from models.registry import HPARAMS, check_settings
 
 from .finetune_checks import check_finetune_settings
@@ -370,16 +372,6 @@ def _leaves(obj, prefix=""):
             yield prefix + f.name, value
 
 
-def _interval_check(interval):
-    """'[0, 1)' -> (predicate, text for a message)."""
-    low, high = (float(x) for x in interval[1:-1].split(","))
-    low_ok = (lambda v: v >= low) if interval[0] == "[" else (lambda v: v > low)
-    high_ok = (lambda v: v <= high) if interval[-1] == "]" else (lambda v: v < high)
-    low_text = f"{low:g}"
-    text = (f"{'>=' if interval[0] == '[' else '>'} {low_text}" if high == math.inf else f"in {interval}")
-    return (lambda v: low_ok(v) and high_ok(v)), text
-
-
 def _check_numbers(cfg):
     """Every float finite; every field of RANGES inside its interval (None allowed where typed so)."""
     for key, value in _leaves(cfg):
@@ -387,10 +379,10 @@ def _check_numbers(cfg):
         if any(isinstance(v, float) and not math.isfinite(v) for v in values):
             raise UserError(f"config key '{key}' must be a finite number, got {_show(value)}")
         if key in RANGES and value is not None:
-            inside, text = _interval_check(RANGES[key])
-            if not all(inside(v) for v in values):
-                raise UserError(f"config key '{key}' must be {text}{' (each)' if isinstance(value, tuple) else ''}, "
-                                f"got {_show(value)}")
+            interval = parse_interval(RANGES[key])
+            if not all(v in interval for v in values):
+                raise UserError(f"config key '{key}' must be {interval.describe()}"
+                                f"{' (each)' if isinstance(value, tuple) else ''}, got {_show(value)}")
 
 
 def _check(cfg):
@@ -402,9 +394,12 @@ def _check(cfg):
     check_head_settings(cfg.head)
     check_finetune_settings(cfg)
     model = cfg.model
-    if model.pool != "hopfield" and (model.pool_mapping != "softmax" or model.pool_beta is not None):
-        raise UserError(f"model.pool_mapping / model.pool_beta set the hopfield pooling, but model.pool is "
-                        f"'{model.pool}'; set model.pool=hopfield or drop them")
+    if model.pool != "hopfield" and (model.pool_mapping != "softmax" or model.pool_beta is not None
+                                     or model.pool_k is not None):
+        raise UserError(f"model.pool_mapping / model.pool_beta / model.pool_k set the hopfield pooling, but "
+                        f"model.pool is '{model.pool}'; set model.pool=hopfield or drop them")
+    if model.pool == "hopfield":
+        check_pool_k(model.pool_mapping, model.pool_k)
     return cfg
 
 

@@ -22,7 +22,9 @@ still load: the loader reads it as data.image_size (a one-line error when both a
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass, make_dataclass
 from typing import Optional, Tuple, get_type_hints
 
-from data.names import BACKENDS, DATASET_NAMES
+from common.intervals import parse_interval
+from data.names import BACKENDS
+from data.registry import dataset_names, describe_datasets
 from data.transforms import INTERPOLATIONS, TRAIN_CROPS
 from models.hopfield_pool import POOL_MAPPINGS, POOLS
 from models.registry import HEAD_NAMES, HPARAMS
@@ -58,24 +60,23 @@ def setting(default=MISSING, help="", *, range=None, choices=None, resume=None, 
 # mixup 0.8, cutmix 1.0, label smoothing 0.1, repeated augmentation, crop_pct 0.9).
 @dataclass
 class DataConfig:
-    dataset: str = setting("builtin10", "which dataset (builtin*: generated offline; imagefolder: "
-                           "root/train|val/<class>/*; shards: scripts/make_shards.py output; features: cached features of "
-                           "scripts/extract_features.py, a linear head on them)",
-                           choices=DATASET_NAMES, resume=FROZEN)
+    dataset: str = setting("builtin10", f"which dataset (data/registry.py): {describe_datasets()}",
+                           choices=dataset_names(), resume=FROZEN)
     root: str = setting("datasets", "where CIFAR/ImageNet live (cifar-10-batches-py/, train/ val/), or the shard "
                         "folder, or the feature folder (data.dataset=features)", resume=FREE)
     # pil: timm/PIL per-sample transforms (and the in-memory path); dali: NVIDIA DALI decode + DeiT
-    # augmentation (imagefolder/shards; GPU when training on one, else CPU threads = num_workers);
-    # auto: dali when DALI is installed, the dataset is imagefolder/shards and training runs on CUDA.
+    # augmentation (the datasets declared dali; GPU when training on one, else CPU threads = num_workers);
+    # auto: dali when DALI is installed, the dataset is declared dali and training runs on CUDA.
     backend: str = setting("auto", "decoding/augmentation: pil (timm/PIL), dali (NVIDIA DALI), auto (dali when "
-                           "installed, on CUDA, for imagefolder/shards; else pil)", choices=BACKENDS)
+                           f"installed, on CUDA, for {'/'.join(dataset_names(dali=True))}; else pil)",
+                           choices=BACKENDS)
     image_size: int = setting(32, "side of the square images the model sees (the model's img_size too)",
                               range="[1, inf)", resume=FROZEN)
     batch_size: int = setting(128, "training batch per process", range="[1, inf)")
     eval_batch_size: int = setting(256, "evaluation batch per process", range="[1, inf)", resume=FREE)
     num_workers: int = setting(2, "data loader worker processes (DALI: CPU threads)", range="[0, inf)", resume=FREE)
-    in_memory: bool = setting(True, "CIFAR/builtin: whole split as one uint8 tensor, batch augmentation on "
-                              "the device")
+    in_memory: bool = setting(True, f"{'/'.join(dataset_names(in_memory=True))}: whole split as one uint8 "
+                              "tensor, batch augmentation on the device")
     download: bool = setting(True, "download CIFAR when it is missing", resume=FREE)
     auto_augment: Optional[str] = setting(None, "timm RandAugment spec, e.g. rand-m9-mstd0.5-inc1 (forces the "
                                           "per-sample path); null: none")
@@ -100,9 +101,10 @@ class DataConfig:
     builtin_seed: int = setting(0, "built-in dataset: generator seed", resume=FROZEN)
     # ---- extra fields (all optional) ----
     # "pad": random crop with `crop_padding` (CIFAR style); "rrc": RandomResizedCrop (DeiT);
-    # "auto": pad for builtin*/cifar*, rrc for imagefolder.
+    # "auto": the recipe the dataset's declaration names (data/registry.py).
     train_crop: str = setting("auto", "training crop: pad (CIFAR style, crop_padding), rrc (RandomResizedCrop), "
-                              "auto (pad for builtin/cifar, rrc for imagefolder/shards)", choices=TRAIN_CROPS)
+                              f"auto (rrc for {'/'.join(dataset_names(train_crop='rrc'))}, else pad)",
+                              choices=TRAIN_CROPS)
     crop_padding: int = setting(4, "zero padding before the pad-mode random crop", range="[0, inf)")
     color_jitter: float = setting(0.0, "timm colour jitter (only without auto_augment; per-sample path)",
                                   range="[0, inf)")
@@ -151,6 +153,8 @@ class ModelConfig:
                                 resume=FROZEN)
     pool_beta: Optional[float] = setting(None, "hopfield pooling only: inverse temperature; null: 1/sqrt(dim)",
                                          range="[0, inf)")
+    pool_k: Optional[int] = setting(None, "pool_mapping=ksubset only (required there): the patches a k-subset "
+                                    "retrieval pools, 1..number of patches", range="[1, inf)", resume=FROZEN)
 
 
 # Head settings that fix what the checkpoint holds: a learned alpha is a parameter of the model.
@@ -293,8 +297,11 @@ def _metadata_table(name):
     return {key: f.metadata[name] for key, (f, _) in schema_fields().items() if name in f.metadata}
 
 
-# Numeric intervals checked at load time, e.g. {"optim.lr": "(0, inf)"}.
+# Numeric intervals checked at load time, e.g. {"optim.lr": "(0, inf)"} (common/intervals.py reads
+# them; a text that is no interval fails here, at import).
 RANGES = _metadata_table("range")
+for _interval in RANGES.values():
+    parse_interval(_interval)
 # Closed vocabularies checked at load time, e.g. {"model.norm": NORMS}.
 CHOICES = _metadata_table("choices")
 # What a resume may do with each key: FREE, FROZEN, OPTIMIZER, or None (with --resume-with-changes).

@@ -1,6 +1,7 @@
-"""Data: built-in procedural dataset, CIFAR-10/100, ImageNet-style folders and tar shards; DeiT
-augmentation via timm (PIL) or NVIDIA DALI (data.backend); deterministic, resumable, rank-sharded
-loaders (configured by configs.schema.DataConfig).
+"""Data: the declared datasets (data/registry.py: built-in procedural data, CIFAR-10/100,
+ImageNet-style folders, tar shards, cached features); DeiT augmentation via timm (PIL) or NVIDIA
+DALI (data.backend); deterministic, resumable, rank-sharded loaders (configured by
+configs.schema.DataConfig).
 
     from data import build_dataset, build_train_loader, build_eval_loader, build_mixup, num_classes
     train_ds = build_dataset(cfg.data, "train")
@@ -20,19 +21,20 @@ from timm.data import Mixup
 
 from common.errors import UserError
 
-from .names import DATASET_NAMES
 from .classes import class_names
 from .datasets import build_dataset, calib_indices, num_classes
 from .dali_loader import explain_backend, resolve_backend
+from .features import FeatureEvalLoader, FeatureTrainLoader
 from .loaders import EvalLoader, TrainLoader
+from .registry import DATASETS, dataset_names, dataset_spec, is_features
 
 
 def build_train_loader(dataset, cfg, *, seed, epoch, rank, world_size, start_batch=0, device="cpu"):
     """One epoch of training batches for one rank (TrainLoader, or DaliTrainLoader for data.backend
-    dali/auto); the same sample order either way, exact under resume."""
+    dali/auto; FeatureTrainLoader for cached features); the same sample order either way, exact under resume."""
     kind = TrainLoader
-    if getattr(dataset, "is_feature_dataset", False):
-        from .features import FeatureTrainLoader as kind
+    if is_features(cfg):
+        kind = FeatureTrainLoader
     elif resolve_backend(cfg, device) == "dali":
         from .dali_loader import DaliTrainLoader as kind
     return kind(dataset, cfg, seed=seed, epoch=epoch, rank=rank, world_size=world_size,
@@ -42,8 +44,8 @@ def build_train_loader(dataset, cfg, *, seed, epoch, rank, world_size, start_bat
 def build_eval_loader(dataset, cfg, *, rank, world_size, device="cpu"):
     """Deterministic eval batches; rank r gets r::world_size, no padding (EvalLoader or DaliEvalLoader)."""
     kind = EvalLoader
-    if getattr(dataset, "is_feature_dataset", False):
-        from .features import FeatureEvalLoader as kind
+    if is_features(cfg):
+        kind = FeatureEvalLoader
     elif resolve_backend(cfg, device) == "dali":
         from .dali_loader import DaliEvalLoader as kind
     return kind(dataset, cfg, rank=rank, world_size=world_size, device=device)
@@ -55,7 +57,7 @@ def build_mixup(cfg, num_classes):
     (label smoothing alone is then applied by the loss). Needs an even batch size."""
     if cfg.mixup <= 0 and cfg.cutmix <= 0:
         return None
-    if cfg.dataset == "features":
+    if is_features(cfg):
         from .features import check_feature_config
 
         check_feature_config(cfg)  # refuses Mixup/CutMix in one line
@@ -66,6 +68,6 @@ def build_mixup(cfg, num_classes):
                  num_classes=num_classes)
 
 
-__all__ = ["DATASET_NAMES", "build_dataset", "num_classes", "class_names", "calib_indices",
-           "build_train_loader", "build_eval_loader", "build_mixup", "TrainLoader", "EvalLoader",
+__all__ = ["DATASETS", "dataset_names", "dataset_spec", "is_features", "build_dataset", "num_classes", "class_names",
+           "calib_indices", "build_train_loader", "build_eval_loader", "build_mixup", "TrainLoader", "EvalLoader",
            "explain_backend", "resolve_backend"]

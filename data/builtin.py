@@ -5,7 +5,7 @@ dumbbell, bar; five of them with a surface pattern in the shape's frame: stripes
 drawn at a random position, scale, aspect, rotation (+-30 deg) and colour (dark-on-light or
 light-on-dark) over a random gradient background with clutter (thin lines, dots) and pixel noise.
 Random position and pattern phase make the class nearly invisible to a linear classifier on
-pixels (~15%), while a small ResMLP (local patch features + pooling) learns it in CPU minutes
+pixels, while a small ResMLP (local patch features + pooling) learns it in CPU minutes
 (numbers: scripts/check_builtin.py).
 `builtin100`: the same 10 shapes x 10 foreground hue bins (hue decides the second digit of the
 label), so sparse heads have many classes to choose among.
@@ -16,7 +16,7 @@ four dots) through the very same pipeline (pose, colours or hues, background, cl
 surface patterns, reused by label index), so only the global outline is new: a semantic shift with
 matched low-level statistics. Their labels index OOD_SHAPES and mean nothing to the ID model.
 
-Generation is vectorised in torch (50k 32x32 images in a few seconds) and cached twice: in this
+Generation is vectorised in torch and cached twice: in this
 process (dict) and on disk as .npy (no pickle) keyed by every generation parameter.
 """
 import logging
@@ -28,6 +28,8 @@ import torch
 
 from common.io import WriteError, atomic_write, through_file
 from common.seeding import mix_seed
+
+from .arrays import ArrayDataset
 
 log = logging.getLogger(__name__)
 
@@ -291,3 +293,12 @@ def load_split(num_classes, split, n, size, seed, cache_dir=None, family="id"):
             log.info("could not cache the built-in dataset in %s (%s)", cache_dir, e)
     _MEMORY_CACHE[key] = out
     return out
+
+
+def build_split(data_cfg, split, num_classes, family):
+    """Split 'train' or 'val' of builtin<num_classes> (family 'id') or its OOD set ('ood'), as the
+    config sets its sizes, image size, seed and cache (data/registry.py declares the four)."""
+    n = data_cfg.builtin_train_size if split == "train" else data_cfg.builtin_val_size
+    images, labels = load_split(num_classes, split, n, data_cfg.image_size, data_cfg.builtin_seed,
+                                data_cfg.cache_dir, family=family)
+    return ArrayDataset(images, labels, num_classes, name=data_cfg.dataset)

@@ -20,13 +20,14 @@ import torchvision
 
 from common.errors import UserError
 
+from .arrays import ArrayDataset
+
 SPECS = {
     "cifar10": dict(title="CIFAR-10", folder="cifar-10-batches-py", archive="cifar-10-python.tar.gz",
                     train=[f"data_batch_{i}" for i in range(1, 6)], val=["test_batch"], label_key=b"labels",
-                    num_classes=10, tv_class="CIFAR10"),
+                    tv_class="CIFAR10"),
     "cifar100": dict(title="CIFAR-100", folder="cifar-100-python", archive="cifar-100-python.tar.gz",
-                     train=["train"], val=["test"], label_key=b"fine_labels", num_classes=100,
-                     tv_class="CIFAR100"),
+                     train=["train"], val=["test"], label_key=b"fine_labels", tv_class="CIFAR100"),
 }
 
 # Label index -> name, as in the archives' batches.meta / meta files (label_names, fine_label_names).
@@ -111,11 +112,21 @@ def _ensure_folder(name, root, download):
 
 def load_cifar(name, root, split, download=True):
     """-> (uint8 tensor (N, 3, 32, 32), int64 labels (N,), num_classes). split: 'train' | 'val'."""
-    spec = SPECS[name]
+    spec, k = SPECS[name], len(CLASS_NAMES[name])
     folder = _ensure_folder(name, root, download)
     parts = [_read_batch(os.path.join(folder, f), spec["label_key"]) for f in spec[split]]
     images = np.concatenate([p[0] for p in parts])
     labels = np.concatenate([p[1] for p in parts])
-    if labels.size and (labels.min() < 0 or labels.max() >= spec["num_classes"]):
-        raise UserError(f"CIFAR labels out of range 0..{spec['num_classes'] - 1} in {folder}; is this {spec['title']}?")
-    return torch.from_numpy(images), torch.from_numpy(labels), spec["num_classes"]
+    if labels.size and (labels.min() < 0 or labels.max() >= k):
+        raise UserError(f"CIFAR labels out of range 0..{k - 1} in {folder}; is this {spec['title']}?")
+    return torch.from_numpy(images), torch.from_numpy(labels), k
+
+
+def class_names(data_cfg, name):
+    return list(CLASS_NAMES[name])
+
+
+def build_split(data_cfg, split, name):
+    """Split 'train' or 'val' of CIFAR `name` under data.root (data/registry.py declares both)."""
+    images, labels, k = load_cifar(name, data_cfg.root, split, data_cfg.download)
+    return ArrayDataset(images, labels, k, name=name)

@@ -3,12 +3,13 @@
 A model's output j means the class its training data called j. Evaluating it on a folder whose
 class folders differ (but count the same) maps labels silently, so a run stores its class names
 (RUN_DIR/classes.json, written by training) and evaluation compares them with the dataset's:
-a mismatch is one line naming the first differences and `--allow-class-mismatch`.
+a mismatch is one line naming the first differences and `--allow-class-mismatch`. Beside it,
+RUN_DIR/class_map.txt holds the same list in timm's class_map format, for timm's own scripts.
 
-Names: ImageFolder -> the sorted train/ folder names; CIFAR-10/100 -> the archives' label names;
-builtin10/100 -> the shape names (builtin100: shape_hue<k>); builtin*_ood -> those of its
-in-distribution set (same label space); shards -> the shard index's list; features -> the
-source data's (features.json).
+Names come from each dataset's declaration (data/registry.py): ImageFolder -> the sorted train/
+folder names; CIFAR-10/100 -> the archives' label names; builtin10/100 -> the shape names
+(builtin100: shape_hue<k>); builtin*_ood -> those of its in-distribution set (same label space);
+shards -> the shard index's list; features -> the source data's (features.json).
 """
 import json
 import os
@@ -17,32 +18,28 @@ from common import rundir
 from common.errors import UserError
 from common.io import atomic_write_text
 
-from . import builtin, cifar, features, imagefolder, shards
-from .names import DATASET_NAMES
+from .registry import dataset_spec
 
 CLASSES_FILE = rundir.CLASSES
+CLASS_MAP_FILE = rundir.CLASS_MAP
 ALLOW_FLAG = "--allow-class-mismatch"
-_BUILTIN = {"builtin10": 10, "builtin100": 100, "builtin10_ood": 10, "builtin100_ood": 100}
 
 
 def class_names(data_cfg):
-    """Label index -> class name for `data_cfg.dataset` (scans ROOT/train for imagefolder)."""
-    if data_cfg.dataset in _BUILTIN:
-        return builtin.class_names(_BUILTIN[data_cfg.dataset])
-    if data_cfg.dataset in cifar.CLASS_NAMES:
-        return list(cifar.CLASS_NAMES[data_cfg.dataset])
-    if data_cfg.dataset == "imagefolder":
-        return imagefolder.find_classes(data_cfg.root)
-    if data_cfg.dataset == "shards":
-        return list(shards.read_index(data_cfg.root)["classes"])
-    if data_cfg.dataset == "features":
-        return features.class_names(data_cfg.root)
-    raise UserError(f"unknown data.dataset '{data_cfg.dataset}'; valid: {', '.join(DATASET_NAMES)}")
+    """Label index -> class name for `data_cfg.dataset`, as its declaration reads them (data/registry.py)."""
+    return list(dataset_spec(data_cfg.dataset).classes(data_cfg))
+
+
+def class_map_text(names):
+    """timm's class_map text format: line j is the name of label j (timm strips each line, so its
+    `class_map=` argument gives folders this project's label order, numeric folders included)."""
+    return "".join(f"{name}\n" for name in names)
 
 
 def save_class_names(run_dir, names):
-    """Write RUN_DIR/classes.json ({"classes": [...]}) atomically."""
+    """Write RUN_DIR/classes.json ({"classes": [...]}) and RUN_DIR/class_map.txt atomically."""
     atomic_write_text(os.path.join(run_dir, CLASSES_FILE), json.dumps({"classes": list(names)}, indent=1))
+    atomic_write_text(os.path.join(run_dir, CLASS_MAP_FILE), class_map_text(names))
 
 
 def load_class_names(run_dir):

@@ -29,9 +29,10 @@ from common.errors import UserError
 
 from . import dali_params as P
 from .loaders import epoch_train_batches
+from .registry import dataset_names, dataset_spec
 from .samplers import eval_batches
+from .transforms import eval_transform
 
-DALI_DATASETS = ("imagefolder", "shards")
 _PREFETCH_BATCHES = 3  # host read-ahead, in batches
 
 
@@ -40,9 +41,9 @@ def check_dali_config(cfg):
     from .dali_pipeline import require_dali
     from .transforms import train_crop_mode
 
-    if cfg.dataset not in DALI_DATASETS:
-        raise UserError(f"data.backend=dali supports data.dataset {' or '.join(DALI_DATASETS)}, not '{cfg.dataset}' "
-                        "(CIFAR and the built-in data use the in-memory device path: set data.backend=pil)")
+    if not dataset_spec(cfg.dataset).dali:
+        raise UserError(f"data.backend=dali supports data.dataset {' or '.join(dataset_names(dali=True))}, not "
+                        f"'{cfg.dataset}' (the in-memory datasets use the device path: set data.backend=pil)")
     if train_crop_mode(cfg) != "rrc":
         raise UserError("data.backend=dali implements data.train_crop=rrc (DeiT) only; set data.train_crop=rrc "
                         "or data.backend=pil")
@@ -73,8 +74,9 @@ def explain_backend(cfg, device=None):
 
     if cfg.backend != "auto":
         return cfg.backend, f"data.backend={cfg.backend}"
-    if cfg.dataset not in DALI_DATASETS:
-        return "pil", f"data.backend=auto: DALI serves {' and '.join(DALI_DATASETS)} only, not '{cfg.dataset}'"
+    if not dataset_spec(cfg.dataset).dali:
+        served = " and ".join(dataset_names(dali=True))
+        return "pil", f"data.backend=auto: DALI serves {served} only, not '{cfg.dataset}'"
     on_cuda = torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda")
     if not on_cuda:
         return "pil", "data.backend=auto: no CUDA device (DALI decodes on the GPU)"
@@ -433,8 +435,9 @@ class DaliEvalLoader(_DaliLoader):
     def build_pipeline(self, source):
         from .dali_pipeline import build_eval_pipeline
 
-        return build_eval_pipeline(source, image_size=self.cfg.image_size, mean=self.cfg.mean, std=self.cfg.std,
-                                   interpolation=self.cfg.interpolation, batch_size=self.cfg.eval_batch_size,
+        spec = eval_transform(self.cfg)  # the transform the PIL path and the exports describe
+        return build_eval_pipeline(source, image_size=spec.image_size, mean=spec.mean, std=spec.std,
+                                   interpolation=spec.interpolation, batch_size=self.cfg.eval_batch_size,
                                    num_threads=self.num_threads, device_id=self.device_id)
 
     def prepare(self, t, resolved, seeds):
@@ -442,7 +445,7 @@ class DaliEvalLoader(_DaliLoader):
         batch = _HostBatch(t, resolved, None, labels)
         widths = np.array([r[2][0] for r in resolved])
         heights = np.array([r[2][1] for r in resolved])
-        rw, rh, cx, cy = P.eval_geometry(widths, heights, self.cfg.image_size, self.cfg.crop_pct)
+        rw, rh, cx, cy = P.eval_geometry(widths, heights, self.cfg.image_size, eval_transform(self.cfg).crop_pct)
         crop = np.array([self.cfg.image_size, self.cfg.image_size], dtype=np.float32)
         batch.feed = ([np.frombuffer(r[1], dtype=np.uint8) for r in resolved],
                       list(np.stack([rh, rw], 1).astype(np.float32)), list(np.stack([cx, cy], 1).astype(np.float32)),

@@ -1,47 +1,15 @@
-"""build_dataset / num_classes: dispatch on DataConfig.dataset, calibration hold-out, validation."""
+"""build_dataset / num_classes: a split of the declared dataset (data/registry.py), with the
+calibration hold-out and its transform; what the registry reads, the split asked for is checked here."""
 import numpy as np
 import torch
-from PIL import Image
 
 from common.errors import UserError
 from common.seeding import mix_seed
 
-from . import builtin, cifar, features, imagefolder, shards
-from .names import DATASET_NAMES, SPLITS
+from .arrays import ArrayDataset
+from .names import SPLITS
+from .registry import dataset_spec
 from .transforms import build_eval_transform, build_train_transform
-
-# builtin*_ood: other outlines through the same renderer, the out-of-distribution set of builtin10/100.
-_BUILTIN_CLASSES = {"builtin10": 10, "builtin100": 100, "builtin10_ood": 10, "builtin100_ood": 100}
-
-
-class ArrayDataset:
-    """A split held as one uint8 tensor (N, 3, H, W) + int64 labels: the in-memory fast path uses
-    `images`/`labels` directly; indexing gives (transform(PIL image), label) like any dataset."""
-
-    in_memory_capable = True
-
-    def __init__(self, images, labels, num_classes, transform=None, name=""):
-        self.images = images
-        self.labels = labels
-        self.num_classes = num_classes
-        self.transform = transform
-        self.name = name
-        self.native_size = images.shape[-1]
-
-    def __len__(self):
-        return len(self.labels)
-
-    def subset(self, indices):
-        idx = torch.as_tensor(np.asarray(indices, dtype=np.int64))
-        return ArrayDataset(self.images[idx], self.labels[idx], self.num_classes, self.transform, self.name)
-
-    def load(self, i, replace_corrupt=True):
-        """-> (PIL image, label, []) (same signature as ImageFolderDataset.load; nothing is corrupt here)."""
-        return Image.fromarray(self.images[i].permute(1, 2, 0).numpy()), int(self.labels[i]), []
-
-    def __getitem__(self, i):
-        img, label, _ = self.load(i)
-        return (self.transform(img) if self.transform is not None else img), label
 
 
 def _check(cfg, split):
@@ -58,18 +26,8 @@ def _check(cfg, split):
 
 
 def num_classes(cfg):
-    """Number of classes of cfg.dataset (scans ROOT/train for imagefolder)."""
-    if cfg.dataset in _BUILTIN_CLASSES:
-        return _BUILTIN_CLASSES[cfg.dataset]
-    if cfg.dataset in cifar.SPECS:
-        return cifar.SPECS[cfg.dataset]["num_classes"]
-    if cfg.dataset == "imagefolder":
-        return len(imagefolder.find_classes(cfg.root))
-    if cfg.dataset == "shards":
-        return shards.num_classes(cfg.root)
-    if cfg.dataset == "features":
-        return features.num_classes(cfg.root)
-    raise UserError(f"unknown data.dataset '{cfg.dataset}'; valid: {', '.join(DATASET_NAMES)}")
+    """Number of classes of cfg.dataset: the number of its class names (scans ROOT/train for imagefolder)."""
+    return len(dataset_spec(cfg.dataset).classes(cfg))
 
 
 def calib_indices(n, fraction):
@@ -80,34 +38,20 @@ def calib_indices(n, fraction):
     return np.sort(perm[:k])
 
 
-def _raw_split(cfg, split):
-    if cfg.dataset in _BUILTIN_CLASSES:
-        n = cfg.builtin_train_size if split == "train" else cfg.builtin_val_size
-        images, labels = builtin.load_split(_BUILTIN_CLASSES[cfg.dataset], split, n, cfg.image_size,
-                                            cfg.builtin_seed, cfg.cache_dir,
-                                            family="ood" if cfg.dataset.endswith("_ood") else "id")
-        return ArrayDataset(images, labels, _BUILTIN_CLASSES[cfg.dataset], name=cfg.dataset)
-    if cfg.dataset in cifar.SPECS:
-        images, labels, k = cifar.load_cifar(cfg.dataset, cfg.root, split, cfg.download)
-        return ArrayDataset(images, labels, k, name=cfg.dataset)
-    if cfg.dataset == "shards":
-        return shards.ShardDataset.from_root(cfg.root, split, skip_corrupt=cfg.skip_corrupt)
-    if cfg.dataset == "imagefolder":
-        samples, classes = imagefolder.scan_split(cfg.root, split)
-        return imagefolder.ImageFolderDataset(samples, classes, skip_corrupt=cfg.skip_corrupt)
-    raise UserError(f"unknown data.dataset '{cfg.dataset}'; valid: {', '.join(DATASET_NAMES)}")
-
-
 def build_dataset(cfg, split):
     """split 'train' | 'val' | 'calib' -> dataset with `num_classes`, items (tensor, label).
 
     'calib' is a deterministic `calib_fraction` of the train split (excluded from 'train' when
     calib_fraction > 0); it carries the eval transform. 'train' carries the train transform.
+    Cached features are read as extracted (calib held out already; no pixels, no transform).
     """
-    if features.is_features(cfg):  # cached features: splits extracted as they are (calib held out already)
-        return features.build_split(cfg, split)
+    spec = dataset_spec(cfg.dataset)
+    if spec.features:
+        return spec.build(cfg, split)
     _check(cfg, split)
-    ds = _raw_split(cfg, "val" if split == "val" else "train")
+    ds = spec.build(cfg, "val" if split == "val" else "train")
+    if spec.in_memory and not isinstance(ds, ArrayDataset):
+        raise ValueError(f"dataset '{spec.name}' is declared in_memory but its build gave a {type(ds).__name__}")
     if split != "val" and cfg.calib_fraction > 0:
         held = calib_indices(len(ds), cfg.calib_fraction)
         keep = held if split == "calib" else np.setdiff1d(np.arange(len(ds)), held)

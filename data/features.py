@@ -54,10 +54,6 @@ def shard_path(root, split, i):
     return os.path.join(root, split, shard_name(i))
 
 
-def is_features(data_cfg):
-    return data_cfg.dataset == "features"
-
-
 def read_meta(root):
     """features.json of a feature folder, checked; UserError (one line) for a missing folder or file,
     an unreadable file or an unfinished extraction."""
@@ -86,10 +82,6 @@ def identity(meta):
     """(source sha256, settings sha256) of a folder's features.json `meta` (see the module docstring)."""
     settings = json.dumps({k: meta.get(k) for k in EXTRACTION_KEYS}, sort_keys=True, separators=(",", ":"))
     return meta.get("source_sha256"), hashlib.sha256(settings.encode()).hexdigest()
-
-
-def num_classes(root):
-    return len(read_meta(root)["classes"])
 
 
 def class_names(root):
@@ -122,9 +114,6 @@ def image_settings_note(data_cfg, meta):
 class FeatureDataset:
     """One split of cached features: `features` (K, N, D) float32 for K views (1 unless augmented),
     `labels` (N,) int64, `index` (N,) the source dataset positions. `view(epoch)` -> (N, D)."""
-
-    in_memory_capable = False
-    is_feature_dataset = True
 
     def __init__(self, features, labels, index, num_classes, name="features"):
         self.views = features

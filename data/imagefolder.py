@@ -85,8 +85,6 @@ def scan_split(root, split):
 class ImageFolderDataset:
     """Items are (transform(PIL RGB image), label); `transform=None` returns the PIL image."""
 
-    in_memory_capable = False
-
     def __init__(self, samples, classes, transform=None, skip_corrupt=False, skipped_files=None):
         self.samples = samples
         self.classes = classes
@@ -154,3 +152,9 @@ class ImageFolderDataset:
         img, label, skipped = self.load(i)
         self.note_skipped(skipped)
         return (self.transform(img) if self.transform is not None else img), label
+
+
+def build_split(data_cfg, split):
+    """Split 'train' or 'val' of the folder data.root (data/registry.py declares it)."""
+    samples, classes = scan_split(data_cfg.root, split)
+    return ImageFolderDataset(samples, classes, skip_corrupt=data_cfg.skip_corrupt)

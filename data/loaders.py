@@ -18,8 +18,8 @@ from torch.utils.data import DataLoader
 from common.errors import UserError
 
 from .samplers import eval_batches, train_batches
-from .transforms import (BatchAugment, Normalize, build_eval_transform, build_train_transform, resize_uint8,
-                         train_crop_mode, uses_memory_path)
+from .transforms import (BatchAugment, Normalize, build_eval_transform, build_train_transform, in_memory_path,
+                         resize_uint8, train_crop_mode, uses_memory_path)
 
 
 def _device_images(dataset, device, size):
@@ -174,7 +174,7 @@ class TrainLoader(_Loader):
     def __init__(self, dataset, cfg, *, seed, epoch, rank, world_size, start_batch=0, device="cpu"):
         tasks = epoch_train_batches(dataset, cfg, seed=seed, epoch=epoch, rank=rank, world_size=world_size,
                                     start_batch=start_batch)
-        memory = uses_memory_path(cfg, dataset)
+        memory = uses_memory_path(cfg)
         super().__init__(dataset, cfg, tasks, device, memory, True, cfg.num_workers)
         self.seed, self.epoch, self.rank, self.world_size, self.start_batch = seed, epoch, rank, world_size, start_batch
         self.batches_per_epoch = len(tasks)
@@ -187,9 +187,9 @@ class TrainLoader(_Loader):
         return self._iter_tasks(self.tasks[self.start_batch:])
 
 
-def eval_uses_memory_path(cfg, dataset):
+def eval_uses_memory_path(cfg):
     """Eval in memory = normalise only, which is the PIL eval transform in pad-crop mode."""
-    return bool(cfg.in_memory) and getattr(dataset, "in_memory_capable", False) and train_crop_mode(cfg) == "pad"
+    return in_memory_path(cfg) and train_crop_mode(cfg) == "pad"
 
 
 class TaskLoader(_Loader):
@@ -199,7 +199,7 @@ class TaskLoader(_Loader):
     (data.skip_corrupt) are replaced under `augment`, dropped otherwise, as in those loaders."""
 
     def __init__(self, dataset, cfg, tasks, *, augment, device="cpu"):
-        memory = uses_memory_path(cfg, dataset) if augment else eval_uses_memory_path(cfg, dataset)
+        memory = uses_memory_path(cfg) if augment else eval_uses_memory_path(cfg)
         super().__init__(dataset, cfg, tasks, device, memory, augment, cfg.num_workers)
 
     def __len__(self):
@@ -219,7 +219,7 @@ class EvalLoader(_Loader):
 
     def __init__(self, dataset, cfg, *, rank, world_size, device="cpu"):
         tasks = eval_batches(len(dataset), rank=rank, world_size=world_size, batch_size=cfg.eval_batch_size)
-        super().__init__(dataset, cfg, tasks, device, eval_uses_memory_path(cfg, dataset), False, cfg.num_workers)
+        super().__init__(dataset, cfg, tasks, device, eval_uses_memory_path(cfg), False, cfg.num_workers)
         self.num_samples = sum(len(t[0]) for t in tasks)
 
     def __len__(self):

@@ -1,4 +1,6 @@
-"""The one list of dataset names, data backends and splits (configs/schema.py and the dataset builders import it)."""
-DATASET_NAMES = ("builtin10", "builtin100", "builtin10_ood", "builtin100_ood", "cifar10", "cifar100", "imagefolder", "shards", "features")
+"""The data vocabularies the config schema and the data code share: requested splits, decoding
+backends and the training crop recipes (data/transforms.py builds each recipe; a dataset's
+declaration in data/registry.py names the one data.train_crop=auto means for it)."""
 SPLITS = ("train", "val", "calib")
 BACKENDS = ("pil", "dali", "auto")
+CROP_RECIPES = ("pad", "rrc")

@@ -141,8 +141,13 @@ class ShardDataset(ImageFolderDataset):
         return Image.open(io.BytesIO(self.read_bytes(i)))
 
 
-def num_classes(root):
-    return len(read_index(root)["classes"])
+def class_names(root):
+    return list(read_index(root)["classes"])
+
+
+def build_split(data_cfg, split):
+    """Split 'train' or 'val' of the shard folder data.root (data/registry.py declares it)."""
+    return ShardDataset.from_root(data_cfg.root, split, skip_corrupt=data_cfg.skip_corrupt)
 
 
 def _add(tar, name, payload):

@@ -5,8 +5,17 @@ Both paths implement the same CIFAR recipe: zero-pad by `crop_padding`, random `
 flip with probability `hflip`, then (x/255 - mean)/std, then optional timm RandomErasing.
 The DeiT recipe (RandomResizedCrop, RandAugment, colour jitter) exists only in the per-sample
 path; `uses_memory_path` sends those configs there automatically.
+
+Evaluation: `eval_transform(cfg)` is the one description of the evaluation transform (shorter
+side resized to floor(image_size / crop_pct), centre crop, normalisation). `build_eval_transform`
+builds the torchvision transform from it, the DALI eval pipeline takes its crop_pct and
+interpolation, and exports write its `describe()` (the sidecar) and `timm_config()` (a model's
+pretrained_cfg), so what a deployment reads is what evaluation did.
 """
+import dataclasses
+import math
 import random
+from typing import Tuple
 
 import numpy as np
 import torch
@@ -19,22 +28,30 @@ from torchvision import transforms as T
 
 from common.errors import UserError
 
+from .names import CROP_RECIPES
+from .registry import dataset_spec
+
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest", "random")
-TRAIN_CROPS = ("auto", "pad", "rrc")
+TRAIN_CROPS = ("auto",) + CROP_RECIPES
 
 
 def train_crop_mode(cfg):
+    """data.train_crop, with auto resolved to the dataset's declared recipe (data/registry.py)."""
     if cfg.train_crop not in TRAIN_CROPS:
         raise UserError(f"unknown data.train_crop '{cfg.train_crop}'; valid: {', '.join(TRAIN_CROPS)}")
     if cfg.train_crop != "auto":
         return cfg.train_crop
-    return "rrc" if cfg.dataset in ("imagefolder", "shards") else "pad"
+    return dataset_spec(cfg.dataset).train_crop
 
 
-def uses_memory_path(cfg, dataset):
+def in_memory_path(cfg):
+    """Whether cfg's dataset sits in memory as one uint8 tensor and data.in_memory asks to use that."""
+    return bool(cfg.in_memory) and dataset_spec(cfg.dataset).in_memory
+
+
+def uses_memory_path(cfg):
     """The device fast path covers pad-crop + flip + erasing; anything else goes per-sample."""
-    return (bool(cfg.in_memory) and getattr(dataset, "in_memory_capable", False) and not cfg.auto_augment
-            and not cfg.color_jitter and train_crop_mode(cfg) == "pad")
+    return in_memory_path(cfg) and not cfg.auto_augment and not cfg.color_jitter and train_crop_mode(cfg) == "pad"
 
 
 def _posterize_zero_safe(img, bits_to_keep, **kw):
@@ -81,14 +98,61 @@ def build_train_transform(cfg, native_size):
     return T.Compose([primary, secondary, final])
 
 
+@dataclasses.dataclass(frozen=True)
+class EvalTransform:
+    """The evaluation transform as data. PIL image -> RGB (16-bit gray scaled to 8 bits) -> the
+    shorter side resized to `resize_to` (the longer one to int(resize_to * long / short)) with
+    `interpolation` -> centre crop to image_size (offsets round((resized - image_size) / 2), half to
+    even) -> pixel / 255 -> (x - mean) / std per channel -> float32 (3, H, W)."""
+    image_size: int
+    crop_pct: float
+    interpolation: str
+    mean: Tuple[float, float, float]
+    std: Tuple[float, float, float]
+
+    @property
+    def resize_to(self) -> int:
+        return math.floor(self.image_size / self.crop_pct)
+
+    def describe(self) -> dict:
+        """The plain description an export carries: every number a consumer without torch needs."""
+        return {
+            "color": "RGB", "sixteen_bit_gray": "round(v / 257)", "layout": "CHW", "dtype": "float32",
+            "resize": {"shorter_side": self.resize_to, "longer_side": "int(shorter_side * longer / shorter)",
+                       "interpolation": self.interpolation},
+            "center_crop": {"size": [self.image_size, self.image_size],
+                            "offset": "round((resized - size) / 2), half to even"},
+            "crop_pct": self.crop_pct, "scale": "pixel / 255",
+            "mean": list(self.mean), "std": list(self.std), "normalise": "(x - mean) / std",
+        }
+
+    def timm_config(self) -> dict:
+        """The same transform as timm's data config keys (timm.data.resolve_data_config reads them
+        from a model's pretrained_cfg; timm's eval transform is then this one)."""
+        return dict(input_size=(3, self.image_size, self.image_size), crop_pct=self.crop_pct, crop_mode="center",
+                    interpolation=self.interpolation, mean=tuple(self.mean), std=tuple(self.std))
+
+
+def eval_transform(cfg) -> EvalTransform:
+    """The evaluation transform of data config `cfg`. The pad recipe resizes the shorter side to
+    image_size, bicubic, and centre-crops (crop_pct 1.0 whatever data.crop_pct says); the DeiT (rrc)
+    recipe resizes to image_size / data.crop_pct with data.interpolation ('random' is a training
+    choice: bicubic at evaluation)."""
+    pad = train_crop_mode(cfg) == "pad"
+    interpolation = "bicubic" if pad or cfg.interpolation == "random" else cfg.interpolation
+    return EvalTransform(int(cfg.image_size), 1.0 if pad else float(cfg.crop_pct), interpolation,
+                         tuple(float(v) for v in cfg.mean), tuple(float(v) for v in cfg.std))
+
+
 def build_eval_transform(cfg, native_size):
-    """Pad-crop datasets at native size are only normalised; other pad-crop images are resized and
-    centre-cropped to a square (`to_square`, crop_pct unused); otherwise timm's eval transform:
-    resize to image_size/crop_pct, center crop (DeiT). Every path gives image_size x image_size."""
-    if train_crop_mode(cfg) == "pad":
-        return T.Compose(to_square(cfg, native_size) + [T.ToTensor(), T.Normalize(cfg.mean, cfg.std)])
-    return create_transform(cfg.image_size, is_training=False, interpolation=cfg.interpolation,
-                            crop_pct=cfg.crop_pct, mean=tuple(cfg.mean), std=tuple(cfg.std))
+    """PIL image -> the normalised image_size x image_size tensor `eval_transform(cfg)` describes:
+    timm's eval transform with its settings; datasets stored square at image_size (CIFAR, built-in:
+    `native_size`) under the pad recipe are only normalised (their resize and crop do nothing)."""
+    spec = eval_transform(cfg)
+    if native_size == spec.image_size == spec.resize_to:
+        return T.Compose([T.ToTensor(), T.Normalize(spec.mean, spec.std)])
+    return create_transform(spec.image_size, is_training=False, interpolation=spec.interpolation,
+                            crop_pct=spec.crop_pct, crop_mode="center", mean=spec.mean, std=spec.std)
 
 
 def resize_uint8(images, size):

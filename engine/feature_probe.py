@@ -17,17 +17,18 @@ dimension for a trained probe's weights.
 """
 from common.errors import UserError
 from data import features as feature_data
+from data.registry import is_features
 from models import create_classifier
 from models.linear_probe import create_linear_probe
 
 # the source model's keys the probe's initial weights depend on (the image path builds the whole
 # model under the "init" RNG stream before its classifier), copied from features.json's config
-SOURCE_MODEL_KEYS = ("name", "norm", "init_values", "pool", "pool_mapping", "pool_beta")
+SOURCE_MODEL_KEYS = ("name", "norm", "init_values", "pool", "pool_mapping", "pool_beta", "pool_k")
 
 
 def resolve_features(cfg, say):
     """-> features.json (dict) for data.dataset=features, else None; changes `cfg` in place."""
-    if not feature_data.is_features(cfg.data):
+    if not is_features(cfg.data):
         return None
     root = cfg.data.root
     if cfg.model.pretrained is not None:

@@ -11,7 +11,7 @@ import os
 
 from common.errors import UserError
 from common.rundir import inside
-from data.features import is_features
+from data import is_features
 
 # source key -> the suffix of the train.output_dir suggested instead
 _SUGGESTED_SUFFIX = {"model.pretrained": "_ft", "train.teacher": "_distilled", "train.teacher_weights": "_distilled",

@@ -231,9 +231,12 @@ def paired_section(results, skipped, pairs):
                   "of the baseline), their mean with a 95% t-interval over seeds, the exact sign-flip "
                   "(permutation) p over seeds (its smallest possible value is 2 / 2^seeds: 0.25 with 3), and a "
                   f"two-level bootstrap ({paired.N_BOOT} resamples of seeds, then of validation images). MDD: the "
-                  "smallest difference the paired t-test over these seeds detects with 80% power, at the "
-                  "observed seed-to-seed s.d.; the last column: the seeds that detect the observed mean with "
-                  "80% power. The verdicts above use this table's top-1 t-interval.", "",
+                  "smallest difference the paired t-test over these seeds detects with 80% power (non-central t); "
+                  "the last column: the seeds at which a true difference the size of the observed mean would be "
+                  "detected with 80% power. Both depend on the seed-to-seed s.d., which a few seeds measure "
+                  "poorly, so both are ranges over its 95% χ² interval (with 3 seeds that interval spans a factor "
+                  "of 12); the observed mean is not the true difference either: plan seeds from a pilot. The "
+                  "verdicts above use this table's top-1 t-interval.", "",
                   report.markdown_table(header, rows), ""]
         header, rows = paired.markdown_rows(results)
         lines += ["### (b) Given these trainings (conditional on the seeds)", "",
@@ -290,8 +293,9 @@ def budget_lines(variants):
                 f"verdicts compare the heads at this fixed budget ({last_epoch} epochs), not at convergence; "
                 f"{plot} shows each head's learning speed, and a longer run (optim.epochs=...) can change them."]
     if flat:
-        return [f"Budget: validation top-1 had levelled off for every head ({', '.join(flat)}: within noise), "
-                f"so the verdicts are not an artefact of stopping early ({plot})."]
+        return [f"Budget: no rise beyond noise between the last epochs for any head ({', '.join(flat)}; {plot}): "
+                f"a slower rise can hide in the evaluation noise, so the verdicts are still those of this "
+                f"budget ({last_epoch} epochs)."]
     if unknown:
         return [f"Budget: fewer than two validation evaluations per run ({', '.join(unknown)}), so whether "
                 f"training had converged is not known (train.eval_every=1 logs one per epoch)."]

@@ -10,30 +10,39 @@ import math
 import numpy as np
 
 from common.errors import UserError
+from data.registry import dataset_names, dataset_spec
 from models.registry import is_sparse
 
 from .ood import ood_detection, ood_scores
 
-# The built-in family's own OOD sets (data/builtin.py: other outlines through the same renderer).
-BUILTIN_OOD = {"builtin10": "builtin10_ood", "builtin100": "builtin100_ood"}
 SCORE_LABELS = {"max_prob": "max probability", "neg_entropy": "entropy", "neg_support": "support size"}
 HIST_BINS = 20
 
 
+def ood_dataset_names():
+    """The datasets an image model can be tested on as OOD sets: every declared image dataset."""
+    return dataset_names(features=False)
+
+
 def default_ood_dataset(dataset):
-    """The OOD set `--ood-dataset auto` means for an in-distribution dataset (None if it has none)."""
-    return BUILTIN_OOD.get(dataset)
+    """The OOD set `--ood-dataset auto` means for an in-distribution dataset: its declared partner
+    (data/registry.py), None if it has none."""
+    return dataset_spec(dataset).ood
 
 
-def resolve_ood_dataset(name, dataset):
-    """'auto' -> the dataset's built-in OOD set (UserError when it has none); other names unchanged."""
-    if name != "auto":
-        return name
-    ood = default_ood_dataset(dataset)
-    if ood is None:
-        raise UserError(f"--ood-dataset auto: {dataset} has no built-in OOD set (only "
-                        f"{', '.join(BUILTIN_OOD)} do); name one, e.g. --ood-dataset imagefolder --ood-root DIR")
-    return ood
+def resolve_ood_dataset(name, dataset, flag="--ood-dataset"):
+    """'auto' -> the dataset's declared OOD partner (UserError when it has none); another name must be
+    a declared image dataset (UserError naming the valid ones)."""
+    if name == "auto":
+        ood = default_ood_dataset(dataset)
+        if ood is None:
+            having = [n for n in dataset_names() if dataset_spec(n).ood is not None]
+            raise UserError(f"{flag} auto: {dataset} has no built-in OOD set (only {', '.join(having)} do); name one, "
+                            f"e.g. {flag} imagefolder --ood-root DIR")
+        return ood
+    if name not in ood_dataset_names():
+        raise UserError(f"unknown {flag} '{name}'; valid: auto, {', '.join(ood_dataset_names())}")
+    return name
 
 
 def _histograms(scores_in, scores_out, num_classes):

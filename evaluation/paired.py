@@ -10,7 +10,8 @@ bootstrap draw of validation examples is shared by every seed. ECE is the mean o
 Two kinds of numbers, each labelled with the noise it includes:
   (a) across trainings: the per-seed differences, their t-interval and exact sign-flip p over
       seeds, a two-level bootstrap over seeds and validation images, the 80%-power minimum
-      detectable difference and the seeds the observed difference needs. The verdict sentence (one
+      detectable difference and the seeds a true difference of the observed size would need, both as
+      ranges over the seed s.d.'s 95% χ² interval (few seeds measure it poorly). The verdict sentence (one
       per variant) is the top-1 of (a): would another training of this recipe also differ?
   (b) given these trainings: the bootstrap over validation images and McNemar's test, both holding
       the trainings fixed (conditional on the seeds).
@@ -20,11 +21,9 @@ head learned nothing gets "no comparison: nothing learned" as its verdict.
 import numpy as np
 
 from . import sanity
-from .statistics import across_trainings, describe_across_trainings, describe_difference, mcnemar_exact, \
-    paired_bootstrap
+from .statistics import METRIC_TABLE, METRICS, across_trainings, describe_across_trainings, describe_difference, \
+    mcnemar_exact, paired_bootstrap
 
-METRICS = ("top1", "ece", "loss")
-METRIC_LABELS = {"top1": "top-1", "ece": "ECE", "loss": "FY loss"}
 N_BOOT = 2000
 
 
@@ -99,8 +98,8 @@ def _signed(x, digits):
 
 
 def _scaled(metric):
-    """(scale, digits, unit) of a metric's differences in the tables: points for top-1 and ECE."""
-    return (100.0, 2, " pt") if metric in ("top1", "ece") else (1.0, 4, "")
+    """(scale, digits, unit) of a metric's differences in the tables: points or its own units."""
+    return (100.0, 2, " pt") if METRIC_TABLE[metric].in_points else (1.0, 4, "")
 
 
 def markdown_rows(results):
@@ -113,7 +112,7 @@ def markdown_rows(results):
             r = res["bootstrap"][m]
             scale, digits, unit = _scaled(m)
             p = res["mcnemar"]["p_value"] if m == "top1" else None
-            rows.append([f"{res['variant']} − {res['baseline']}", METRIC_LABELS[m],
+            rows.append([f"{res['variant']} − {res['baseline']}", METRIC_TABLE[m].label,
                          _signed(scale * r["difference"], digits) + unit,
                          f"[{_signed(scale * r['ci_low'], digits)}, {_signed(scale * r['ci_high'], digits)}]",
                          "yes" if r["significant"] else "no", "" if p is None else f"{p:.3g}"])
@@ -129,21 +128,21 @@ def _interval(low, high, scale, digits):
 def across_rows(results):
     """(header, rows) of the across-trainings table: per-seed differences and what they support."""
     header = ["variant − baseline", "metric", "per-seed differences", "mean", "95% t-interval over seeds",
-              "sign-flip p (exact)", "95% two-level bootstrap (seeds × images)", "MDD, 80% power",
-              "seeds for the mean"]
+              "sign-flip p (exact)", "95% two-level bootstrap (seeds × images)",
+              "MDD, 80% power (over the s.d.'s 95% interval)", "seeds for a true difference of the mean (same)"]
     rows = []
     for res in results:
         for m in METRICS:
             r = res["across"][m]
             scale, digits, unit = _scaled(m)
-            mdd = r["mdd"]
-            needed = r["seeds_needed"]
-            rows.append([f"{res['variant']} − {res['baseline']}", METRIC_LABELS[m],
+            mdd = (r["mdd_low"], r["mdd_high"])
+            needed = (r["seeds_needed_low"], r["seeds_needed_high"])
+            rows.append([f"{res['variant']} − {res['baseline']}", METRIC_TABLE[m].label,
                          ", ".join(_signed(scale * d, digits) for d in r["per_seed"]),
                          _signed(scale * r["difference"], digits) + unit,
                          _interval(r["t_low"], r["t_high"], scale, digits),
                          f"{r['sign_flip_p']:.3g} (min {r['min_sign_flip_p']:.3g})",
                          _interval(r["boot_low"], r["boot_high"], scale, digits),
-                         "n/a" if not np.isfinite(mdd) else f"{scale * mdd:.{digits}f}{unit}",
-                         "n/a" if r["n_seeds"] < 2 else (str(needed) if needed is not None else "> 1000")])
+                         "n/a" if not np.isfinite(mdd[0]) else "–".join(f"{scale * v:.{digits}f}" for v in mdd) + unit,
+                         "n/a" if r["n_seeds"] < 2 else "–".join(str(v) if v is not None else "> 1000" for v in needed)])
     return header, rows

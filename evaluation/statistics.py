@@ -55,23 +55,46 @@ validation images and the data order). On them:
     replacement (one draw shared by the drawn seeds), and takes the mean over the drawn seeds of
     the per-seed differences. With a handful of seeds the seed stage can only resample a few
     values, so this interval is narrower than the t-interval; it is shown, not used for the verdict;
-  - the power of the paired t-test at the observed s_d (plug-in; the non-central t computed by
-    quadrature): the minimum difference detectable with 80% power at the seeds at hand, and the
-    seeds needed to detect the observed difference.
+  - the power of the paired t-test (the non-central t, computed by quadrature): the minimum
+    difference detectable with 80% power at the seeds at hand (MDD) and the seeds that would detect
+    the observed difference were it the true one. Both scale with the seed s.d., which a handful of
+    seeds measures poorly, so both are given as ranges over the s.d.'s χ² confidence interval,
+    s_d·√(ν / χ²_{ν, 1−α/2}) to s_d·√(ν / χ²_{ν, α/2}), ν = S − 1 (normal d_s): with 3 seeds it
+    spans a factor of 12, so these ranges say how little the seeds at hand tell about planning, and
+    the observed difference is not the true one (post-hoc power): plan seeds from a pilot.
 
 Pure functions of arrays (numpy, float64): no I/O, no model.
 """
 import functools
 import math
+from dataclasses import dataclass
+from typing import Tuple
 
 import numpy as np
 import torch
 
 from evaluation.metrics import ECE_BINS
 
-METRICS = ("top1", "loss", "ece")
-_NEEDS = {"top1": ("correct",), "loss": ("loss",), "ece": ("confidence", "correct")}
-_LABELS = {"top1": "top-1", "loss": "FY loss", "ece": "ECE"}
+
+@dataclass(frozen=True)
+class Metric:
+    """A compared metric: its label, the per-example arrays it is computed from, whether its
+    differences read as percentage points (a fraction) or in its own units, and the decimals a
+    sentence gives them."""
+
+    label: str
+    needs: Tuple[str, ...]
+    in_points: bool
+    digits: int
+
+
+# The compared metrics, in report order (results, tables and sentences of evaluation/paired.py).
+METRIC_TABLE = {"top1": Metric("top-1", ("correct",), True, 1),
+                "ece": Metric("ECE", ("confidence", "correct"), True, 2),
+                "loss": Metric("FY loss", ("loss",), False, 3)}
+METRICS = tuple(METRIC_TABLE)
+_NEEDS = {m: t.needs for m, t in METRIC_TABLE.items()}
+_LABELS = {m: t.label for m, t in METRIC_TABLE.items()}
 _MINUS = "\u2212"
 _MAX_GATHERED = 4_000_000  # rows x replicates per chunk: bounds memory for large validation sets
 
@@ -322,6 +345,47 @@ def _normal_cdf(x):
     return np.fromiter((0.5 * math.erfc(-v / math.sqrt(2)) for v in x.ravel()), np.float64, x.size).reshape(x.shape)
 
 
+def chi2_cdf(x, df):
+    """P[X ≤ x] for X ~ χ²_df: the regularized lower incomplete gamma P(df/2, x/2) by its power
+    series x^a e^(−x) / Γ(a+1) · Σ_k x^k / ((a+1)…(a+k)) (all terms positive: no cancellation)."""
+    if df <= 0:
+        raise ValueError(f"degrees of freedom must be positive, got {df}")
+    if x <= 0:
+        return 0.0
+    a, half = df / 2, x / 2
+    term = total = 1.0
+    k = 0
+    while term > 1e-17 * total:
+        k += 1
+        term *= half / (a + k)
+        total += term
+    return min(1.0, math.exp(a * math.log(half) - half - math.lgamma(a + 1) + math.log(total)))
+
+
+@functools.lru_cache(maxsize=256)
+def chi2_quantile(p, df):
+    """x with P[χ²_df ≤ x] = p (bisection on chi2_cdf to 1e-12 relative)."""
+    if not 0 < p < 1:
+        raise ValueError(f"need 0 < p < 1, got {p}")
+    low, high = 0.0, float(df)
+    while chi2_cdf(high, df) < p:
+        low, high = high, 2 * high
+    while high - low > 1e-12 * high:
+        mid = (low + high) / 2
+        low, high = (mid, high) if chi2_cdf(mid, df) < p else (low, mid)
+    return (low + high) / 2
+
+
+def sd_interval(sd, n_seeds, level=0.95):
+    """(low, high): the `level` confidence interval of a normal s.d. estimated as `sd` from `n_seeds`
+    values, s·√(ν / χ²_{ν, 1−α/2}) to s·√(ν / χ²_{ν, α/2}), ν = n − 1 (nan below 2 values)."""
+    if n_seeds < 2 or not math.isfinite(sd):
+        return float("nan"), float("nan")
+    nu, alpha = n_seeds - 1, 1 - level
+    return (sd * math.sqrt(nu / chi2_quantile(1 - alpha / 2, nu)),
+            sd * math.sqrt(nu / chi2_quantile(alpha / 2, nu)))
+
+
 def paired_t_power(difference, sd, n_seeds, alpha=0.05):
     """Power of the two-sided paired t-test at level α with `n_seeds` pairs, when the true mean
     difference is `difference` and the per-pair s.d. is `sd`.
@@ -423,9 +487,11 @@ def across_trainings(results_a, results_b, *, groups, example_ids, metrics=None,
     {"metric", "per_seed" (A − B of each seed, in the caller's seed order), "difference" (their mean),
     "sd", "t_low", "t_high", "sign_flip_p", "min_sign_flip_p" (2 / 2^S, the smallest possible),
     "boot_low", "boot_high" (two-level bootstrap percentile interval), "mdd" (80%-power minimum
-    detectable difference at S seeds), "seeds_needed" (for the observed difference; None: > 1000 or
-    0), "significant" (the t-interval excludes 0), "n_seeds", "level", "power"}; power=None skips the
-    power analysis (mdd nan, seeds_needed None).
+    detectable difference at S seeds, at the observed s.d.), "seeds_needed" (for the observed
+    difference at the observed s.d.; None: > 1000 or 0), "sd_low", "sd_high" (the s.d.'s `level`
+    χ² interval), "mdd_low", "mdd_high", "seeds_needed_low", "seeds_needed_high" (the same at the
+    interval's ends: the ranges the sentences print), "significant" (the t-interval excludes 0),
+    "n_seeds", "level", "power"}; power=None skips the power analysis (mdd nan, seeds_needed None).
 
     groups / example_ids as paired_bootstrap's shared-example design: every seed holds the same
     examples once each. Deterministic given `seed`.
@@ -457,12 +523,17 @@ def across_trainings(results_a, results_b, *, groups, example_ids, metrics=None,
         enough = n_seeds >= 2
         if not enough:  # no seed stage: the bootstrap would be the conditional one
             boot_low = boot_high = float("nan")
+        plan = enough and power
+        sd_low, sd_high = sd_interval(sd, n_seeds, level)
+        mdd_at = (lambda s: min_detectable_difference(s, n_seeds, power, alpha)) if plan else (lambda s: float("nan"))
+        need_at = (lambda s: seeds_needed(mean, s, power, alpha)) if plan else (lambda s: None)
         out[m] = {"metric": m, "per_seed": [float(x) for x in d], "difference": mean, "sd": sd,
                   "t_low": low, "t_high": high, "sign_flip_p": sign_flip_p_value(d),
                   "min_sign_flip_p": min(1.0, 2.0 / 2 ** n_seeds), "boot_low": float(boot_low),
                   "boot_high": float(boot_high),
-                  "mdd": min_detectable_difference(sd, n_seeds, power, alpha) if enough and power else float("nan"),
-                  "seeds_needed": seeds_needed(mean, sd, power, alpha) if enough and power else None,
+                  "mdd": mdd_at(sd), "seeds_needed": need_at(sd), "sd_low": sd_low, "sd_high": sd_high,
+                  "mdd_low": mdd_at(sd_low), "mdd_high": mdd_at(sd_high),
+                  "seeds_needed_low": need_at(sd_low), "seeds_needed_high": need_at(sd_high),
                   "significant": bool(enough and (low > 0 or high < 0)), "n_seeds": n_seeds, "level": level,
                   "power": power}
     return out
@@ -488,9 +559,9 @@ def describe_difference(result, name_a, name_b, mcnemar=None, digits=None):
     mcnemar_exact result, appended for top-1.
     """
     metric = result["metric"]
-    in_points = metric in ("top1", "ece")
+    in_points = METRIC_TABLE[metric].in_points
     scale = 100.0 if in_points else 1.0
-    digits = digits if digits is not None else {"top1": 1, "ece": 2, "loss": 3}[metric]
+    digits = digits if digits is not None else METRIC_TABLE[metric].digits
     verdict = "significant" if result["significant"] else "not significant"
     alpha = f"{(1 - result['level']) * 100:g}%"
     text = (f"{name_a} {_MINUS} {name_b} {_LABELS[metric]}: {_signed(result['difference'] * scale, digits)}"
@@ -509,12 +580,36 @@ def signed_points(x, digits=1):
     return _signed(100 * x, digits)
 
 
+def two_figures(x):
+    """x to two significant figures, never in exponent form: 29.7 -> "30", 2.47 -> "2.5", 0.474 -> "0.47"."""
+    if not math.isfinite(x) or x == 0:
+        return f"{x:g}"
+    return f"{x:.{max(0, 1 - math.floor(math.log10(abs(x))))}f}"
+
+
+def power_range_text(result):
+    """The power clause of a not-significant verdict: the seed s.d.'s χ² interval, the MDD over it and
+    the seeds a true difference of the observed size would need over it, e.g. "the per-seed
+    differences have s.d. 1.4 pt, but with 3 seeds the seed s.d. is known only to [0.7, 8.8] pt (95% χ²
+    interval): MDD 2.4–29 pt (80% power, non-central t); were the true difference the observed −1.2 pt,
+    it would take 6–420 seeds; plan seeds from a pilot"."""
+    n, power, level = result["n_seeds"], f"{100 * result['power']:g}%", f"{100 * result['level']:g}%"
+    low, high = result["seeds_needed_low"], result["seeds_needed_high"]
+    over = f"more than {_MAX_SEEDS_SEARCHED}"
+    seeds = (f"{over} seeds" if low is None else
+             f"{low}–{high} seeds" if high is not None and high != low else
+             f"{low} seeds" if high is not None else f"{low} to {over} seeds")
+    return (f"the per-seed differences have s.d. {100 * result['sd']:.1f} pt, but with {n} seeds the seed s.d. is "
+            f"known only to [{100 * result['sd_low']:.1f}, {100 * result['sd_high']:.1f}] pt ({level} χ² interval): "
+            f"MDD {two_figures(100 * result['mdd_low'])}–{two_figures(100 * result['mdd_high'])} pt ({power} power, "
+            f"non-central t); were the true difference the observed {signed_points(result['difference'])} pt, it "
+            f"would take {seeds}; plan seeds from a pilot")
+
+
 def describe_across_trainings(result, name_a, name_b, metric_label=None):
     """The verdict sentence from an across_trainings entry (top-1 or ECE in points), e.g.
     "sparsemax − softmax top-1 across 3 trainings: +3.1 pt [−1.0, +7.3] (t-interval over seeds;
-    sign-flip p = 0.25), not significant at 5%: not resolvable with 3 seeds; the per-seed
-    differences have s.d. 1.7 pt, so 3 seeds detect (80% power) only differences above ~5.5 pt, and
-    one of +3.1 pt needs ≥ 5 seeds"."""
+    sign-flip p = 0.25), not significant at 5%: not resolvable with 3 seeds; " + power_range_text."""
     label = metric_label or _LABELS[result["metric"]]
     n, alpha = result["n_seeds"], f"{(1 - result['level']) * 100:g}%"
     diff = signed_points(result["difference"])
@@ -534,10 +629,4 @@ def describe_across_trainings(result, name_a, name_b, metric_label=None):
             text += (f" by the t-interval; the sign-flip test cannot confirm it with {n} seeds (its smallest "
                      f"p is {result['min_sign_flip_p']:.2g}; ≥ {needed} seeds)")
         return text
-    power = f"{100 * result['power']:g}%"
-    needed = result["seeds_needed"]
-    need_text = (f"one of {diff} pt needs ≥ {needed} seeds" if needed is not None
-                 else f"one of {diff} pt needs more than {_MAX_SEEDS_SEARCHED} seeds")
-    return (f"{text}, not significant at {alpha}: not resolvable with {n} seeds; the per-seed differences "
-            f"have s.d. {100 * result['sd']:.1f} pt, so {n} seeds detect ({power} power) only differences "
-            f"above ~{100 * result['mdd']:.1f} pt, and {need_text}")
+    return f"{text}, not significant at {alpha}: not resolvable with {n} seeds; {power_range_text(result)}"

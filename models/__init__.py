@@ -29,6 +29,7 @@ def create_classifier(model_cfg, head_cfg, num_classes):
         global_pool=model_cfg.pool,
         pool_mapping=model_cfg.pool_mapping,
         pool_beta=model_cfg.pool_beta,
+        pool_k=model_cfg.pool_k,
     )
     model.output_head = build_output_head(head_cfg.name, **{key: getattr(head_cfg, key) for key in HPARAMS})
     # a cosine_classifier head (am_softmax) swaps the final Linear; sparse_softmax checks head.k

@@ -21,8 +21,6 @@ Split of the work:
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.fx
 import torch.nn.functional as F
@@ -30,28 +28,15 @@ from timm.layers import register_notrace_function
 from torch import Tensor, nn
 
 from common.errors import UserError
+from common.intervals import RangeCheck
 from .head_targets import (check_loss_args, compute_dtype, dense_target, finish_rows, flatten, masked_dot,
                            reduce_rows, RowGradientLoss)
 
 
-def check_scale(scale) -> float:
-    try:
-        scale = float(scale)
-    except (TypeError, ValueError):
-        raise UserError(f"head.scale must be a number > 0, got {scale!r}") from None
-    if not (scale > 0 and math.isfinite(scale)):
-        raise UserError(f"head.scale must be a finite number > 0 (the paper uses 30), got {scale}")
-    return scale
+check_scale = RangeCheck("head.scale", float, "(0, inf)", "the paper uses 30")
 
 
-def check_margin(margin) -> float:
-    try:
-        margin = float(margin)
-    except (TypeError, ValueError):
-        raise UserError(f"head.margin must be a number >= 0, got {margin!r}") from None
-    if not (margin >= 0 and math.isfinite(margin)):
-        raise UserError(f"head.margin must be a finite number >= 0 (the paper uses 0.35), got {margin}")
-    return margin
+check_margin = RangeCheck("head.margin", float, "[0, inf)", "the paper uses 0.35")
 
 
 def scaled_cosine(x: Tensor, weight: Tensor, scale: float) -> Tensor:

@@ -99,6 +99,24 @@ def convert_state_dict(state_dict, model) -> dict:
     return out
 
 
+def to_timm_state_dict(state_dict) -> dict:
+    """This project's ResMLP state dict (Affine norm) in timm's names and shapes (the table above,
+    read right to left): what timm's resmlp_* models load strictly. The output head's entries
+    (a learned entmax alpha) have no place in timm's model and are left out."""
+    out = {}
+    for key, value in state_dict.items():
+        if key.startswith("output_head."):
+            continue
+        key = "." + key
+        for timm_name, ours in _TIMM_RENAMES:
+            key = key.replace(ours, timm_name)
+        key = key[1:]
+        if key.endswith((".alpha", ".beta")) and value.dim() == 1:
+            value = value.reshape(1, 1, -1)  # timm stores Affine α/β as (1, 1, d)
+        out[key] = value
+    return out
+
+
 def load_pretrained(model, path: str):
     """Load weights from `path` (any supported format) into `model`, strictly; returns the model."""
     sd = convert_state_dict(read_state_dict(path), model)

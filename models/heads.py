@@ -1,8 +1,9 @@
 """Swappable output heads: a named probability mapping plus its training loss.
 
-Each head is one declaration in models/registry.py (mapping, loss, hyperparameters, flags); the
-mappings live in models/mappings.py and models/<head>.py, the entmax family's losses in
-models/losses.py. Everything public is re-exported here so callers only need
+Each head is one declaration in models/registry.py (mapping, loss, hyperparameters, flags): softmax,
+sparsemax, entmax15, entmax_bisect, normmax, sparse_softmax, taylor_softmax, am_softmax and
+perturbmax. The mappings live in models/mappings.py and models/<head>.py, the entmax family's
+losses in models/losses.py. Everything public is re-exported here so callers only need
 `from models.heads import ...`.
 
 `OutputHead` holds no classifier weights (the model's `head` Linear produces the logits); it maps
@@ -61,6 +62,11 @@ class OutputHead(nn.Module):
             return 1.0 + torch.sigmoid(self.alpha_logit)
         alpha = self.spec.alpha
         return torch.tensor(float("nan") if alpha is None else float(self.settings.get(alpha, alpha)))
+
+    def alpha_value(self):
+        """The entmax alpha as a float (a learned one's current value), None for a head outside the
+        entmax family: what HeadSpec.alpha says, read once here for reports and prediction sets."""
+        return None if self.spec.alpha is None else float(self.alpha.detach())
 
     def hparams(self) -> dict:
         """The selected head's own hyperparameters, e.g. {"gamma": 2.0} for normmax."""

@@ -331,52 +331,57 @@ class SoftmaxFunction(torch.autograd.Function):
             return _grad_like(_softmax_backward(p, g.to(p.dtype), ctx.dim), g), None
 
 
-def _rows_forward(ctx, x: Tensor, dim: int, forward_rows) -> Tensor:
-    """Shared shape handling: forward_rows(rows) -> (p rows, the one tensor the backward needs)."""
+def rows_forward(ctx, x: Tensor, dim: int, forward_rows) -> Tensor:
+    """The forward of a mapping's autograd Function, written once: x's `dim` moved last and
+    flattened to rows in the compute dtype, forward_rows(rows) -> (p rows, the tuple of tensors its
+    backward needs), saved on ctx; p comes back in x's shape and dtype. CPU rows run on one thread
+    below the size where more help (threads_for)."""
     rows, shape = to_rows(compute_dtype(x), dim)
     with threads_for(x):
         p, saved = forward_rows(rows)
     ctx.dim, ctx.shape = dim, shape
-    ctx.save_for_backward(saved)
+    ctx.save_for_backward(*saved)
     return from_rows(p, shape, dim).to(x.dtype)
 
 
-def _rows_backward(ctx, g: Tensor, backward_rows):
-    (saved,) = ctx.saved_tensors
-    g_rows, _ = to_rows(g.to(saved.dtype), ctx.dim)
-    with threads_for(saved):
-        dx = backward_rows(saved, g_rows)
-    return _grad_like(from_rows(dx, ctx.shape, ctx.dim), g), None
+def rows_backward(ctx, g: Tensor, backward_rows) -> Tensor:
+    """The backward that pairs with rows_forward: backward_rows(*saved, g rows) -> dx rows; returns
+    the gradient for x in g's shape and dtype (the Function appends a None per other input)."""
+    saved = ctx.saved_tensors
+    g_rows, _ = to_rows(g.to(saved[0].dtype), ctx.dim)
+    with threads_for(saved[0]):
+        dx = backward_rows(*saved, g_rows)
+    return _grad_like(from_rows(dx, ctx.shape, ctx.dim), g)
 
 
 def _sparsemax_rows(rows: Tensor):
     p = sparsemax_kernel(rows)[0]
-    return p, p
+    return p, (p,)
 
 
 def _entmax15_rows(rows: Tensor):
     p, d, _ = entmax15_kernel(rows)
-    return p, d  # s = p^(1/2) = d
+    return p, (d,)  # s = p^(1/2) = d
 
 
 class SparsemaxFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, dim: int):
-        return _rows_forward(ctx, x, dim, _sparsemax_rows)
+        return rows_forward(ctx, x, dim, _sparsemax_rows)
 
     @staticmethod
     def backward(ctx, g: Tensor):
-        return _rows_backward(ctx, g, _sparsemax_backward)
+        return rows_backward(ctx, g, _sparsemax_backward), None
 
 
 class Entmax15Function(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, dim: int):
-        return _rows_forward(ctx, x, dim, _entmax15_rows)
+        return rows_forward(ctx, x, dim, _entmax15_rows)
 
     @staticmethod
     def backward(ctx, g: Tensor):
-        return _rows_backward(ctx, g, _entmax_backward)
+        return rows_backward(ctx, g, _entmax_backward), None
 
 
 def param_rows(alpha: Tensor, x: Tensor, dim: int):

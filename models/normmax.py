@@ -33,16 +33,15 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from common.errors import UserError
-from .mappings import param_rows, uses_device_path
-from .head_targets import compute_dtype, finish_rows, from_rows, masked_dot, row_loss, RowGradientLoss, to_rows
+from common.intervals import RangeCheck
+from .mappings import param_rows, rows_backward, rows_forward, uses_device_path
+from .head_targets import compute_dtype, finish_rows, masked_dot, row_loss, RowGradientLoss
 
 # In shifted units (z - max) the threshold is >= -1, so entries below -1 are never in the
 # support; clamping there makes -inf and huge negative logits harmless without changing p.
 _FLOOR = -1.5
 
-
-GAMMA_ABOVE_ONE = "head.gamma must be > 1 for normmax (2 is the paper's default), got {}"
+check_gamma_value = RangeCheck("head.gamma", float, "(1, inf)", "2 is the paper's default")
 
 
 def check_gamma(gamma) -> float:
@@ -50,17 +49,9 @@ def check_gamma(gamma) -> float:
     path); on the device path a gamma <= 1 gives NaN."""
     if isinstance(gamma, Tensor):
         if not uses_device_path(gamma):
-            lowest = float(gamma.detach().min())
-            if not lowest > 1.0:
-                raise UserError(GAMMA_ABOVE_ONE.format(lowest))
+            check_gamma_value(float(gamma.detach().min()))
         return gamma
-    try:
-        gamma = float(gamma)
-    except (TypeError, ValueError):
-        raise UserError(f"head.gamma must be a number > 1, got {gamma!r}") from None
-    if not gamma > 1.0:
-        raise UserError(GAMMA_ABOVE_ONE.format(gamma))
-    return gamma
+    return check_gamma_value(gamma)
 
 
 def default_steps(dtype: torch.dtype):
@@ -124,21 +115,17 @@ def _normmax_backward(p: Tensor, w: Tensor, g: Tensor) -> Tensor:
 class NormmaxFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, gamma, dim: int, n_bisect: Optional[int], n_newton: Optional[int]):
-        xf = compute_dtype(x)
-        rows, shape = to_rows(xf, dim)
         if isinstance(gamma, Tensor):
-            gamma = param_rows(gamma, xf, dim)[0]
-        p, d = normmax_kernel(rows, gamma, n_bisect, n_newton)
-        ctx.save_for_backward(p, _skew(p, d, gamma))
-        ctx.dim, ctx.shape = dim, shape
-        return from_rows(p, shape, dim).to(x.dtype)
+            gamma = param_rows(gamma, compute_dtype(x), dim)[0]
+
+        def forward_rows(rows):
+            p, d = normmax_kernel(rows, gamma, n_bisect, n_newton)
+            return p, (p, _skew(p, d, gamma))
+        return rows_forward(ctx, x, dim, forward_rows)
 
     @staticmethod
     def backward(ctx, g: Tensor):
-        p, w = ctx.saved_tensors
-        g_rows, _ = to_rows(g.to(p.dtype), ctx.dim)
-        dx = from_rows(_normmax_backward(p, w, g_rows), ctx.shape, ctx.dim)
-        return dx.to(g.dtype), None, None, None, None
+        return rows_backward(ctx, g, _normmax_backward), None, None, None, None
 
 
 def normmax(x: Tensor, gamma=2.0, dim: int = -1, n_bisect: Optional[int] = None,
@@ -175,4 +162,4 @@ def normmax_loss(logits: Tensor, target: Tensor, gamma: float = 2.0, label_smoot
                     check_gamma(gamma), n_bisect, n_newton)
 
 
-__all__ = ["normmax", "normmax_loss", "normmax_kernel", "check_gamma", "NormmaxFunction"]
+__all__ = ["normmax", "normmax_loss", "normmax_kernel", "check_gamma", "check_gamma_value", "NormmaxFunction"]

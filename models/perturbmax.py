@@ -26,35 +26,23 @@ are sampling artefacts, not structure, and are not a prediction set: the head is
 """
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
 from common.errors import UserError
-from .head_targets import RowGradientLoss, compute_dtype, finish_rows, from_rows, masked_dot, row_loss, to_rows
+from common.intervals import RangeCheck
+from .head_targets import RowGradientLoss, compute_dtype, finish_rows, masked_dot, row_loss
+from .mappings import rows_backward, rows_forward
 
 NOISES = ("gaussian", "gumbel")
 EULER_GAMMA = 0.5772156649015329  # E[Z] of the standard Gumbel
 EVAL_SEED = 0
 
 
-def check_sigma(sigma) -> float:
-    try:
-        sigma = float(sigma)
-    except (TypeError, ValueError):
-        raise UserError(f"head.sigma must be a number > 0, got {sigma!r}") from None
-    if not (sigma > 0 and math.isfinite(sigma)):
-        raise UserError(f"head.sigma must be a finite number > 0 (the noise scale; 1 = Gumbel-softmax), got {sigma}")
-    return sigma
+check_sigma = RangeCheck("head.sigma", float, "(0, inf)", "the noise scale; 1 = Gumbel-softmax")
 
 
-def check_samples(samples) -> int:
-    if isinstance(samples, float) and samples.is_integer():
-        samples = int(samples)
-    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-        raise UserError(f"head.samples must be a whole number >= 1 (Monte-Carlo draws per row), got {samples!r}")
-    return samples
+check_samples = RangeCheck("head.samples", int, "[1, inf)", "Monte-Carlo draws per row")
 
 
 def check_noise(noise) -> str:
@@ -94,24 +82,29 @@ def _grad_nu(eps: Tensor, noise: str) -> Tensor:
     return eps if noise == "gaussian" else 1.0 - torch.exp(-eps)
 
 
+def _perturbmax_rows(rows: Tensor, sigma: float, samples: int, noise: str, seed: int, step: int):
+    p, _, eps = _draws(rows, sigma, samples, noise, seed, step)
+    return p, (rows, eps)
+
+
+def _perturbmax_backward(rows: Tensor, eps: Tensor, g_rows: Tensor, sigma: float, noise: str) -> Tensor:
+    winner = (rows.unsqueeze(0) + sigma * eps).argmax(-1, keepdim=True)  # (M, R, 1)
+    g_win = g_rows.unsqueeze(0).expand_as(eps).gather(-1, winner)  # <g, one-hot argmax>
+    dx = (g_win * _grad_nu(eps, noise)).mean(0) / sigma
+    return dx * (rows > float("-inf"))  # a masked class gets no gradient
+
+
 class PerturbmaxFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, dim: int, sigma: float, samples: int, noise: str, seed: int, step: int):
-        rows, shape = to_rows(compute_dtype(x), dim)
-        p, _, eps = _draws(rows, sigma, samples, noise, seed, step)
-        ctx.save_for_backward(rows, eps)
-        ctx.dim, ctx.shape, ctx.sigma, ctx.noise = dim, shape, sigma, noise
-        return from_rows(p, shape, dim).to(x.dtype)
+        ctx.sigma, ctx.noise = sigma, noise
+        return rows_forward(ctx, x, dim, lambda rows: _perturbmax_rows(rows, sigma, samples, noise, seed, step))
 
     @staticmethod
     def backward(ctx, g: Tensor):
-        rows, eps = ctx.saved_tensors
-        g_rows = to_rows(g.to(rows.dtype), ctx.dim)[0]
-        winner = (rows.unsqueeze(0) + ctx.sigma * eps).argmax(-1, keepdim=True)  # (M, R, 1)
-        g_win = g_rows.unsqueeze(0).expand_as(eps).gather(-1, winner)  # <g, one-hot argmax>
-        dx = (g_win * _grad_nu(eps, ctx.noise)).mean(0) / ctx.sigma
-        dx = dx * (rows > float("-inf"))  # a masked class gets no gradient
-        return from_rows(dx, ctx.shape, ctx.dim).to(g.dtype), None, None, None, None, None, None
+        dx = rows_backward(ctx, g, lambda rows, eps, g_rows: _perturbmax_backward(rows, eps, g_rows, ctx.sigma,
+                                                                                   ctx.noise))
+        return dx, None, None, None, None, None, None
 
 
 def perturbmax(x: Tensor, sigma: float = 1.0, samples: int = 16, noise: str = "gumbel", dim: int = -1,

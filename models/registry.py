@@ -24,14 +24,14 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple, Union
 
-import torch
-
 from common.errors import UserError
+from common.intervals import RangeCheck
 
 from .am_softmax import am_softmax_loss, check_margin, check_scale
 from .losses import entmax15_loss, entmax_bisect_loss, softmax_loss, sparsemax_loss
-from .mappings import ALPHA_OF, default_n_iter, entmax15, entmax_bisect, softmax, sparsemax
-from .normmax import check_gamma, normmax, normmax_loss
+from .mapping_table import MAPPINGS, entmax_bisect_steps
+from .mappings import ALPHA_OF, softmax
+from .normmax import check_gamma_value, normmax, normmax_loss
 from .perturbmax import NOISES, check_noise, check_samples, check_sigma, perturbmax, perturbmax_loss
 from .taylor_softmax import check_order, taylor_softmax, taylor_softmax_loss
 from .topk_softmax import check_k, topk_softmax, topk_softmax_loss
@@ -40,8 +40,10 @@ from .topk_softmax import check_k, topk_softmax, topk_softmax_loss
 @dataclass(frozen=True)
 class HParam:
     """One hyperparameter: config key head.<name>. `check` returns the normalised value or raises
-    a one-line UserError naming head.<name>. `only_for_head`: setting it away from its default
-    with another head is an error (a changed setting is never silently ignored)."""
+    a one-line UserError naming head.<name>; a number's check is its module's
+    common.intervals.RangeCheck, and `range` (the --help-config text) is that check's `.range`.
+    `only_for_head`: setting it away from its default with another head is an error (a changed
+    setting is never silently ignored)."""
 
     name: str
     type: type
@@ -105,6 +107,8 @@ def _validate(spec: HeadSpec) -> None:
 def _validate_hparam(spec_name: str, hp: HParam) -> None:
     if not isinstance(hp, HParam) or not callable(hp.check) or not hp.range or not hp.doc:
         _fail(spec_name, f"hyperparameter {getattr(hp, 'name', hp)!r} needs a type, default, range, check and doc")
+    if isinstance(hp.check, RangeCheck) and hp.range != hp.check.range:
+        _fail(spec_name, f"head.{hp.name} shows range {hp.range!r} but its check enforces {hp.check.range!r}")
     if hp.check(hp.default) != hp.default:
         _fail(spec_name, f"the default of head.{hp.name} does not pass its own check")
     other = HPARAMS.get(hp.name)
@@ -158,15 +162,7 @@ def defaults() -> dict:
 
 
 # ------------------------------------------------------------------------------- the heads' checks
-def check_alpha(alpha) -> float:
-    try:
-        alpha = float(alpha)
-    except (TypeError, ValueError):
-        raise UserError(f"head.alpha must be a number, got {alpha!r}") from None
-    if not 1.0 <= alpha <= 2.0:
-        raise UserError(f"head.alpha: entmax_bisect alpha must be in [1, 2] (1 = softmax, 2 = sparsemax), "
-                        f"got {alpha}")
-    return alpha
+check_alpha = RangeCheck("head.alpha", float, "[1, 2]", "1 = softmax, 2 = sparsemax")
 
 
 def check_flag(key: str):
@@ -193,44 +189,35 @@ def _check_k_classes(settings: dict, num_classes: int) -> None:
 
 
 # ------------------------------------------------------------------------------- the declarations
-ALPHA = HParam("alpha", float, 1.5, "[1, 2]", check_alpha,
+ALPHA = HParam("alpha", float, 1.5, check_alpha.range, check_alpha,
                "entmax_bisect only: in [1, 2], strictly inside when learned")
 LEARN_ALPHA = HParam("learn_alpha", bool, False, "true | false", check_flag("learn_alpha"),
                      "entmax_bisect only: alpha = 1 + sigmoid(alpha_logit) is trained", only_for_head=True)
-GAMMA = HParam("gamma", float, 2.0, "(1, inf)", check_gamma, "normmax only: gamma > 1 (Santos et al. 2024 use 2)")
+GAMMA = HParam("gamma", float, 2.0, check_gamma_value.range, check_gamma_value,
+               "normmax only: gamma > 1 (Santos et al. 2024 use 2)")
 K = HParam("k", int, 5, "[1, num_classes]", check_k,
            "sparse_softmax only: classes kept, 1 <= k <= num_classes (5: the top-5 metric)")
-ORDER = HParam("order", int, 2, "even, >= 2", check_order, "taylor_softmax only: even order >= 2 (2: 1 + x + x^2/2)")
-SCALE = HParam("scale", float, 30.0, "(0, inf)", check_scale,
+ORDER = HParam("order", int, 2, check_order.range, check_order, "taylor_softmax only: even order >= 2 (2: 1 + x + x^2/2)")
+SCALE = HParam("scale", float, 30.0, check_scale.range, check_scale,
                "am_softmax only: s > 0, logits = s * cos (Wang et al. 2018 use 30)")
-MARGIN = HParam("margin", float, 0.35, "[0, inf)", check_margin,
+MARGIN = HParam("margin", float, 0.35, check_margin.range, check_margin,
                 "am_softmax only: m >= 0 subtracted from the true cosine in training (paper: 0.35)")
 
 register(HeadSpec(
-    "softmax", lambda z, dim, s: softmax(z, dim), lambda z, t, s, training, **kw: softmax_loss(z, t, **kw),
+    "softmax", MAPPINGS["softmax"].apply, lambda z, t, s, training, **kw: softmax_loss(z, t, **kw),
     (), ALPHA_OF["softmax"], sparse=False, conformal_support=False, cosine_classifier=False,
     doc="softmax and cross-entropy (the baseline)"))
 register(HeadSpec(
-    "sparsemax", lambda z, dim, s: sparsemax(z, dim), lambda z, t, s, training, **kw: sparsemax_loss(z, t, **kw),
+    "sparsemax", MAPPINGS["sparsemax"].apply, lambda z, t, s, training, **kw: sparsemax_loss(z, t, **kw),
     (), ALPHA_OF["sparsemax"], sparse=True, conformal_support=True, cosine_classifier=False,
     doc="sparsemax and its Fenchel-Young loss (Martins & Astudillo 2016)"))
 register(HeadSpec(
-    "entmax15", lambda z, dim, s: entmax15(z, dim), lambda z, t, s, training, **kw: entmax15_loss(z, t, **kw),
+    "entmax15", MAPPINGS["entmax15"].apply, lambda z, t, s, training, **kw: entmax15_loss(z, t, **kw),
     (), ALPHA_OF["entmax15"], sparse=True, conformal_support=True, cosine_classifier=False,
     doc="1.5-entmax and its Fenchel-Young loss (Peters et al. 2019)"))
-def _entmax_bisect_steps(z, settings):
-    """Bisection steps for alpha-entmax: a learned alpha is a tensor in (1, 2) by construction
-    (1 + sigmoid), so beta > 1 and the short count suffices; the device path cannot read a tensor
-    alpha to know that and would otherwise take the long count meant for alpha > 2. None: the
-    mapping's own choice (a float alpha, read on the host)."""
-    if not settings.get("learn_alpha"):
-        return None
-    return default_n_iter(torch.float64 if z.dtype == torch.float64 else torch.float32, beta=1.0)
-
-
 register(HeadSpec(
-    "entmax_bisect", lambda z, dim, s: entmax_bisect(z, s["alpha"], dim, n_iter=_entmax_bisect_steps(z, s)),
-    lambda z, t, s, training, **kw: entmax_bisect_loss(z, t, alpha=s["alpha"], n_iter=_entmax_bisect_steps(z, s),
+    "entmax_bisect", MAPPINGS["entmax_bisect"].apply,
+    lambda z, t, s, training, **kw: entmax_bisect_loss(z, t, alpha=s["alpha"], n_iter=entmax_bisect_steps(z, s),
                                                        **kw),
     (ALPHA, LEARN_ALPHA), "alpha", sparse=True, conformal_support=True, cosine_classifier=False,
     doc="alpha-entmax, alpha fixed or learned (Correia et al. 2019)", check_settings=_learned_alpha_inside))
@@ -256,9 +243,9 @@ register(HeadSpec(
     (SCALE, MARGIN), None, sparse=False, conformal_support=False, cosine_classifier=True,
     doc="additive-margin softmax on a cosine classifier (Wang et al. 2018)"))
 
-SIGMA = HParam("sigma", float, 1.0, "(0, inf)", check_sigma,
+SIGMA = HParam("sigma", float, 1.0, check_sigma.range, check_sigma,
                "perturbmax only: noise scale sigma > 0 (Gumbel, sigma = 1: softmax in expectation)")
-SAMPLES = HParam("samples", int, 16, "[1, inf)", check_samples, "perturbmax only: Monte-Carlo draws per row")
+SAMPLES = HParam("samples", int, 16, check_samples.range, check_samples, "perturbmax only: Monte-Carlo draws per row")
 NOISE = HParam("noise", str, "gumbel", " | ".join(NOISES), check_noise, "perturbmax only: noise distribution")
 
 

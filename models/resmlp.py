@@ -182,18 +182,20 @@ class ResMLP(nn.Module):
     stem (conv, kernel = stride = patch) → depth × ResMLPBlock → norm → mean over patches → head.
     `head` is a plain nn.Linear producing logits (nn.Identity when num_classes=0); the output
     mapping (softmax / sparsemax / entmax) is attached separately by models.create_classifier.
-    global_pool="hopfield" pools with models/hopfield_pool.py (pool_mapping, pool_beta, pool_heads).
+    global_pool="hopfield" pools with models/hopfield_pool.py (pool_mapping, pool_beta, pool_heads, pool_k).
     """
 
     __jit_unused_properties__ = ["has_hopfield_pool"]  # (TorchScript would compile the property)
 
     def __init__(self, img_size=224, patch_size=16, in_chans=3, num_classes=1000, embed_dim=384,
                  depth=12, mlp_ratio=4.0, norm="affine", init_values=None, drop_rate=0.0,
-                 drop_path_rate=0.0, global_pool="avg", pool_mapping="softmax", pool_beta=None, pool_heads=1):
+                 drop_path_rate=0.0, global_pool="avg", pool_mapping="softmax", pool_beta=None, pool_heads=1,
+                 pool_k=None):
         super().__init__()
         if global_pool not in POOLS + ("",):
             raise UserError(f"unknown global_pool '{global_pool}'; valid: {', '.join(POOLS)} or ''")
-        check_pool(global_pool or "avg", pool_mapping, int(pool_heads), embed_dim, pool_beta)
+        check_pool(global_pool or "avg", pool_mapping, int(pool_heads), embed_dim, pool_beta, pool_k,
+                   (int(img_size) // int(patch_size)) ** 2)
         if int(img_size) <= 0 or int(img_size) % int(patch_size):
             raise UserError(
                 f"image size {img_size} is not divisible by patch size {patch_size}; "
@@ -217,7 +219,7 @@ class ResMLP(nn.Module):
                              for i in range(depth)]
         self.norm = make_norm(norm, embed_dim)
         # Hopfield pooling (models/hopfield_pool.py) has its own query; average pooling has nothing.
-        self.pool = (HopfieldPooling(embed_dim, int(pool_heads), pool_mapping, pool_beta)
+        self.pool = (HopfieldPooling(embed_dim, int(pool_heads), pool_mapping, pool_beta, pool_k, self.num_patches)
                      if global_pool == "hopfield" else nn.Identity())
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
@@ -300,12 +302,18 @@ class ResMLP(nn.Module):
             raise UserError(f"unknown output_fmt '{output_fmt}'; valid: 'NCHW', 'NLC'")
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
         x = self.patch_embed(x)
-        blocks = self.blocks if torch.jit.is_scripting() or not stop_early else self.blocks[:max_index + 1]
         intermediates = []
-        for i, blk in enumerate(blocks):
-            x = checkpointed(blk, x) if self.grad_checkpointing and not torch.jit.is_scripting() else blk(x)
-            if i in take_indices:
-                intermediates.append(self.norm(x) if norm else x)
+        # A condition in the loop, not a slice: TorchScript can neither slice a Sequential nor
+        # choose between two containers in an expression, nor `break` a loop over modules. So
+        # stop_early holds in scripted modules too.
+        for i, blk in enumerate(self.blocks):
+            if not stop_early or i <= max_index:
+                if self.grad_checkpointing and not torch.jit.is_scripting():
+                    x = checkpointed(blk, x)
+                else:
+                    x = blk(x)
+                if i in take_indices:
+                    intermediates.append(self.norm(x) if norm else x)
         if output_fmt == "NCHW":  # tokens are patches in row-major order on the grid
             B, g = x.shape[0], self.grid
             intermediates = [y.reshape(B, g, g, -1).permute(0, 3, 1, 2).contiguous() for y in intermediates]
@@ -365,6 +373,10 @@ VARIANTS = {
     "resmlp_b24": dict(img_size=224, patch_size=8, embed_dim=768, depth=24, init_values=1e-6),
 }
 MODEL_NAMES = tuple(VARIANTS)
+# timm's own model of the same architecture (timm.models.mlp_mixer), for the paper's variants with
+# the Affine norm; models/convert.py maps the weights both ways.
+TIMM_ARCHITECTURES = {"resmlp_s12": "resmlp_12_224", "resmlp_s24": "resmlp_24_224", "resmlp_s36": "resmlp_36_224",
+                      "resmlp_b24": "resmlp_big_24_224"}
 
 
 def _pretrained_cfg(img_size: int) -> dict:

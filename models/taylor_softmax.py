@@ -24,17 +24,13 @@ import math
 import torch
 from torch import Tensor
 
-from common.errors import UserError
-from .head_targets import compute_dtype, finish_rows, from_rows, row_loss, RowGradientLoss, to_rows
+from common.intervals import RangeCheck
+from .head_targets import compute_dtype, finish_rows, row_loss, RowGradientLoss
+from .mappings import rows_backward, rows_forward
 
 
-def check_order(order) -> int:
-    if isinstance(order, float) and order.is_integer():
-        order = int(order)
-    if isinstance(order, bool) or not isinstance(order, int) or order < 2 or order % 2:
-        raise UserError(f"head.order must be an even whole number >= 2 (Taylor softmax is only "
-                        f"positive for even orders), got {order!r}")
-    return order
+check_order = RangeCheck("head.order", int, "[2, inf)", "Taylor softmax is only positive for even orders",
+                         extra=(lambda order: order % 2 == 0, "even"))
 
 
 def taylor_terms(x: Tensor, order: int):
@@ -55,23 +51,25 @@ def _normalizer(f: Tensor) -> Tensor:
     return torch.where(s > 0, s, torch.ones_like(s))  # all -inf row: 0 / 1 = zeros
 
 
+def _taylor_rows(rows: Tensor, order: int):
+    f, df = taylor_terms(rows, order)
+    F = _normalizer(f)
+    p = f / F
+    return p, (p, df / F)
+
+
+def _taylor_backward(p: Tensor, r: Tensor, g: Tensor) -> Tensor:
+    return r * (g - (p * g).sum(-1, keepdim=True))
+
+
 class TaylorSoftmaxFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, order: int, dim: int):
-        rows, shape = to_rows(compute_dtype(x), dim)
-        f, df = taylor_terms(rows, order)
-        F = _normalizer(f)
-        p = f / F
-        ctx.save_for_backward(p, df / F)
-        ctx.dim, ctx.shape = dim, shape
-        return from_rows(p, shape, dim).to(x.dtype)
+        return rows_forward(ctx, x, dim, lambda rows: _taylor_rows(rows, order))
 
     @staticmethod
     def backward(ctx, g: Tensor):
-        p, r = ctx.saved_tensors
-        g_rows, _ = to_rows(g.to(p.dtype), ctx.dim)
-        dx = r * (g_rows - (p * g_rows).sum(-1, keepdim=True))
-        return from_rows(dx, ctx.shape, ctx.dim).to(g.dtype), None, None
+        return rows_backward(ctx, g, _taylor_backward), None, None
 
 
 def taylor_softmax(x: Tensor, order: int = 2, dim: int = -1) -> Tensor:

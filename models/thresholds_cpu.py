@@ -28,14 +28,15 @@ import torch
 from torch import Tensor
 
 from .threshold_common import FLOOR, tsallis_power
-from .thresholds_device import N_NEWTON, default_n_iter, entmax15_tau_sorted, sparsemax_tau_sorted, tsallis_tau_fixed
+from .thresholds_device import (N_NEWTON, default_n_iter, entmax15_tau_sorted, ksubset_closed_form, sparsemax_tau_sorted,
+                                tsallis_tau_fixed)
 
 # Head work on CPU tensors with at most this many elements runs on one intra-op thread. The
 # cause of the slowdown it removes: every op over more than 32768 elements is an OpenMP fork/join,
 # and the CPU heads issue 20-50 of them per loss call (F.cross_entropy: 7) plus masked_select's
 # two-pass parallel scan; on a 2-core machine shared with other jobs the second thread is often
 # descheduled, so each join waits for it. At 2 threads the 1.5-entmax loss at 256 x 1000 was
-# 3-5x slower than at 1 (issue 11), and up to 20x under heavier load. Above this size (16 MB of
+# 3-5x slower than at 1, and up to 20x under heavier load. Above this size (16 MB of
 # fp32, several ms per op) the caller's thread setting is kept: there, free cores pay off.
 # There is no lower bound: exp, sqrt, ceil and softmax use a second thread already at 256 x 10
 # (measured with the worker's CPU time), and leaving small rows alone made them 7-80x slower.
@@ -278,3 +279,24 @@ def tsallis_threshold(c: Tensor, beta, n_iter: Optional[int] = None):
     if n_iter is not None:
         return tsallis_tau_fixed(values, beta, -1, n_iter, N_NEWTON), block
     return tsallis_tau_iter(values, beta), block
+
+
+def ksubset_threshold(z: Tensor, k: int) -> Tensor:
+    """tau (R, 1) of the k-subset projection of rows z (R, N), shifted by their k-th largest value
+    and clamped to [-2, 2] (thresholds_device.ksubset_threshold), without sorting: bisection of
+    [-1, 0] (g(-1) >= k > g(0)) where each step first tries the closed form on the sets at the
+    midpoint and a row stops as soon as that gives sum = k to rounding (checked on the host)."""
+    lo = torch.full_like(z[:, :1], -1.0)
+    hi = torch.zeros_like(lo)
+    tol = 4.0 * torch.finfo(z.dtype).eps * z.size(-1)
+    tau = lo
+    done = torch.zeros_like(lo, dtype=torch.bool)
+    for _ in range(MAX_STEPS):
+        mid = 0.5 * (lo + hi)
+        tau = torch.where(done, tau, ksubset_closed_form(z, mid, float(k)))
+        done = ((z - tau).clamp_(0.0, 1.0).sum(-1, keepdim=True) - k).abs_() <= tol
+        if bool(done.all()):
+            break
+        right = (z - mid).clamp_(0.0, 1.0).sum(-1, keepdim=True) >= k  # g(mid) >= k: the root is right of mid
+        lo, hi = torch.where(right, mid, lo), torch.where(right, hi, mid)
+    return tau

@@ -122,3 +122,33 @@ def tsallis_threshold(z: Tensor, beta, n_iter: Optional[int] = None) -> Tensor:
     """tau (R, 1) of rows z (R, K) of alpha-entmax: n_iter bisection steps (default_n_iter if None)
     then N_NEWTON safeguarded Newton steps."""
     return tsallis_tau_fixed(z, beta, -1, default_n_iter(z.dtype, beta) if n_iter is None else n_iter)
+
+
+def ksubset_closed_form(z: Tensor, t: Tensor, k: float) -> Tensor:
+    """The threshold of the k-subset projection for the sets that t puts each entry in: with
+    U = {z - 1 >= t} (weight 1) and F = {z - 1 < t < z} (free), sum_i clip(z_i - tau, 0, 1) = k
+    gives tau = (sum_F z + |U| - k) / |F|, exact when those are the solution's sets; t itself
+    where F is empty (the flat piece at |U| = k: any tau there gives the same weights)."""
+    ones = (z - 1.0 >= t).to(z.dtype)
+    free = (z > t).to(z.dtype) - ones
+    n_free = free.sum(-1, keepdim=True)
+    total = (free * z).sum(-1, keepdim=True) + ones.sum(-1, keepdim=True) - k
+    return torch.where(n_free > 0, total / n_free.clamp(min=1.0), t)
+
+
+def ksubset_threshold(z: Tensor, k: int) -> Tensor:
+    """tau (R, 1) of the k-subset projection mu = clip(z - tau, 0, 1), sum mu = k, of rows z (R, N)
+    (shifted by their k-th largest value and clamped to [-2, 2], so tau is in [-1, 0)).
+
+    g(tau) = sum_i clip(z_i - tau, 0, 1) is piecewise linear and non-increasing, with breakpoints
+    at z_i (entry i becomes free below it) and z_i - 1 (entry i reaches 1). With the 2N breakpoints
+    sorted in descending order, the slope on each piece is the running count of free entries
+    (+1 at z_i, -1 at z_i - 1), so g at every breakpoint is one cumulative sum; the piece where g
+    crosses k is found by a count, and tau by the closed form on the sets at its midpoint."""
+    b, order = torch.cat([z, z - 1.0], -1).sort(-1, descending=True)
+    tags = torch.cat([torch.ones_like(z), -torch.ones_like(z)], -1).gather(-1, order)
+    free = tags.cumsum(-1)
+    g = torch.cat([torch.zeros_like(z[:, :1]), (free[:, :-1] * (b[:, :-1] - b[:, 1:])).cumsum(-1)], -1)
+    j = (g < k).sum(-1, keepdim=True).clamp_(min=1, max=b.size(-1) - 1)  # g(b_0) = 0 < k <= g(b_last)
+    mid = 0.5 * (b.gather(-1, j) + b.gather(-1, j - 1))
+    return ksubset_closed_form(z, mid, float(k))

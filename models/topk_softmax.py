@@ -29,17 +29,17 @@ import torch
 from torch import Tensor
 
 from common.errors import UserError
-from .head_targets import compute_dtype, finish_rows, from_rows, masked_dot, row_loss, RowGradientLoss, to_rows
+from common.intervals import RangeCheck
+from .head_targets import compute_dtype, finish_rows, masked_dot, row_loss, RowGradientLoss
+from .mappings import rows_backward, rows_forward
+
+
+_check_k_at_least_one = RangeCheck("head.k", int, "[1, inf)", "the number of classes kept by sparse_softmax")
 
 
 def check_k(k, num_classes=None) -> int:
-    if isinstance(k, bool) or not isinstance(k, int):
-        if isinstance(k, float) and k.is_integer():
-            k = int(k)
-        else:
-            raise UserError(f"head.k must be a whole number >= 1, got {k!r}")
-    if k < 1:
-        raise UserError(f"head.k must be >= 1 (the number of classes kept by sparse_softmax), got {k}")
+    """k as an int >= 1 and, given the class count, at most that (one UserError line otherwise)."""
+    k = _check_k_at_least_one(k)
     if num_classes is not None and k > num_classes:
         raise UserError(f"head.k={k} exceeds the number of classes ({num_classes}); "
                         f"set head.k to at most {num_classes}")
@@ -59,22 +59,24 @@ def topk_softmax_kernel(x: Tensor, k: int):
     return p, (m + s.log()).squeeze(-1)
 
 
+def _topk_softmax_rows(rows: Tensor, k: int):
+    p = topk_softmax_kernel(rows, k)[0]
+    return p, (p,)
+
+
+def _topk_softmax_backward(p: Tensor, g: Tensor) -> Tensor:
+    pg = p * g
+    return pg - p * pg.sum(-1, keepdim=True)  # softmax's Jacobian with p = 0 outside the top k
+
+
 class TopkSoftmaxFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, k: int, dim: int):
-        rows, shape = to_rows(compute_dtype(x), dim)
-        p, _ = topk_softmax_kernel(rows, k)
-        ctx.save_for_backward(p)
-        ctx.dim, ctx.shape = dim, shape
-        return from_rows(p, shape, dim).to(x.dtype)
+        return rows_forward(ctx, x, dim, lambda rows: _topk_softmax_rows(rows, k))
 
     @staticmethod
     def backward(ctx, g: Tensor):
-        (p,) = ctx.saved_tensors
-        g_rows, _ = to_rows(g.to(p.dtype), ctx.dim)
-        pg = p * g_rows
-        dx = pg - p * pg.sum(-1, keepdim=True)  # softmax's Jacobian with p = 0 outside the top k
-        return from_rows(dx, ctx.shape, ctx.dim).to(g.dtype), None, None
+        return rows_backward(ctx, g, _topk_softmax_backward), None, None
 
 
 def topk_softmax(x: Tensor, k: int, dim: int = -1) -> Tensor:

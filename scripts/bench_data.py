@@ -1,4 +1,4 @@
-"""Loader throughput vs training throughput (issue 4): data must never be the bottleneck (ratio >= 3).
+"""Loader throughput vs training throughput: data must never be the bottleneck (ratio >= 3).
 
     python scripts/bench_data.py [--quick] [--workers 2] [--root DIR]
 
@@ -10,7 +10,7 @@ Rows (img/s, measured in this run on this machine):
 Uses real CIFAR-10 under --root if present, else CIFAR-format fixtures (random pixels) in a temp dir.
 Training throughput: fwd+bwd+AdamW step, bf16 autocast on CPU, batch as in the loader rows.
 
-DALI rows (issue 13; need NVIDIA DALI, else skipped with a note): decode + DeiT train transform
+DALI rows (need NVIDIA DALI, else skipped with a note): decode + DeiT train transform
 (random-resized crop, flip, RandAugment rand-m9-mstd0.5-inc1, erasing 0.25) at 224 px on
 ImageNet-like 500x375 JPEGs, in images per CPU-second (process CPU time, so other jobs on a shared
 machine do not distort it): PIL in-process (the anchor) vs DALI-CPU, ratio target >= 2; plus a

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""One-call GPU benchmark (issue 11): everything a GPU user asks of this repository, in < 8 minutes
+"""One-call GPU benchmark: everything a GPU user asks of this repository, in < 8 minutes
 on one H100/H200, written to one JSON file plus a printed table.
 
     python3 scripts/bench_gpu.py [--out DIR] [--quick] [--peak-tflops 989] [--train-seconds 120]

@@ -1,12 +1,12 @@
-"""Hopfield pooling against average pooling (issue 21, item 3): training-step overhead and accuracy.
+"""Hopfield pooling against average pooling: training-step overhead and accuracy.
 
 1. Step overhead. The same model (the config's) with model.pool=avg and with model.pool=hopfield under
    each --mappings, on the same batch with the same optimizer; a step is forward + the head's loss +
    backward + optimizer update, as in train.py. The variants are timed in interleaved rounds (one step
    each in turn, order alternating) so a shared machine's load hits them alike; the median step time
    of each is reported as a ratio against avg measured in the same run.
-2. Accuracy. Each variant is trained on the built-in data for each of --seeds (train.py in-process, a
-   tiny recipe on top of the config: --img-size, --train-size, --val-size, --epochs) and evaluated by
+2. Accuracy. Each variant is trained on the built-in data for each of --seeds (train.py, then eval.py, as
+   child processes; a tiny recipe on top of the config: --img-size, --train-size, --val-size, --epochs) and evaluated by
    eval.py (which reports the pooling support); each hopfield variant is compared with avg by
    evaluation.paired.compare_pair: across trainings (per-seed paired differences, t-interval over
    seeds, exact sign-flip p, two-level bootstrap, 80%-power minimum detectable difference, seeds
@@ -40,6 +40,7 @@ import torch  # noqa: E402
 import configs  # noqa: E402
 from common import rundir  # noqa: E402
 from common.errors import UserError  # noqa: E402
+from engine.children import ChildProcesses  # noqa: E402
 from engine.cli import run_cli  # noqa: E402
 from engine.optim import build_optimizer  # noqa: E402
 from models import create_classifier  # noqa: E402
@@ -117,25 +118,25 @@ def print_speed(times, cfg, batch, rounds, steps):
 
 
 # ------------------------------------------------------------------------------------------ accuracy
-def train_and_evaluate(config, overrides, run_dir):
-    """Train (unless finished) and evaluate (unless evaluated) one run in-process."""
-    import eval as eval_entry
-    import train
-
+def train_and_evaluate(children, config, overrides, run_dir):
+    """Train (unless finished) and evaluate (unless evaluated) one run: train.py, then eval.py, each a
+    child process that gets this one's signals (engine/children.py)."""
     out = os.path.join(run_dir, rundir.EVAL_RESULT)
+    steps = []
     if not os.path.isfile(os.path.join(run_dir, rundir.SUMMARY)):
-        code = train.main(["--config", config, *overrides, f"train.output_dir={run_dir}", "--resume", "auto"])
-        if code:
-            raise UserError(f"training {run_dir} failed (exit {code})")
+        steps.append(("training", ["train.py", "--config", config, *overrides, f"train.output_dir={run_dir}",
+                                   "--resume", "auto"]))
     if not (os.path.isfile(out) and os.path.isfile(rundir.examples_path(out))):
-        code = eval_entry.main(["--checkpoint", run_dir, "--output", out, "--calib", "none", "--quiet"])
-        if code:
-            raise UserError(f"evaluating {run_dir} failed (exit {code})")
-    torch.set_flush_denormal(False)  # train.py's process-wide CPU guard; the next build sets it again
+        steps.append(("evaluating", ["eval.py", "--checkpoint", run_dir, "--output", out, "--calib", "none", "--quiet"]))
+    for what, (script, *rest) in steps:
+        status = children.run([sys.executable, os.path.join(ROOT, script), *rest])
+        children.check_stopped(f"{what} {run_dir} stopped (exit {status})", status)
+        if status:
+            raise UserError(f"{what} {run_dir} failed (exit {status})")
     return out
 
 
-def accuracy_runs(args, mappings, runs_dir):
+def accuracy_runs(args, mappings, runs_dir, children):
     """{variant: {seed: comparison.load_run(...)}} after training and evaluating every missing run."""
     from evaluation import comparison
 
@@ -145,7 +146,7 @@ def accuracy_runs(args, mappings, runs_dir):
         for seed in args.seeds:
             run_dir = os.path.join(runs_dir, f"{name}-s{seed}")
             t0 = time.perf_counter()
-            out = train_and_evaluate(args.config, recipe_overrides(args) + pool_overrides(mapping)
+            out = train_and_evaluate(children, args.config, recipe_overrides(args) + pool_overrides(mapping)
                                      + [f"train.seed={seed}"], run_dir)
             run = comparison.load_run(run_dir, os.path.basename(out), seed=seed)
             runs.setdefault(name, {})[seed] = run
@@ -241,7 +242,9 @@ def main(argv=None):
               f"images at {args.img_size} px, {args.epochs} epoch(s), seeds {' '.join(map(str, args.seeds))} "
               f"(runs in {runs_dir}; a fixed short budget: how fast each pooling learns)", flush=True)
         try:
-            print_accuracy(accuracy_runs(args, args.mappings, runs_dir))
+            with ChildProcesses() as children:
+                runs = accuracy_runs(args, args.mappings, runs_dir, children)
+            print_accuracy(runs)
         finally:
             if args.runs_dir is None:
                 shutil.rmtree(runs_dir, ignore_errors=True)  # our own temporary folder

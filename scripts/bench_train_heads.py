@@ -1,4 +1,4 @@
-"""Training-step throughput per output head at 1000 classes (issue 5 benchmark).
+"""Training-step throughput per output head at 1000 classes.
 
 Same model, same batch, same optimizer (the config's: timm LAMB by default); only the head
 differs. A step is forward + the head's training loss (fp32 on the logits, soft Mixup-style

@@ -1,4 +1,4 @@
-"""Calibration check for the built-in dataset (issue 4): a linear classifier on pixels should do
+"""Calibration check for the built-in dataset: a linear classifier on pixels should do
 clearly worse (<= ~70%) than a small ResMLP (dim 128, depth 4, patch 4), which should reach >= 90%
 validation accuracy on builtin10 within about two minutes of 2-core CPU training.
 

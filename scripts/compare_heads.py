@@ -3,7 +3,7 @@
     python scripts/compare_heads.py --config configs/quickstart_compare.yaml \\
         --heads softmax sparsemax entmax15 [--norms affine layernorm] [--alphas 1.25 1.75] \\
         [--seeds 0 1 2] [--baseline softmax] [--ood-dataset auto|NAME|none] [--jobs N] \\
-        [--runs-dir runs/compare] [--report-dir reports/compare] [key.sub=value ...]
+        [--runs-dir runs/compare] [--report-dir reports/compare] [--overwrite] [key.sub=value ...]
     python scripts/compare_heads.py ... --emit-slurm compare.sbatch   # then: sbatch compare.sbatch
     python scripts/compare_heads.py ... --report-only                 # aggregate the finished runs
     python scripts/compare_heads.py --config CFG --features FEATURE_DIR --heads ... --seeds ...   # cached features
@@ -28,7 +28,9 @@ Modes:
   --emit-slurm F writes a SLURM array job, one task per planned run: scripts/slurm_train.sh trains it
                  (--resume auto, checkpoint + requeue on preemption), then eval.py evaluates it;
   --report-only  aggregates the finished runs and names the missing ones;
-  --dry-run      lists what would run.
+  --dry-run      lists what would run and where the report would go.
+After each run a progress line says how many of the plan's runs are finished and about how long the
+rest will take at the pace so far (scripts/compare_progress.py).
 Cached features (--features DIR, a folder of scripts/extract_features.py): the same plan, each run a linear
 head on the cached features (data.dataset=features data.root=DIR and the folder's identity,
 data.features_source_sha256 / features_settings_sha256, added to every run's overrides: a run trained on
@@ -43,7 +45,9 @@ second signal kills them, and no child outlives it.
 Resumable: a run with summary.json is trained and skipped; an interrupted one continues from its last
 checkpoint (--resume auto); a run evaluated already (eval.json, its per-example records and, when an
 OOD set is asked for, its OOD results) is not evaluated again.
-Report (REPORT_DIR): report.md (mean ± std over seeds of every metric; one verdict per variant
+Report (REPORT_DIR; default reports/<config name> for the default runs folder, RUNS_DIR/report for
+--runs-dir RUNS_DIR): the folder records which runs folder it reports on (compare_source.json) and
+a report of another runs folder is refused unless --overwrite. report.md (mean ± std over seeds of every metric; one verdict per variant
 against the baseline, across trainings, with sanity checks: chance level, conformal coverage band,
 training budget; paired differences across trainings (t-interval and sign-flip test over seeds,
 two-level bootstrap, power) and given these trainings (bootstrap over images, McNemar); selective
@@ -67,6 +71,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from compare_progress import Progress  # noqa: E402
 from compare_worker import InProcess, WorkerSlot, can_run  # noqa: E402
 from engine.children import ChildProcesses  # noqa: E402
 from engine.cli import run_cli  # noqa: E402
@@ -79,6 +84,7 @@ from models.registry import HEAD_NAMES, check_settings  # noqa: E402
 FEATURE_IDENTITY_KEYS = ("features_source_sha256", "features_settings_sha256")  # data.* keys, data/features.py
 REQUEST_FILE = rundir.COMPARE_REQUEST  # what this script asked train.py for, to detect clashes
 LOG_FILE = rundir.COMPARE_LOG  # a run's train + eval output under --jobs N > 1
+REPORT_SOURCE = "compare_source.json"  # in a report folder: the runs folder its report is of
 
 
 # a config override: a (dotted) key, '=', a value (parsed as YAML), e.g. optim.epochs=1
@@ -124,7 +130,10 @@ def parse_args(argv=None):
                    help="compare heads on cached features (scripts/extract_features.py --output DIR): a linear "
                         "head per run, data.dataset=features data.root=DIR")
     p.add_argument("--runs-dir", default=None, help="where the runs go (default runs/compare/<config name>)")
-    p.add_argument("--report-dir", default=None, help="report folder (default reports/<config name>)")
+    p.add_argument("--report-dir", default=None,
+                   help="report folder (default reports/<config name>, or RUNS_DIR/report with --runs-dir)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write the report into a report folder that holds the report of another runs folder")
     p.add_argument("--ema", action="store_true", help="evaluate the EMA weights instead of the raw ones")
     p.add_argument("--launcher", default=None,
                    help='command prefix for train.py and eval.py, e.g. "accelerate launch --num_processes 2"')
@@ -211,6 +220,33 @@ def plan_runs(args):
     return plan, runs_dir
 
 
+def report_dir_of(args, runs_dir, stem):
+    """The report folder: --report-dir, else beside its runs (RUNS_DIR/report; reports/<config name>
+    for the default runs folder), so two comparisons never share one by default."""
+    if args.report_dir:
+        return args.report_dir
+    return os.path.join(runs_dir, "report") if args.runs_dir else os.path.join("reports", stem)
+
+
+def check_report_dir(report_dir, runs_dir, overwrite, record=False):
+    """Refuse to write over the report of another runs folder (unless `overwrite`); with `record`,
+    note in the folder which runs folder its report is of."""
+    path = os.path.join(report_dir, REPORT_SOURCE)
+    mine = os.path.realpath(runs_dir)
+    try:
+        with open(path) as f:
+            theirs = json.load(f).get("runs_dir")
+    except FileNotFoundError:
+        theirs = None  # a new folder, or a report written before folders recorded their runs
+    except (OSError, ValueError, AttributeError) as err:
+        raise UserError(f"cannot read {path} ({err}); give another --report-dir, or --overwrite to replace it")
+    if theirs not in (None, mine) and not overwrite:
+        raise UserError(f"{report_dir} holds the report of the runs in {theirs}, not {runs_dir}; give another "
+                        f"--report-dir, or --overwrite to replace that report")
+    if record:
+        write_json({"runs_dir": mine}, path)
+
+
 def baseline_pairs(args):
     """[(variant, its baseline variant)]: every other variant against the baseline of the same norm."""
     variants = _variants(args)
@@ -226,17 +262,18 @@ def baseline_pairs(args):
 
 def resolve_ood(args, cfg):
     """The OOD dataset name eval.py gets (None: no OOD detection)."""
-    from data import DATASET_NAMES
-    from evaluation.ood_report import default_ood_dataset
+    from data import is_features
+    from evaluation.ood_report import default_ood_dataset, ood_dataset_names
 
     if args.ood_dataset == "none":
         return None
-    if cfg.data.dataset == "features":
+    if is_features(cfg.data):
         return _feature_ood(args, cfg)
     if args.ood_dataset == "auto":
         return default_ood_dataset(cfg.data.dataset)
-    if args.ood_dataset not in DATASET_NAMES:
-        raise UserError(f"unknown --ood-dataset '{args.ood_dataset}'; valid: auto, none, {', '.join(DATASET_NAMES)}")
+    if args.ood_dataset not in ood_dataset_names():
+        raise UserError(f"unknown --ood-dataset '{args.ood_dataset}'; valid: auto, none, "
+                        f"{', '.join(ood_dataset_names())}")
     return args.ood_dataset
 
 
@@ -389,7 +426,7 @@ def _cpu_count():
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def run_parallel(todo, commands, jobs, children):
+def run_parallel(todo, commands, jobs, children, progress=None):
     """Train and evaluate `todo` [(tag, run_dir, overrides, trained)] with `jobs` runs at once, each
     in its slot's environment (device_env) with its output in RUN_DIR/compare.log.
     Returns (trained, evaluated); UserError naming every failed run at the end (StoppedBySignal,
@@ -442,7 +479,7 @@ def run_parallel(todo, commands, jobs, children):
                         return
                     with lock:
                         counts["trained" if what == "training" else "evaluated"] += 1
-            say(f"{tag}: done")
+            say(f"{tag}: done" + (f"; {progress.line()}" if progress else ""))
         finally:
             with lock:
                 slots.append(slot)
@@ -598,6 +635,8 @@ def main(argv=None):
     pairs = baseline_pairs(args)  # checks --baseline before anything runs
     commands = Commands(args, config, resolve_ood(args, base_cfg))
     stem = os.path.splitext(os.path.basename(args.config))[0]
+    report_dir = report_dir_of(args, runs_dir, stem)
+    check_report_dir(report_dir, runs_dir, args.overwrite)  # before any training, not after
     requests = {}
     for _, _, run_dir, ov in plan:
         requests[run_dir] = _request(configs, config, ov)
@@ -612,14 +651,17 @@ def main(argv=None):
         return 0
     todo = runs_to_do(plan, commands, args)
     if args.dry_run:
+        print(f"report: {os.path.join(report_dir, 'report.md')} (not written by --dry-run)")
         return 0
-    prepare_output(report_dir_of(args, stem), folder=True)  # before any training: a report folder that cannot be written
+    prepare_output(report_dir, folder=True)  # before any training: a report folder that cannot be written
     start = time.perf_counter()
     with ChildProcesses() as children:  # signals go on to train.py / eval.py, which save and stop
         if args.features and args.jobs == 1 and not args.launcher:
             children = InProcess(children)  # a probe trains in far less time than a Python start takes
-        trained_now, evaluated_now = run_todo(todo, commands, requests, args.jobs, children)
-    path, missing = write_comparison_report(plan, commands, args, pairs, stem, _command_line(argv))
+        progress = Progress(len(todo), skipped=len(plan) - len(todo))
+        trained_now, evaluated_now = run_todo(todo, commands, requests, args.jobs, children, progress)
+    path, missing = write_comparison_report(plan, commands, args, pairs, stem, _command_line(argv),
+                                            report_dir, runs_dir)
     print(f"{trained_now} training run(s) and {evaluated_now} evaluation(s) done now in "
           f"{time.perf_counter() - start:.0f}s; {len(plan) - len(missing)} of {len(plan)} run(s) in {runs_dir}")
     print(f"report: {path}")
@@ -644,13 +686,13 @@ def runs_to_do(plan, commands, args):
     return todo
 
 
-def run_todo(todo, commands, requests, jobs, children):
+def run_todo(todo, commands, requests, jobs, children, progress=None):
     """Train and evaluate `todo`, one run after another or `jobs` at once, through `children`
     (engine.children.ChildProcesses: signals are forwarded); -> (trained, evaluated)."""
     for _, run_dir, _, _ in todo:
         _check_request(run_dir, requests[run_dir])
     if todo and jobs > 1:
-        return run_parallel(todo, commands, jobs, children)
+        return run_parallel(todo, commands, jobs, children, progress)
     trained_now = evaluated_now = 0
     for tag, run_dir, ov, trained in todo:
         if not trained:
@@ -662,14 +704,12 @@ def run_todo(todo, commands, requests, jobs, children):
         print(f"{tag}: evaluating", flush=True)
         _run(children, commands.evaluate(run_dir), f"evaluating {run_dir}")
         evaluated_now += 1
+        if progress:
+            print(progress.line(), flush=True)
     return trained_now, evaluated_now
 
 
-def report_dir_of(args, stem):
-    return args.report_dir or os.path.join("reports", stem)
-
-
-def write_comparison_report(plan, commands, args, pairs, stem, command):
+def write_comparison_report(plan, commands, args, pairs, stem, command, report_dir, runs_dir):
     """Report the finished runs (naming the missing ones) and print its table and sentences;
     -> (report.md path, missing run dirs)."""
     from evaluation import comparison
@@ -692,8 +732,8 @@ def write_comparison_report(plan, commands, args, pairs, stem, command):
     calib = (first.get("prediction_sets") or {}).get("calibration") or {}
     notes = [calib["note"]] if calib.get("note") else []
     pairs = [(a, b) for a, b in pairs if a in variants and b in variants]
-    report_dir = report_dir_of(args, stem)
     with RunLock(report_dir, purpose="compare_heads report"):  # one writer of the report folder
+        check_report_dir(report_dir, runs_dir, args.overwrite, record=True)
         table, path, paired_results = comparison.write_report(
             variants, report_dir, f"Head comparison: {stem}", command, weights=weights,
             notes=notes, pairs=pairs, missing=missing)

@@ -1,8 +1,12 @@
-"""Export a trained classifier as ONNX or TorchScript, with a JSON sidecar describing its input.
+"""Export a trained classifier as ONNX or TorchScript, with a JSON sidecar describing its input, or as timm weights.
 
     python scripts/export.py runs/quickstart --format onnx                       # -> runs/quickstart/model.onnx
     python scripts/export.py runs/quickstart --format torchscript --head-probabilities --ema
     python scripts/export.py w.safetensors --model resmlp_tiny --head sparsemax --format onnx --output m.onnx
+    python scripts/export.py runs/s12 --format timm                              # -> runs/s12/timm/ (a folder)
+
+--format timm writes a folder timm loads without this project (scripts/export_timm.py): weights
+in timm's names, config.json in timm's Hugging Face Hub layout, class_map.txt and a model card.
 
 The exported module maps float32 images (B, C, H, W), already normalised with the sidecar's mean
 and std, to logits (B, K), or with --head-probabilities to the head's probabilities (B, K): for the
@@ -14,10 +18,14 @@ dimension is dynamic; the image size is fixed by the model. Every head exports i
 TorchScript: the backbone is scripted (it keeps its one-line input-size error; with model.pool=
 hopfield it is traced); the head's mapping is traced, because the mappings are autograd Functions
 with a host-side choice of threshold path.
-Sidecar (OUTPUT.json): format, output (logits | probabilities), classes, mean, std, image size,
-interpolation and crop_pct of the evaluation transform, the model and the head with its settings.
-Both files are written atomically; an existing OUTPUT needs --overwrite. The run directory or
-weights file is read as eval.py reads it (config.yaml, classes.json, model[_ema].safetensors).
+Sidecar (OUTPUT.json): format, output (logits | probabilities), classes, `preprocessing` (the run's
+evaluation transform step by step: data/transforms.py EvalTransform.describe; mean, std, image size,
+interpolation and crop_pct also at the top level), the model and the head with its settings.
+scripts/onnx_predict.py is a consumer that follows only the sidecar (onnxruntime, numpy, Pillow).
+class_map.txt beside OUTPUT lists the classes in timm's class_map format. The files are written
+atomically; an existing OUTPUT (or a class_map.txt of other classes) needs --overwrite. The run directory or
+weights file is opened as eval.py opens it (engine/trained_run.py: config.yaml, classes.json,
+model[_ema].safetensors).
 """
 import argparse
 import contextlib
@@ -33,11 +41,17 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
 from common.errors import UserError  # noqa: E402
-from common.io import atomic_write, prepare_output, write_json  # noqa: E402
+from common.io import atomic_write, atomic_write_text, prepare_output, write_json  # noqa: E402
+from data.classes import CLASS_MAP_FILE, class_map_text  # noqa: E402
+from data.transforms import eval_transform  # noqa: E402
 from engine.cli import run_cli  # noqa: E402
 from engine.runlock import writing_into  # noqa: E402
+from engine.trained_run import add_run_arguments, open_from_args, parse_with_overrides  # noqa: E402
+from models.mappings import threshold_path  # noqa: E402
+from models.registry import head_spec  # noqa: E402
 
-FORMATS = ("onnx", "torchscript")
+FILE_FORMATS = ("onnx", "torchscript")  # one file and its sidecar
+FORMATS = FILE_FORMATS + ("timm",)  # timm: a folder (scripts/export_timm.py)
 EXPORT_OPSET = 17  # ONNX opset: TopK, ReduceMax etc. as onnxruntime >= 1.14 runs them
 SUFFIX = {"onnx": ".onnx", "torchscript": ".torchscript.pt"}
 INPUT_NAME, BATCH_AXIS = "images", "batch"
@@ -85,24 +99,15 @@ def autograd_functions_inlined():
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n")[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint", metavar="RUN_DIR|WEIGHTS", help="train.py run directory or a weights file")
+    add_run_arguments(p, positional=True)
     p.add_argument("--format", required=True, help=f"one of: {', '.join(FORMATS)}")
     p.add_argument("--head-probabilities", action="store_true",
                    help="append the head's probability mapping (the output is probabilities, not logits)")
     p.add_argument("--output", help="file to write (default: beside the checkpoint, model.onnx / "
-                                    "model.torchscript.pt in a run directory); the sidecar is OUTPUT.json")
+                                    "model.torchscript.pt in a run directory); the sidecar is OUTPUT.json; "
+                                    "--format timm: a folder (default RUN_DIR/timm, or RUN_DIR/timm_ema with --ema)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUTPUT")
-    p.add_argument("--ema", action="store_true", help="export the run's EMA weights")
-    p.add_argument("--config", help="YAML config for a weights file (as eval.py --config)")
-    p.add_argument("--model", help="model name for a weights file without --config (e.g. resmlp_tiny)")
-    p.add_argument("--head", help="output head for a weights file without --config (default softmax)")
-    p.add_argument("--img-size", type=int, help="model image size for a weights file (default: the variant's)")
-    args, rest = p.parse_known_args(argv)
-    import eval as eval_cli  # the run / weights resolution eval.py uses
-
-    args.overrides = eval_cli._collect_overrides(rest, p)
-    args.dataset = args.data_root = args.batch_size = None  # (eval.resolve reads these flags too)
-    return args
+    return parse_with_overrides(p, argv, tool="python scripts/export.py")
 
 
 def check_format(fmt: str) -> str:
@@ -117,22 +122,12 @@ def default_output(checkpoint: str, fmt: str, ema: bool) -> str:
     return os.path.splitext(checkpoint)[0] + SUFFIX[fmt]
 
 
-def class_names_of(checkpoint: str, cfg):
-    """The run's classes.json, else the configured dataset's class names."""
-    import data
-    from data.classes import load_class_names
-
-    names = load_class_names(checkpoint) if os.path.isdir(checkpoint) else None
-    return names if names is not None else list(data.class_names(cfg.data))
-
-
 def load_classifier(args):
-    """(cfg, model in eval mode, class names) as eval.py would evaluate them."""
-    import eval as eval_cli
-
-    cfg, weights, _ = eval_cli.resolve(args)
-    classes = class_names_of(args.checkpoint, cfg)
-    return cfg, eval_cli.build_model(cfg, weights, len(classes)), classes
+    """(cfg, model in eval mode, class names) as eval.py would evaluate them: the run's classes.json,
+    else the configured dataset's class names."""
+    run = open_from_args(args)
+    classes = run.classes()
+    return run.cfg, run.build_model(len(classes)), classes
 
 
 def split_head(model: nn.Module):
@@ -150,8 +145,6 @@ def example_images(cfg, batch: int = 2) -> torch.Tensor:
 
 def build_exported(model: nn.Module, cfg, fmt: str, head_probabilities: bool) -> nn.Module:
     """The module to save: eager for ONNX (traced by the exporter), scripted for TorchScript."""
-    from models.mappings import threshold_path
-
     backbone, head = split_head(model)
     if fmt == "onnx":
         return ExportedClassifier(backbone, head if head_probabilities else None).eval()
@@ -170,8 +163,6 @@ def build_exported(model: nn.Module, cfg, fmt: str, head_probabilities: bool) ->
 def save_export(module: nn.Module, cfg, fmt: str, output: str, head_name: str) -> None:
     """Write `module` to `output` through the one atomic writer (common/io.py: a temp file beside it,
     then os.replace; a write failure is one line, exit 74, and leaves no temp file)."""
-    from models.mappings import threshold_path
-
     def write(path):
         if fmt == "torchscript":
             torch.jit.save(module, path)
@@ -191,23 +182,58 @@ def save_export(module: nn.Module, cfg, fmt: str, output: str, head_name: str) -
 def sidecar(cfg, model, classes, fmt: str, head_probabilities: bool, output: str) -> dict:
     head = model.output_head
     size = cfg.model.img_size
+    spec = eval_transform(cfg.data)  # the transform eval.py applies to this run's images
     return {
         "format": fmt, "file": os.path.basename(output),
         "opset": EXPORT_OPSET if fmt == "onnx" else None,
         "input": {"name": INPUT_NAME, "shape": [BATCH_AXIS, 3, size, size], "dtype": "float32",
                   "normalised": "(pixel / 255 - mean) / std, per channel, RGB"},
         "output": "probabilities" if head_probabilities else "logits",
-        "classes": list(classes), "mean": list(cfg.data.mean), "std": list(cfg.data.std),
-        "image_size": size, "interpolation": cfg.data.interpolation, "crop_pct": cfg.data.crop_pct,
+        "classes": list(classes), "class_map": CLASS_MAP_FILE, "preprocessing": spec.describe(),
+        "mean": list(spec.mean), "std": list(spec.std),
+        "image_size": size, "interpolation": spec.interpolation, "crop_pct": spec.crop_pct,
         "model": cfg.model.name, "norm": cfg.model.norm,
         "head": {"name": head.name, **head.hparams()},
     }
+
+
+def export_timm_folder(args) -> str:
+    """--format timm: the folder timm loads (scripts/export_timm.py), under the folder's lock."""
+    import export_timm
+
+    if args.head_probabilities:
+        raise UserError("--format timm exports timm's model, which returns logits: drop --head-probabilities "
+                        "(config.json says how to get the head's probabilities), or use --format onnx")
+    folder = args.output or export_timm.default_folder(args.checkpoint, args.ema)
+    export_timm.check_folder(folder, args.overwrite)
+    prepare_output(folder, folder=True)  # a path through a file or a read-only folder: one line before the weights
+    run = open_from_args(args)
+    export_timm.check_exportable(run.cfg, head_spec(run.cfg.head.name))  # before reading the weights
+    classes = run.classes()
+    cfg, model = run.cfg, run.build_model(len(classes))
+    with writing_into(folder, purpose="export"):  # its own folder: a killed export's temp files go first
+        export_timm.write_folder(folder, cfg, model, classes)
+    return folder
+
+
+def check_class_map(folder: str, classes, overwrite: bool) -> str:
+    """The path of the export's class_map.txt (timm's format, beside it); one that lists other
+    classes (another run's export in the same folder) is replaced only with --overwrite."""
+    path = os.path.join(folder, CLASS_MAP_FILE)
+    if os.path.isfile(path) and not overwrite:
+        with open(path, encoding="utf-8") as f:
+            if f.read() != class_map_text(classes):
+                raise UserError(f"{path} lists other classes than this run's; pass --overwrite to replace it, "
+                                f"or choose an --output in another folder")
+    return path
 
 
 def export(args) -> str:
     fmt = check_format(args.format)
     if not os.path.exists(args.checkpoint):
         raise UserError(f"checkpoint not found: {args.checkpoint} (give a train.py run directory or a weights file)")
+    if fmt == "timm":
+        return export_timm_folder(args)
     output = args.output or default_output(args.checkpoint, fmt, args.ema)
     if os.path.isdir(output):
         raise UserError(f"--output {output} is a directory; give a file name "
@@ -217,6 +243,7 @@ def export(args) -> str:
             raise UserError(f"{path} exists; pass --overwrite to replace it, or choose --output")
     prepare_output(output)  # a path through a file or a read-only folder: one line before the model is built
     cfg, model, classes = load_classifier(args)
+    class_map = check_class_map(os.path.dirname(os.path.abspath(output)), classes, args.overwrite)
     head = model.output_head
     if fmt == "onnx" and args.head_probabilities and head.spec.draws:
         raise UserError(f"head '{head.name}' cannot be exported as onnx with --head-probabilities: its Monte-Carlo "
@@ -225,16 +252,20 @@ def export(args) -> str:
     module = build_exported(model, cfg, fmt, args.head_probabilities)
     folder = os.path.dirname(os.path.abspath(output))
     # one writer per folder (a run directory: not while it trains); a killed export's temp files go first
-    with writing_into(folder, purpose="export", names=[output, output + ".json"]):
+    with writing_into(folder, purpose="export", names=[output, output + ".json", class_map]):
         save_export(module, cfg, fmt, output, model.output_head.name)
         write_json(sidecar(cfg, model, classes, fmt, args.head_probabilities, output), output + ".json")
+        atomic_write_text(class_map, class_map_text(classes))
     return output
 
 
 def main(argv=None):
     args = parse_args(argv)
     output = export(args)
-    print(f"wrote {output} and {output}.json")
+    if args.format == "timm":
+        print(f"wrote {output}/ (timm: model.safetensors, config.json, class_map.txt, README.md)")
+    else:
+        print(f"wrote {output} and {output}.json")
 
 
 if __name__ == "__main__":

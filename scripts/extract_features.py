@@ -30,6 +30,7 @@ where the frozen-backbone probe on the images (model.pretrained + model.freeze=b
 """
 import argparse
 import copy
+import json
 import math
 import os
 import sys
@@ -40,6 +41,7 @@ if ROOT not in sys.path:
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from accelerate import Accelerator  # noqa: E402
 
 import data  # noqa: E402
 from common import rundir  # noqa: E402
@@ -49,10 +51,12 @@ from common.seeding import mix_seed_array  # noqa: E402
 from common.weights import read_hashed_state_dict, read_safetensors_metadata, save_safetensors  # noqa: E402
 from configs.loader import config_to_dict  # noqa: E402
 from data import features as F  # noqa: E402
+from data.classes import save_class_names  # noqa: E402
 from data.loaders import TaskLoader  # noqa: E402
 from engine.cli import run_cli  # noqa: E402
 from engine.logging import progress_bar  # noqa: E402
 from engine.runlock import writing_into  # noqa: E402
+from engine.trained_run import add_run_arguments, open_from_args, parse_with_overrides  # noqa: E402
 from evaluation import ood_report  # noqa: E402
 from models import create_classifier  # noqa: E402
 from models.pretrained import (CLASSIFIER_PREFIX, OUTPUT_HEAD_PREFIX, fit_pretrained, renamed_state_dict,  # noqa: E402
@@ -64,12 +68,9 @@ SETTINGS_KEYS = ("source_sha256", *F.EXTRACTION_KEYS, "shard_size")
 
 
 def parse_args(argv=None):
-    import eval as eval_py
-
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n")[1])
-    p.add_argument("--checkpoint", required=True, metavar="RUN|WEIGHTS",
-                   help="a train.py run directory, one of its checkpoints, or a weights file (as eval.py)")
+    add_run_arguments(p, data_flags=True, batch_help="images per forward")
     p.add_argument("--output", required=True, metavar="DIR", help="the feature folder (created)")
     p.add_argument("--splits", nargs="+", default=None, choices=("train", "val", "calib"),
                    help="splits to extract (default: train val, and calib when data.calib_fraction > 0)")
@@ -80,16 +81,7 @@ def parse_args(argv=None):
     p.add_argument("--ood", metavar="NAME|auto", default=None,
                    help="also extract this OOD set's val split to OUTPUT/ood (auto: the built-in data's own)")
     p.add_argument("--ood-root", metavar="DIR", default=None, help="data root of the OOD set")
-    p.add_argument("--ema", action="store_true", help="the run's EMA weights")
-    p.add_argument("--config", help="YAML config (for a weights file; replaces a run's config.yaml)")
-    p.add_argument("--model", help="model name for a weights file without --config (e.g. resmlp_s12)")
-    p.add_argument("--head", help="output head for a weights file without --config")
-    p.add_argument("--img-size", type=int, help="image size for a weights file (default: the variant's)")
-    p.add_argument("--dataset", help="override data.dataset")
-    p.add_argument("--data-root", help="override data.root")
-    p.add_argument("--batch-size", type=int, help="images per forward (data.eval_batch_size)")
-    args, rest = p.parse_known_args(argv)
-    args.overrides = eval_py._collect_overrides(rest, p)
+    args = parse_with_overrides(p, argv, tool="python scripts/extract_features.py")
     if args.views < 1:
         raise UserError(f"--views must be at least 1, got {args.views}")
     if args.views > 1 and not args.augment:
@@ -205,8 +197,6 @@ def check_same_settings(out_dir, meta):
     path = os.path.join(out_dir, F.META_FILE)
     if not os.path.isfile(path):
         return
-    import json
-
     try:
         with open(path) as f:
             old = json.load(f)
@@ -237,8 +227,6 @@ def extract_folder(model, cfg, out_dir, splits, *, views, augment, shard_size, s
                                  sha256=source["sha256"], accelerator=accelerator)
     accelerator.wait_for_everyone()
     if main:
-        from data.classes import save_class_names
-
         save_class_names(out_dir, classes)
         if classifier:
             save_safetensors(classifier, os.path.join(out_dir, F.CLASSIFIER_FILE))
@@ -259,10 +247,7 @@ def ood_config(cfg, args):
         if args.ood_root:
             raise UserError("--ood-root needs --ood NAME")
         return None
-    name = ood_report.resolve_ood_dataset(args.ood, cfg.data.dataset)
-    if name not in data.DATASET_NAMES or name == "features":
-        raise UserError(f"unknown --ood '{name}'; valid: auto, "
-                        f"{', '.join(n for n in data.DATASET_NAMES if n != 'features')}")
+    name = ood_report.resolve_ood_dataset(args.ood, cfg.data.dataset, flag="--ood")
     ood = copy.deepcopy(cfg)
     ood.data.dataset = name
     if args.ood_root:
@@ -272,9 +257,6 @@ def ood_config(cfg, args):
 
 
 def main(argv=None):
-    import eval as eval_py
-    from accelerate import Accelerator
-
     args = parse_args(argv)
     out = args.output
     if os.path.exists(out) and not os.path.isdir(out):
@@ -284,8 +266,9 @@ def main(argv=None):
                         f"into what it reads; give another --output, e.g. --output "
                         f"features/{os.path.basename(os.path.normpath(args.checkpoint))}")
     prepare_output(out, folder=True)  # a path through a file or a read-only folder: one line before any forward
-    cfg, weights, kind = eval_py.resolve(args)
-    if F.is_features(cfg.data):
+    run = open_from_args(args)
+    cfg, weights, kind = run.cfg, run.weights, run.weights_kind
+    if data.is_features(cfg.data):
         raise UserError(f"{args.checkpoint} was trained on cached features (data.dataset=features): extract from "
                         f"the run or weights of the image model")
     splits = list(dict.fromkeys(args.splits or default_splits(cfg)))

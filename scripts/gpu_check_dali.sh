@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# DALI step of the GPU check (issue 13); scripts/gpu_check.sh can call it, or run it alone:
+# DALI step of the GPU check; scripts/gpu_check.sh can call it, or run it alone:
 #
 #   bash scripts/gpu_check_dali.sh [SUMMARY_FILE]      # ~1-2 minutes, no network
 #

@@ -1,4 +1,4 @@
-"""Write webdataset-style tar shards (+ classes.json) from an ImageFolder tree (issue 13).
+"""Write webdataset-style tar shards (+ classes.json) from an ImageFolder tree.
 
     python scripts/make_shards.py IMAGEFOLDER_ROOT SHARD_DIR [--max-count 5000] [--max-gb 1.0]
 

@@ -178,3 +178,34 @@ def test_baseline_pairs_follow_the_norm():
         ("sparsemax-layernorm", "softmax-layernorm"), ("entmax15-layernorm", "softmax-layernorm")]
     args = compare_heads.parse_args(["--config", "x.yaml", "--heads", "sparsemax", "entmax15"])
     assert compare_heads.baseline_pairs(args) == [("entmax15", "sparsemax")]  # no softmax: the first head
+
+
+def test_report_folder_belongs_to_one_runs_folder(tmp_path, capsys):
+    """The report folder defaults beside --runs-dir; --dry-run says where; a folder holding the report
+    of another runs folder is refused before anything trains, unless --overwrite."""
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(TINY_CONFIG)
+    base = ["--config", str(cfg), "--heads", "softmax", "--dry-run"]
+    runs_a, runs_b, shared = (str(tmp_path / n) for n in ("a", "b", "shared"))
+    assert compare_heads.main(base + ["--runs-dir", runs_a]) == 0
+    assert f"report: {os.path.join(runs_a, 'report', 'report.md')}" in capsys.readouterr().out
+
+    compare_heads.check_report_dir(shared, runs_a, overwrite=False, record=True)  # as a report of A writes it
+    assert compare_heads.main(base + ["--runs-dir", runs_a, "--report-dir", shared]) == 0  # the same runs: fine
+    with pytest.raises(UserError, match=r"holds the report of the runs in .*a, not .*b; .*--overwrite"):
+        compare_heads.main(base + ["--runs-dir", runs_b, "--report-dir", shared])
+    assert compare_heads.main(base + ["--runs-dir", runs_b, "--report-dir", shared, "--overwrite"]) == 0
+
+
+def test_progress_line_counts_the_plan_and_estimates_the_rest():
+    from compare_progress import Progress, duration
+
+    now = [100.0]
+    progress = Progress(4, skipped=2, clock=lambda: now[0])
+    now[0] += 30
+    assert progress.line() == "progress: 3 of 6 run(s) finished (1 now, in 30 s); about 1 min 30 s left at this pace"
+    now[0] += 90
+    assert progress.line().endswith("(2 now, in 2 min 00 s); about 2 min 00 s left at this pace")
+    progress.line()
+    assert progress.line() == "progress: 6 of 6 run(s) finished (4 now, in 2 min 00 s)"
+    assert duration(3725) == "1 h 02 min"

@@ -1,4 +1,4 @@
-"""compare_heads takes key.sub=value overrides anywhere on the line (issue 20): after --heads or
+"""compare_heads takes key.sub=value overrides anywhere on the line: after --heads or
 --seeds, whose lists used to swallow them ('argument --seeds: invalid int value'), between options,
 or first; the value of an option that takes one stays that option's; --help says where they go."""
 import os

@@ -1,5 +1,5 @@
-"""Config files can't lie (issue 19), the schema is the one source of every key's facts (issue 16),
-and the help a user gets (issue 20):
+"""Config files can't lie, the schema is the one source of every key's facts,
+and the help a user gets:
 
 - an empty or non-mapping file, bytes that are not UTF-8, a key given twice at any depth: one
   line naming the file (and the byte offset or both lines), from the loader and through train.py
@@ -144,7 +144,7 @@ def test_bad_files_are_one_line_through_train_and_eval(tmp_path, capsys, name):
                        (_eval_main(), ["--checkpoint", _write(tmp_path / "w.safetensors", b""), "--config", path])):
         code, err = _cli(capsys, main, argv)
         assert code == 2 and err.count("\n") == 1 and err.startswith(f"error: {path}") and expected in err, err
-    # and an empty run config.yaml: eval.py no longer evaluates the defaults (issue 19)
+    # and an empty run config.yaml: eval.py no longer evaluates the defaults
     run = tmp_path / "run"
     run.mkdir(exist_ok=True)
     _write(run / "model.safetensors", b"")
@@ -174,7 +174,7 @@ def test_no_suggestion_when_nothing_is_close(tmp_path, key):
     ("optim.lrr", "optim.lr"), ("lr", "optim.lr"), ("train.epochs", "optim.epochs"), ("data.lr", "optim.lr"),
     ("modle", "model"), ("data.img_size", "data.image_size"), ("data.workers", "data.num_workers"),
     ("optim.weightdecay", "optim.weight_decay"), ("head.nme", "head.name"),
-    # keys that once had wrong suggestions (model.name, model.norm, train.compile) now exist (issue 18)
+    # keys that once had wrong suggestions (model.name, model.norm, train.compile) now exist
     ("model.pretraind", "model.pretrained"), ("model.freez", "model.freeze"), ("train.distil", "train.distill"),
 ])
 def test_close_keys_are_suggested_by_whole_name_or_last_part(key, suggestion):
@@ -274,7 +274,7 @@ def test_one_image_size_key_and_the_old_one_is_read_as_it(tmp_path):
 
 
 def test_an_older_runs_config_yaml_loads_as_a_config(tmp_path):
-    """Written before issue 16: model.img_size beside data.image_size, and the change history inside."""
+    """Written by an older version: model.img_size beside data.image_size, and the change history inside."""
     cfg = config_from_dict({"optim": {"lr": 0.02}, "data": {"image_size": 16}})
     old = configs.config_to_dict(cfg)
     old["model"]["img_size"] = 16
@@ -336,17 +336,20 @@ def test_a_runs_config_yaml_after_resume_with_changes_is_a_valid_config(resumed_
 
 
 def test_eval_takes_a_checkpoint_directory_of_a_run(resumed_run, tmp_path, capsys):
-    import eval as eval_entry
     from engine import checkpoint as ck
+    from engine.trained_run import CHECKPOINT, open_run
 
     root = os.path.join(resumed_run, ck.CHECKPOINT_SUBDIR)
     steps = [s for s, _ in ck.list_checkpoints(root)]
     first = os.path.join(root, ck.checkpoint_name(min(steps)))
     last = os.path.join(root, ck.checkpoint_name(max(steps)))
-    cfg, weights, kind = eval_entry.resolve(eval_entry.parse_args(["--checkpoint", last]))
-    assert weights == os.path.join(last, rundir.WEIGHTS) and kind == "raw"
+    run = open_run(last)
+    cfg, weights, kind = run.cfg, run.weights, run.weights_kind
+    assert weights == os.path.join(last, rundir.WEIGHTS) and kind == "raw" and run.source == CHECKPOINT
+    assert run.run_dir == os.path.abspath(resumed_run)
     assert cfg == load_run_config(resumed_run)  # the last checkpoint was trained with the run's final config
-    cfg, weights, kind = eval_entry.resolve(eval_entry.parse_args(["--checkpoint", last, "--ema"]))
+    run = open_run(last, ema=True)
+    cfg, weights, kind = run.cfg, run.weights, run.weights_kind
     assert weights == os.path.join(last, rundir.EMA_WEIGHTS) and kind == "ema"
     # the final checkpoint holds the exported weights: both evaluations agree exactly
     out_run, out_ckpt = str(tmp_path / "run.json"), str(tmp_path / "ckpt.json")
@@ -358,7 +361,7 @@ def test_eval_takes_a_checkpoint_directory_of_a_run(resumed_run, tmp_path, capsy
     # an earlier checkpoint is evaluated with the config that trained it (its fingerprint), not the
     # run's later one: the first epoch ran at optim.lr 5e-3 for one epoch
     assert steps == [5, 8, 10, 15, 16]
-    cfg, _, _ = eval_entry.resolve(eval_entry.parse_args(["--checkpoint", first]))
+    cfg = open_run(first).cfg
     assert (cfg.optim.lr, cfg.optim.epochs) == (5e-3, 1)
 
 

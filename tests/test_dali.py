@@ -204,7 +204,7 @@ def test_eval_geometry_matches_torchvision():
 def test_backend_config_errors_are_one_line(tmp_path, monkeypatch, mixed):
     from configs import config_from_dict
 
-    with pytest.raises(UserError) as e:  # checked once, when the config loads (issue 16: no re-checks)
+    with pytest.raises(UserError) as e:  # checked once, when the config loads (no re-checks)
         config_from_dict({"data": {"dataset": "imagefolder", "root": str(mixed), "backend": "dail"}})
     assert "\n" not in str(e.value) and "pil, dali, auto" in str(e.value)
     with pytest.raises(UserError) as e:

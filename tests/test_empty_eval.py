@@ -1,4 +1,4 @@
-"""An empty validation split (issue 19): with data.skip_corrupt=true and every val image undecodable,
+"""An empty validation split: with data.skip_corrupt=true and every val image undecodable,
 train's evaluation and eval.py report null metrics (not top1 0 / loss 0 with n=0) with a warning
 line, and the training stops with exit 2 after the epoch's checkpoint unless train.allow_empty_eval."""
 import csv

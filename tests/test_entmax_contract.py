@@ -1,4 +1,4 @@
-"""The `entmax` package's numerical contract (issue 17): alpha-entmax and its loss for every
+"""The `entmax` package's numerical contract: alpha-entmax and its loss for every
 alpha >= 1 (alpha > 2 too), float or tensor alpha, scalar or per row, on both threshold paths.
 
 The reference is an independent float64 bisection written here (300 halvings of the bracket
@@ -212,13 +212,14 @@ def test_learned_alpha_head_keeps_its_open_interval():
 def test_learned_alpha_head_takes_the_short_search_and_stays_exact(dtype, path, monkeypatch):
     """A learned alpha is a tensor in (1, 2): the head asks for the short bisection (12 / 20 steps),
     which the device path could not choose alone, and the result still meets the reference."""
-    from models import registry
+    from models import mapping_table, registry
     from models.heads import build_output_head
     from models.thresholds_device import default_n_iter
 
     asked = []
-    real = registry._entmax_bisect_steps
-    monkeypatch.setattr(registry, "_entmax_bisect_steps", lambda z, s: asked.append(real(z, s)) or asked[-1])
+    real = mapping_table.entmax_bisect_steps
+    for module in (mapping_table, registry):  # the mapping's and the loss's
+        monkeypatch.setattr(module, "entmax_bisect_steps", lambda z, s: asked.append(real(z, s)) or asked[-1])
     h = build_output_head("entmax_bisect", alpha=1.3, learn_alpha=True).to(dtype)
     x = _logits(dtype)
     with threshold_path(path):

@@ -132,8 +132,9 @@ def test_user_errors_are_one_line(tmp_path, capsys):
     err = _cli_error(capsys, ["--checkpoint", run, "model.name=resmlp_cifar_s12"])
     assert "checkpoint" in err
     # --ema picks the run's EMA export
-    import eval as eval_entry
-    cfg, path, kind = eval_entry.resolve(eval_entry.parse_args(["--checkpoint", run, "--ema"]))
+    from engine.trained_run import open_run
+    opened = open_run(run, ema=True)
+    cfg, path, kind = opened.cfg, opened.weights, opened.weights_kind
     assert path == os.path.join(run, "model_ema.safetensors") and kind == "ema"
     assert cfg.head.name == "sparsemax" and cfg.data.calib_fraction == 0.25
     # A config key typo is caught by the config loader
@@ -267,15 +268,14 @@ def test_ood_detection_and_selective_prediction_in_eval_json():
 def test_aps_seed_differs_per_run():
     """APS's uniforms are seeded per run: each head and each training seed draws its own."""
     import configs
-
-    import eval as eval_entry
+    from engine.trained_run import aps_seed
 
     seeds = {h: _load(os.path.join(tiny_run_dir(h), "eval.json"))["prediction_sets"]["calibration"]["aps_seed"]
              for h in ("softmax", "sparsemax")}
     assert seeds["softmax"] != seeds["sparsemax"]
     cfg = configs.load_run_config(tiny_run_dir("softmax"), [])
-    assert eval_entry.aps_seed(cfg) == seeds["softmax"]
-    assert eval_entry.aps_seed(configs.load_run_config(tiny_run_dir("softmax"), ["train.seed=1"])) != seeds["softmax"]
+    assert aps_seed(cfg) == seeds["softmax"]
+    assert aps_seed(configs.load_run_config(tiny_run_dir("softmax"), ["train.seed=1"])) != seeds["softmax"]
 
 
 def test_ood_user_errors_are_one_line(capsys):

@@ -1,4 +1,4 @@
-"""scripts/export.py (issue 17, item 3): ONNX and TorchScript exports of every head, checked
+"""scripts/export.py: ONNX and TorchScript exports of every head, checked
 against eager PyTorch (onnxruntime on CPU for ONNX).
 
 Tolerance: max |exported - eager| <= 1e-5 on logits and probabilities (float32; the measured
@@ -64,7 +64,7 @@ def run_exported(path, fmt, x):
         return torch.jit.load(str(path))(x)
 
 
-@pytest.mark.parametrize("fmt", export.FORMATS)
+@pytest.mark.parametrize("fmt", export.FILE_FORMATS)
 @pytest.mark.parametrize("head", HEAD_NAMES)
 def test_every_head_exports_probabilities_matching_eager(tmp_path, head, fmt):
     run, model = make_run(tmp_path, head)
@@ -94,7 +94,7 @@ def test_every_head_exports_probabilities_matching_eager(tmp_path, head, fmt):
     assert meta["opset"] == (export.EXPORT_OPSET if fmt == "onnx" else None)
 
 
-@pytest.mark.parametrize("fmt", export.FORMATS)
+@pytest.mark.parametrize("fmt", export.FILE_FORMATS)
 def test_logits_export_and_learned_alpha(tmp_path, fmt):
     run, model = make_run(tmp_path, "entmax_bisect", learn_alpha=True, alpha=1.3)
     with torch.no_grad():
@@ -113,7 +113,8 @@ def test_logits_export_and_learned_alpha(tmp_path, fmt):
     assert (got - probs).abs().max().item() <= TOLERANCE and (probs == 0).any()
     meta = json.loads(out.with_name(out.name + ".json").read_text())
     assert meta["head"]["learn_alpha"] and abs(meta["head"]["alpha"] - float(model.output_head.alpha)) < 1e-6
-    assert sorted(os.listdir(out.parent)) == sorted([out.name, out.name + ".json"])  # no temp files left
+    assert sorted(os.listdir(out.parent)) == sorted([out.name, out.name + ".json", "class_map.txt"])  # no temp files
+    assert (out.parent / "class_map.txt").read_text().splitlines() == CLASSES  # timm's class_map format
 
 
 def test_torchscript_export_keeps_the_input_size_error(tmp_path):
@@ -178,15 +179,16 @@ def test_weights_file_with_model_and_head_flags(tmp_path):
     assert len(meta["classes"]) == 10 and meta["head"] == {"name": "entmax15"}
 
 
-@pytest.mark.parametrize("fmt", export.FORMATS)
-@pytest.mark.parametrize("mapping", ["softmax", "sparsemax"])
+@pytest.mark.parametrize("fmt", export.FILE_FORMATS)
+@pytest.mark.parametrize("mapping", ["softmax", "sparsemax", "ksubset"])
 def test_hopfield_pooling_exports(tmp_path, fmt, mapping):
-    run, model = make_run(tmp_path, "entmax15", model={"pool": "hopfield", "pool_mapping": mapping})
+    pool_k = {"pool_k": 5} if mapping == "ksubset" else {}
+    run, model = make_run(tmp_path, "entmax15", model={"pool": "hopfield", "pool_mapping": mapping, **pool_k})
     run_export(run, fmt, "--head-probabilities")
     x = batch(6)
     with torch.no_grad():
         want = model.output_head(model(x))
-        if mapping == "sparsemax":  # the pooling really is sparse for these weights
+        if mapping != "softmax":  # the pooling really is sparse for these weights
             assert (model.pooling_weights(x) == 0).any()
     diff = (run_exported(run / ("model" + export.SUFFIX[fmt]), fmt, x) - want).abs().max().item()
     print(f"export parity hopfield-{mapping} {fmt}: max abs diff {diff:.2e}")

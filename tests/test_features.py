@@ -1,6 +1,6 @@
 """Cached features (scripts/extract_features.py, data.dataset=features, models/linear_probe.py).
 
-The central check (issue 18): with augmentation off, a linear probe trained on cached features
+The central check: with augmentation off, a linear probe trained on cached features
 equals the frozen-backbone probe trained on the images (model.pretrained + model.freeze=backbone),
 same seed, to fp32 tolerance: the same classifier at step 0, the same final logits on val.
 The source is a tiny builtin10 run trained here; the probes train on builtin100 (a new classifier)."""
@@ -72,10 +72,10 @@ def _final_val_logits(run_dir, features_root=None):
     """Logits on val of the run's final weights, through eval.py's model and loader."""
     import configs
     import data
-    import eval as eval_py
+    from engine.trained_run import build_model
 
     cfg = configs.load_run_config(run_dir, [])
-    model = eval_py.build_model(cfg, os.path.join(run_dir, "model.safetensors"), data.num_classes(cfg.data))
+    model = build_model(cfg, os.path.join(run_dir, "model.safetensors"), data.num_classes(cfg.data))
     loader = data.build_eval_loader(data.build_dataset(cfg.data, "val"), cfg.data, rank=0, world_size=1)
     with torch.no_grad():
         logits = [model(x) for x, _ in loader]
@@ -126,7 +126,7 @@ def test_the_source_classifier_is_fitted_as_the_image_path_fits_it(tmp_path, sou
 def test_features_are_the_pre_logits_of_the_source_in_dataset_order(source, features):
     import configs
     import data
-    import eval as eval_py
+    from engine.trained_run import build_model
 
     meta = json.load(open(os.path.join(features, "features.json")))
     assert meta["feature_dim"] == 128 and meta["counts"] == {"train": 192, "val": 64}
@@ -142,7 +142,7 @@ def test_features_are_the_pre_logits_of_the_source_in_dataset_order(source, feat
     assert shard["labels"].dtype == torch.int64 and torch.equal(shard["index"], torch.arange(50, 100))
     # an independent forward of the val images through the source backbone
     cfg = configs.load_run_config(source, PROBE_DATA)
-    model = eval_py.build_model(configs.load_run_config(source, []), os.path.join(source, "model.safetensors"), 10)
+    model = build_model(configs.load_run_config(source, []), os.path.join(source, "model.safetensors"), 10)
     ds = data.build_dataset(cfg.data, "val")
     x = torch.stack([ds[i][0] for i in range(len(ds))])
     with torch.no_grad():

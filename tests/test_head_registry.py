@@ -1,10 +1,12 @@
-"""The head registry (models/registry.py) is the one source of what a head is (issue 16).
+"""The head registry (models/registry.py) is the one source of what a head is.
 
 Every registered head trains one step, evaluates, and shows up in evaluation and the comparison
 with the sparse flag of its declaration; the config schema, the loader and OutputHead take its
 settings from the declaration; an incomplete declaration is refused.
 """
 import dataclasses
+import os
+import re
 
 import pytest
 import torch
@@ -143,3 +145,25 @@ def test_a_new_declaration_is_a_head_everywhere(monkeypatch):
     torch.testing.assert_close(head(z), torch.softmax(z / 2.0, -1))
     assert head.hparams() == {"temperature_x": 2.0} and torch.isnan(head.alpha)
     assert registry.is_sparse("throwaway_head") is False
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _listed_heads(path, start, stop):
+    """Head names in the text of `path` from the line holding `start` to the first that matches `stop`."""
+    with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+        text = f.read()
+    block = text[text.index(start):]
+    block = block[:re.search(stop, block).start()]
+    return set(re.findall(r"[a-z][a-z0-9_]*", block))
+
+
+@pytest.mark.parametrize("path, start, stop", [
+    ("configs/base.yaml", "# any head of models/registry.py", r"\n  name:"),
+    ("configs/cifar10.yaml", "# any head of models/registry.py", r"\n  name:"),
+    ("models/heads.py", "Each head is one declaration", r"\. "),
+    ("README.md", "| `head.name` | mapping", r"\n\n")])
+def test_every_place_that_lists_the_heads_lists_every_declared_head(path, start, stop):
+    listed = _listed_heads(path, start, stop)
+    assert listed >= set(HEADS), f"{path} does not list {sorted(set(HEADS) - listed)}"

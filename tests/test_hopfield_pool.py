@@ -1,4 +1,4 @@
-"""Hopfield pooling (issue 21, item 3; models/hopfield_pool.py): ξ = Xᵀ entmax(β X q) over the
+"""Hopfield pooling (models/hopfield_pool.py): ξ = Xᵀ entmax(β X q) over the
 final patch tokens, against a float64 reference, average pooling at β = 0, sparse selection,
 gradients, TorchScript / fx, every norm and head, and no host reads on the device path."""
 import warnings
@@ -18,6 +18,8 @@ from models.resmlp import NORMS, create_resmlp
 from sync_guard import no_host_sync
 
 entmax_pkg = pytest.importorskip("entmax")  # the independent reference for the sparse mappings
+K_OF = {"ksubset": 4}  # model.pool_k of the mappings that need one (tests/test_ksubset.py tests ksubset itself)
+ENTMAX_POOLS = [m for m in POOL_MAPPINGS if m not in K_OF]
 
 
 @pytest.fixture(autouse=True)
@@ -49,7 +51,7 @@ def reference_pool(x, query, beta, mapping, alpha=1.5):
 
 
 @pytest.mark.parametrize("heads", [1, 2])
-@pytest.mark.parametrize("mapping", POOL_MAPPINGS)
+@pytest.mark.parametrize("mapping", ENTMAX_POOLS)
 def test_pooling_against_a_float64_reference(mapping, heads):
     pool = HopfieldPooling(8, heads=heads, mapping=mapping, beta=2.0)
     with torch.no_grad():
@@ -64,6 +66,21 @@ def test_pooling_against_a_float64_reference(mapping, heads):
     torch.testing.assert_close(w.sum(-1), torch.ones(3, heads), atol=1e-6, rtol=0)
     if mapping != "softmax":  # a sharp query: some patches are not used at all
         assert (w == 0).any() and torch.equal(w == 0, want_w == 0)
+
+
+@pytest.mark.parametrize("mapping", ENTMAX_POOLS)
+def test_float64_tokens_are_pooled_in_float64(mapping):
+    """float64 in, float64 out, computed in float64: the weights and the pooled feature agree with the
+    float64 reference far below float32's resolution (a float32 softmax would be ~1e-8 off)."""
+    pool = HopfieldPooling(8, heads=2, mapping=mapping, beta=2.0).double()
+    with torch.no_grad():
+        pool.query.normal_(0, 1, generator=torch.Generator().manual_seed(1))
+        x = tokens(dtype=torch.float64)
+        out, w = pool(x), pool.weights(x)
+    assert out.dtype == w.dtype == torch.float64
+    want, want_w = reference_pool(x, pool.query, 2.0, mapping)
+    torch.testing.assert_close(w, want_w, atol=1e-12, rtol=0)
+    torch.testing.assert_close(out, want, atol=1e-12, rtol=0)
 
 
 def test_beta_zero_with_softmax_is_average_pooling():
@@ -106,7 +123,8 @@ def test_a_dominant_patch_is_selected_alone(mapping):
 
 @pytest.mark.parametrize("mapping", POOL_MAPPINGS)
 def test_gradients_reach_the_query_and_every_parameter(mapping):
-    model = create_resmlp("resmlp_tiny", num_classes=4, global_pool="hopfield", pool_mapping=mapping).train()
+    model = create_resmlp("resmlp_tiny", num_classes=4, global_pool="hopfield", pool_mapping=mapping,
+                          pool_k=K_OF.get(mapping)).train()
     with torch.no_grad():
         model.pool.query.mul_(100)  # sharp enough that the sparse mappings are sparse
     nn.functional.cross_entropy(model(torch.randn(4, 3, 32, 32)), torch.tensor([0, 1, 2, 3])).backward()
@@ -121,7 +139,7 @@ def test_gradients_reach_the_query_and_every_parameter(mapping):
 @pytest.mark.parametrize("mapping", POOL_MAPPINGS)
 def test_script_and_fx_match_eager(mapping, norm):
     model = create_resmlp("resmlp_tiny", num_classes=6, norm=norm, depth=2, embed_dim=16,
-                          global_pool="hopfield", pool_mapping=mapping).eval()
+                          global_pool="hopfield", pool_mapping=mapping, pool_k=K_OF.get(mapping)).eval()
     with torch.no_grad():
         model.pool.query.normal_(0, 2, generator=torch.Generator().manual_seed(2))
     x = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(3))
@@ -163,7 +181,7 @@ def test_pooling_weights_report_the_support():
 
 @pytest.mark.parametrize("mapping", POOL_MAPPINGS)
 def test_no_host_reads_on_the_device_path(mapping):
-    pool = HopfieldPooling(16, heads=2, mapping=mapping)
+    pool = HopfieldPooling(16, heads=2, mapping=mapping, k=K_OF.get(mapping))
     x = tokens(B=4, N=64, D=16).requires_grad_()
     with threshold_path("device"), no_host_sync(block_host_data=True) as guard:
         out = pool(x)

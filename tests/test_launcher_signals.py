@@ -1,4 +1,4 @@
-"""Signals pass through the launchers (issue 19): a real SIGTERM to scripts/compare_heads.py reaches
+"""Signals pass through the launchers: a real SIGTERM to scripts/compare_heads.py reaches
 its train.py child, which saves and stops; compare_heads exits with the child's code (143), no
 child is left (checked with `ps`), the run lock is released and the same command then resumes
 and finishes. A second signal kills the children at once (--jobs 2). engine.children's own rules

@@ -53,3 +53,63 @@ def test_the_checker_sees_relative_and_function_level_imports(tmp_path):
     path = tmp_path / "m.py"
     path.write_text("from . import x\ndef f():\n    import engine.checkpoint\n    from configs.loader import y\n")
     assert project_imports(str(path), "models") == {"models", "engine", "configs"}
+
+
+# ------------------------------------------------------------------------------------------ entry points
+def _is_command(path):
+    """A module run as a command: it has an `if __name__ == "__main__":` block."""
+    with open(path) as f:
+        return '__name__ == "__main__"' in f.read()
+
+
+# The commands: train.py, eval.py, predict.py and every script with a main block (a module of
+# scripts/ without one, e.g. compare_progress.py, is a helper of the scripts beside it).
+SCRIPTS = sorted(n[:-3] for n in os.listdir(os.path.join(ROOT, "scripts"))
+                 if n.endswith(".py") and _is_command(os.path.join(ROOT, "scripts", n)))
+ENTRY_POINTS = {"train.py": "train", "eval.py": "eval", "predict.py": "predict",
+                **{f"scripts/{name}.py": name for name in SCRIPTS}}
+# Entry points still imported by another, each as the library it is for that one importer:
+# train.py's setup/train_step (the distillation benchmark times the real training step) and
+# compare_worker's launcher side (compare_heads starts and drives the workers it serves).
+IMPORTED_ENTRY_POINTS = {("scripts/bench_distill.py", "train"), ("scripts/compare_heads.py", "compare_worker")}
+
+
+def imported_names(path):
+    """Every module name an import statement of `path` names (`a.b` for `import a.b`, `from a.b import c`)."""
+    with open(path) as f:
+        tree = ast.parse(f.read(), filename=path)
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names.add(node.module or "")
+    return names
+
+
+def entry_points_imported_by(path):
+    out = set()
+    for name in imported_names(path):
+        top = name.split(".")[0]
+        if top in ("train", "eval", "predict") or top in SCRIPTS:
+            out.add(top)
+        elif top == "scripts" and "." in name:
+            out.add(name.split(".")[1])
+    return out
+
+
+def test_no_entry_point_imports_another():
+    """Opening a run, evaluating and training are library code (engine/, evaluation/); the commands
+    call it, never one another (a command that runs another starts it as a child process)."""
+    found = {(rel, name) for rel in ENTRY_POINTS for name in entry_points_imported_by(os.path.join(ROOT, rel))}
+    assert found == IMPORTED_ENTRY_POINTS
+    for package in FORBIDDEN:  # nor does any library module (the package rules above say it for eval/predict)
+        for path in modules(package):
+            assert not entry_points_imported_by(path) & set(SCRIPTS), path
+
+
+def test_the_entry_point_checker_sees_every_form(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("import eval as e\ndef f():\n    from compare_worker import x\n    import scripts.export\n"
+                    "    from engine.trained_run import open_run\n")
+    assert entry_points_imported_by(str(path)) == {"eval", "compare_worker", "export"}

@@ -1,4 +1,4 @@
-"""The device path of every mapping and loss never reads a value on the host (issue 11).
+"""The device path of every mapping and loss never reads a value on the host.
 
 Everything runs on CPU tensors with the device path forced (models.mappings.threshold_path) under
 tests/sync_guard.py, which fails on each op that would make the host wait for the GPU on CUDA.
@@ -20,6 +20,7 @@ from models.heads import (
     sparsemax,
     sparsemax_loss,
 )
+from models.ksubset import ksubset, ksubset_loss
 from models.mappings import threshold_path
 from sync_guard import BLOCKED_OPS, HostSyncError, no_host_sync
 
@@ -327,3 +328,13 @@ def test_perturbmax_without_host_reads(noise):
         _run_guarded(lambda v: head.loss(v, target, **kw), x)
     head.eval()
     _run_guarded(lambda v: head.loss(v, targets["hard"][0]), x)
+
+
+def test_ksubset_mapping_and_loss_without_host_reads():
+    x = torch.randn(6, 40, generator=torch.Generator().manual_seed(6)).requires_grad_()
+    x.data[0, :5] = float("-inf")
+    idx = torch.arange(12).view(6, 2) + 10
+    with threshold_path("device"), no_host_sync(block_host_data=True) as guard:
+        out = ksubset(x, 4).mul(torch.linspace(-1, 1, 40)).sum() + ksubset_loss(x, idx, 2)
+        (grad,) = torch.autograd.grad(out, x)
+    assert not guard.violations and torch.isfinite(grad).all()

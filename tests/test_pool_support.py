@@ -1,4 +1,4 @@
-"""Pooling support of hopfield-pooled models (issue 21, item 3): eval.py's summary, per-example
+"""Pooling support of hopfield-pooled models: eval.py's summary, per-example
 records and support maps, computed in the evaluation's own forward pass; the comparison report's
 section and support-map PNG (hopfield runs only); average pooling unchanged.
 
@@ -62,10 +62,10 @@ def _result(run):
 def _model_and_val(run):
     """The run's model (as eval.py builds it) and its val images in dataset order."""
     import configs
-    import eval as eval_entry
+    from engine.trained_run import build_model
 
     cfg = configs.load_run_config(run, [])
-    model = eval_entry.build_model(cfg, os.path.join(run, rundir.WEIGHTS), data.num_classes(cfg.data))
+    model = build_model(cfg, os.path.join(run, rundir.WEIGHTS), data.num_classes(cfg.data))
     loader = data.build_eval_loader(data.build_dataset(cfg.data, "val"), cfg.data, rank=0, world_size=1)
     images = torch.cat([x for x, _ in loader])
     return cfg, model, images

@@ -181,7 +181,7 @@ def test_images_that_cannot_match_the_model_are_refused(tmp_path, one_line_error
     (tmp_path / "other.yaml").write_text(config)
     line = one_line_error("predict", ["--checkpoint", weights, "--config", str(tmp_path / "other.yaml"),
                            "--images", images, "--output", out])
-    assert "was trained at 32 px" in line and "set data.image_size=32" in line  # one image-size key (issue 16)
+    assert "was trained at 32 px" in line and "set data.image_size=32" in line  # one image-size key
 
 
 def test_stale_thresholds_are_not_used(tmp_path, val_images):

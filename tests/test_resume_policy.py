@@ -73,7 +73,7 @@ def test_frozen_keys_are_refused_even_with_the_flag(section, key, new):
 
 
 def test_derived_values_are_checked_and_legacy_fingerprints_are_compared_on_what_they_hold():
-    # a changed global batch: refused without the flag, applied with it (issue 19: the lr and schedule follow)
+    # a changed global batch: refused without the flag, applied with it (the lr and schedule follow)
     with pytest.raises(UserError, match="run.global_batch=256 -> 512"):
         rp.check_resume_changes(_fp(_cfg_dict()), _fp(_cfg_dict(), global_batch=512), checkpoint="ck")
     accepted = rp.check_resume_changes(_fp(_cfg_dict()), _fp(_cfg_dict(), global_batch=512), checkpoint="ck",
@@ -174,7 +174,7 @@ def test_change_record_and_config_history(tmp_path):
                                 rp.history_entry(second, step=40, checkpoint="checkpoints/step_000000040"))
     data = yaml.safe_load(open(path))
     assert data["optim"]["lr"] == 3e-2 and data["optim"]["epochs"] == 450
-    # the history lives beside config.yaml (issue 16), which stays a plain config
+    # the history lives beside config.yaml, which stays a plain config
     assert "history" not in data and data == json.loads(json.dumps(_cfg_dict(optim={"lr": 3e-2, "epochs": 450})))
     history = yaml.safe_load(open(tmp_path / rp.CONFIG_HISTORY_NAME))
     assert [h["step"] for h in history] == [16, 40]
@@ -216,7 +216,7 @@ def test_a_broken_history_is_one_line(tmp_path):
 
 
 def test_resume_tables_are_the_schema_metadata():
-    """RESUME_ALLOWLIST / FROZEN_KEYS / OPTIM_KEYS come from the schema's field metadata (issue 16)."""
+    """RESUME_ALLOWLIST / FROZEN_KEYS / OPTIM_KEYS come from the schema's field metadata."""
     from configs.schema import FREE, FROZEN, OPTIMIZER, schema_fields
 
     for key, (f, _) in schema_fields().items():
@@ -225,7 +225,7 @@ def test_resume_tables_are_the_schema_metadata():
         assert (key in rp.FROZEN_KEYS) == (resume == FROZEN), key
         assert (key in rp.OPTIM_KEYS) == (resume == OPTIMIZER), key
     assert rp.FROZEN_KEYS - set(schema_fields()) == {"run.num_classes"}
-    assert rp.OPTIM_KEYS - set(schema_fields()) == {"run.global_batch"}  # issue 19: the lr follows it
+    assert rp.OPTIM_KEYS - set(schema_fields()) == {"run.global_batch"}  # the lr follows it
     # the facts the tables held before they were derived
     assert {"name", "train.output_dir", "train.compile", "data.root", "data.num_workers"} <= rp.RESUME_ALLOWLIST
     assert {"model.name", "model.norm", "head.name", "data.image_size", "train.seed", "optim.name"} <= rp.FROZEN_KEYS
@@ -244,7 +244,7 @@ def test_a_checkpoint_fingerprint_gives_back_its_config():
 # ----------------------------------------------------------------------------- world-independent epoch state
 def test_epoch_partial_is_per_update_and_legacy_sums_over_ranks_are_divided_by_their_world():
     assert rp.saved_epoch_partial({"epoch_partial": {"loss_sum": 6.0, "updates": 3}}) == [6.0, 3.0]
-    # before issue 19: the sums over 2 ranks, each update counted once per rank
+    # as an older version recorded them: the sums over 2 ranks, each update counted once per rank
     assert rp.saved_epoch_partial({"epoch_loss": [12.0, 6.0], "world_size": 2}) == [6.0, 3.0]
     assert rp.saved_epoch_partial({}) == [0.0, 0.0]
 

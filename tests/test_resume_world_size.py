@@ -1,4 +1,4 @@
-"""Resume across world sizes (issue 19): a run stopped by SIGTERM mid-epoch on N processes and resumed
+"""Resume across world sizes: a run stopped by SIGTERM mid-epoch on N processes and resumed
 on M (`accelerate launch --multi_gpu`, gloo on CPU) with the same global batch continues exactly:
 every update is logged once, and epochs.csv's epoch loss is the mean of the epoch's logged update
 losses (metrics.jsonl) to 1e-6 relative. Before the fix, the checkpoint's partial sums were counted

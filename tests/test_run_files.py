@@ -1,4 +1,4 @@
-"""Files on disk (issues 16 and 19): the one run-directory naming (one EMA name, the old one still
+"""Files on disk: the one run-directory naming (one EMA name, the old one still
 read), deleting that never follows a link and refuses before deleting anything, and the one atomic,
 error-mapped writer: read-only and full filesystems (a small tmpfs mounted here when running as
 root, skipped with the reason otherwise), a path through a file, a kill in the middle of eval.csv,

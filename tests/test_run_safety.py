@@ -1,4 +1,4 @@
-"""train.py never loses or mixes a run (issue 10), on tiny in-process runs and real processes:
+"""train.py never loses or mixes a run, on tiny in-process runs and real processes:
 the run lock against a concurrent run (and its --overwrite), refusals of a destructive fresh start,
 resume with a changed config (refused, or applied for real with --resume-with-changes), fallback
 from a corrupt checkpoint, a full disk during a save, the nonfinite=skip budget with pruning that
@@ -128,7 +128,7 @@ def test_changed_lr_is_refused_then_applied_for_real_with_the_flag(finished, tmp
     change = [r for r in rows if r["kind"] == "config_change"]
     assert len(change) == 1 and change[0]["step"] == 8
     assert change[0]["changes"]["optim.lr"] == {"old": 5e-3, "new": 2e-2}
-    with open(os.path.join(run, rp.CONFIG_HISTORY_NAME)) as f:  # beside config.yaml (issue 16)
+    with open(os.path.join(run, rp.CONFIG_HISTORY_NAME)) as f:  # beside config.yaml
         history = yaml.safe_load(f)
     assert len(history) == 1 and history[0]["changes"]["optim.epochs"] == {"old": 1, "new": 2}
     assert history[0]["step"] == 8 and history[0]["flag"] == rp.RESUME_FLAG

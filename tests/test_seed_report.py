@@ -6,7 +6,7 @@ import matplotlib
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-from evaluation import comparison, plots, sanity
+from evaluation import comparison, plots, sanity, statistics
 from synthetic_comparison import QUICKSTART_LIKE, synthetic_variants
 
 MINUS = "\u2212"
@@ -31,7 +31,8 @@ def test_one_verdict_per_head_across_trainings_with_the_details_in_tables(quicks
         assert verdict.startswith(f"{variant} {MINUS} {baseline} top-1 across 3 trainings: ")
         # 3 seeds of +2-3 pt with a 1-2 pt seed s.d.: not resolvable, with the seeds it would take
         assert not top1["significant"] and top1["t_low"] < 0 < top1["t_high"]
-        assert "not resolvable with 3 seeds" in verdict and f"needs ≥ {top1['seeds_needed']} seeds" in verdict
+        assert "not resolvable with 3 seeds" in verdict and "plan seeds from a pilot" in verdict
+        assert f"MDD {statistics.two_figures(100 * top1['mdd_low'])}–" in verdict
         per_seed = [a["flat"]["top1"] - b["flat"]["top1"] for a, b in zip(variants[variant], variants[baseline])]
         assert top1["per_seed"] == pytest.approx(per_seed, abs=1e-9)
     assert md.index("## Verdicts") < md.index("### (a) Across trainings") < md.index("### (b) Given these trainings")
@@ -55,7 +56,9 @@ def test_budget_guard_says_the_verdict_is_about_a_fixed_budget(quickstart_like):
     for runs in flat_variants.values():  # the last evaluation is the run's top-1: level it with epoch 3
         for run in runs:
             run["curve"][2] = (3, run["curve"][3][1])
-    assert comparison.budget_lines(flat_variants)[0].startswith("Budget: validation top-1 had levelled off")
+    flat_line = comparison.budget_lines(flat_variants)[0]
+    assert flat_line.startswith("Budget: no rise beyond noise between the last epochs for any head")
+    assert "artefact" not in flat_line and "artefact" not in budget
 
 
 def test_chance_level_head_gets_no_comparison():

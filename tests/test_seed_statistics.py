@@ -47,6 +47,51 @@ def test_minimum_detectable_difference_and_seeds_needed_are_the_80_percent_point
     assert st.seeds_needed(0.0, sd) is None and st.seeds_needed(1e-6, sd) is None  # > 1000 seeds
 
 
+def _scipy_power(diff, sd, n, alpha=0.05):
+    """Power of the two-sided paired t-test from scipy's non-central t."""
+    from scipy import stats
+
+    crit, nc = stats.t.ppf(1 - alpha / 2, n - 1), diff * math.sqrt(n) / sd
+    return stats.nct.sf(crit, n - 1, nc) + stats.nct.sf(crit, n - 1, -nc)  # the lower tail by symmetry
+
+
+def _scipy_mdd(sd, n, power=0.8):
+    from scipy import optimize
+
+    high = sd
+    while _scipy_power(high, sd, n) < power:
+        high *= 2
+    return optimize.brentq(lambda d: _scipy_power(d, sd, n) - power, 1e-9 * sd, high, xtol=1e-12 * sd)
+
+
+@pytest.mark.parametrize("n_seeds", [3, 5, 10])
+def test_power_ranges_come_from_the_sds_chi2_interval(n_seeds):
+    """The verdict's s.d. interval, MDD range and seeds range against scipy's χ² and non-central t."""
+    from scipy import stats
+
+    rng = np.random.default_rng(n_seeds)
+    n = 200
+    a = {"correct": rng.random(n_seeds * n) < 0.8}
+    b = {"correct": rng.random(n_seeds * n) < np.repeat(rng.uniform(0.7, 0.8, n_seeds), n)}
+    r = st.across_trainings(a, b, groups=np.repeat(np.arange(n_seeds), n), example_ids=np.tile(np.arange(n), n_seeds),
+                            metrics=["top1"], n_boot=20)["top1"]
+    sd, nu = r["sd"], n_seeds - 1
+    low, high = sd * math.sqrt(nu / stats.chi2.ppf(0.975, nu)), sd * math.sqrt(nu / stats.chi2.ppf(0.025, nu))
+    assert (r["sd_low"], r["sd_high"]) == pytest.approx((low, high), rel=1e-9)
+    assert (r["mdd_low"], r["mdd_high"]) == pytest.approx((_scipy_mdd(low, n_seeds), _scipy_mdd(high, n_seeds)),
+                                                          rel=1e-4)
+    for s, needed in ((low, r["seeds_needed_low"]), (high, r["seeds_needed_high"])):
+        if needed is not None and needed < 200:  # the fewest seeds with 80% power (scipy) for the mean
+            assert _scipy_power(r["difference"], s, needed) >= 0.8 - 1e-6
+            assert needed == 2 or _scipy_power(r["difference"], s, needed - 1) < 0.8 + 1e-6
+    if not r["significant"]:
+        text = st.describe_across_trainings(r, "a", "b")
+        assert (f"with {n_seeds} seeds the seed s.d. is known only to [{100 * low:.1f}, {100 * high:.1f}] pt "
+                f"(95% χ² interval): MDD {st.two_figures(100 * r['mdd_low'])}–{st.two_figures(100 * r['mdd_high'])} "
+                f"pt (80% power, non-central t)") in text
+        assert text.endswith("plan seeds from a pilot") and "needs ≥" not in text
+
+
 # ---- sign flips -----------------------------------------------------------------------------------
 def _brute_force_sign_flip(d):
     d = list(d)
@@ -188,14 +233,18 @@ def test_issue_numbers_give_the_not_resolvable_sentence():
     r = {"metric": "top1", "per_seed": [0.0405, 0.0120, 0.0415], "n_seeds": 3, "level": 0.95, "power": 0.8}
     mean, sd, low, high = st.t_interval(r["per_seed"])
     r.update(difference=mean, sd=sd, t_low=low, t_high=high, sign_flip_p=st.sign_flip_p_value(r["per_seed"]),
-             min_sign_flip_p=0.25, mdd=st.min_detectable_difference(sd, 3), seeds_needed=st.seeds_needed(mean, sd),
-             significant=bool(low > 0 or high < 0))
+             min_sign_flip_p=0.25, significant=bool(low > 0 or high < 0))
+    sd_low, sd_high = st.sd_interval(sd, 3)
+    r.update(sd_low=sd_low, sd_high=sd_high, mdd_low=st.min_detectable_difference(sd_low, 3),
+             mdd_high=st.min_detectable_difference(sd_high, 3), seeds_needed_low=st.seeds_needed(mean, sd_low),
+             seeds_needed_high=st.seeds_needed(mean, sd_high))
     text = st.describe_across_trainings(r, "sparsemax", "softmax")
     assert text.startswith(f"sparsemax {MINUS} softmax top-1 across 3 trainings: +3.1 pt [{MINUS}1.0, +7.3] "
                            "(t-interval over seeds; sign-flip p = 0.25), not significant at 5%: not resolvable "
-                           "with 3 seeds; the per-seed differences have s.d. 1.7 pt")
-    assert f"only differences above ~{100 * r['mdd']:.1f} pt" in text
-    assert text.endswith(f"one of +3.1 pt needs ≥ {r['seeds_needed']} seeds") and r["seeds_needed"] > 3
+                           "with 3 seeds; the per-seed differences have s.d. 1.7 pt, but with 3 seeds the seed "
+                           "s.d. is known only to [0.9, 10.5] pt (95% χ² interval): MDD 2.8–34 pt (80% power, "
+                           "non-central t); were the true difference the observed +3.1 pt, it would take ")
+    assert text.endswith(f"{r['seeds_needed_low']}–{r['seeds_needed_high']} seeds; plan seeds from a pilot")
     # a consistent difference: significant by the t-interval, but 3 seeds cannot confirm it by sign flips
     r.update(per_seed=[0.030, 0.031, 0.029], difference=0.03, t_low=0.0275, t_high=0.0325, significant=True)
     text = st.describe_across_trainings(r, "sparsemax", "softmax")

@@ -1,4 +1,4 @@
-"""timm's model contract for our ResMLP (issue 17, item 1): TorchScript, torch.fx, features_only,
+"""timm's model contract for our ResMLP: TorchScript, torch.fx, features_only,
 forward_intermediates / prune_intermediate_layers and gradient checkpointing, for every variant
 and every norm.
 
@@ -193,6 +193,39 @@ def test_features_only_for_every_variant(name):
         torch.testing.assert_close(g.flatten(2).transpose(1, 2), w)
     default = timm.create_model(name, features_only=True, **SHRUNK)
     assert default.feature_info.module_name() == ["blocks.0", "blocks.1", "blocks.2"]  # the last 3, as timm's Mixer
+
+
+class EarlyFinal(nn.Module):
+    """The final features after block 1 with stop_early (forward_intermediates compiled by script)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        out = self.model.forward_intermediates(x, indices=[1], stop_early=True, output_fmt="NLC")
+        assert isinstance(out, tuple)
+        return out[0]
+
+
+# every variant, and every norm across them (scripting compiles the norm's module; sizes do not matter to it)
+@pytest.mark.parametrize("name,norm", [(name, NORMS[i % len(NORMS)]) for i, name in enumerate(MODEL_NAMES)])
+def test_features_only_scripts_and_traces(name, norm):
+    """A features_only model goes through torch.jit.script and torch.fx as timm's own Mixer does,
+    and stop_early holds in a scripted forward_intermediates."""
+    model = small(name, norm).eval()
+    features = timm.create_model(name, features_only=True, out_indices=(0, -1), norm=norm, **SHRUNK).eval()
+    features.model.load_state_dict(model.state_dict(), strict=False)
+    x = images(model, 2)
+    with torch.no_grad():
+        want = features(x)
+        for built in (torch.jit.script(features), torch.fx.symbolic_trace(features)):
+            got = built(x)
+            assert len(got) == 2
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-6)
+        early = torch.jit.script(EarlyFinal(model))(x)
+        torch.testing.assert_close(early, model.norm(blocks_by_hand(model, x)[1]), atol=1e-6, rtol=1e-6)
 
 
 def test_forward_intermediates_against_the_blocks():

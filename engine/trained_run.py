@@ -1,0 +1,253 @@
+"""Open a trained thing: a train.py run directory, one of its checkpoints, or a weights file.
+
+Every command that reads trained weights (eval.py, predict.py, scripts/export.py,
+scripts/extract_features.py, the benchmarks) opens them here, so they agree on what a path means:
+
+- RUN_DIR: its resolved config (config.yaml, or --config instead), model.safetensors or, with
+  ema=True, model_ema.safetensors, and its classes.json;
+- RUN_DIR/checkpoints/step_N: its weights (model_ema.safetensors with ema=True) and the config that
+  trained them (the fingerprint in its trainer_state.json), the run's classes.json;
+- a weights file (.safetensors/.pth: this project's, timm's or the original FB/DeiT format): the
+  config comes from `config=` or from `model=` (with `head=`, `img_size=`; the variant's own image
+  size by default), the classes from the configured dataset.
+
+`open_run(path, config=, model=, head=, img_size=, ema=, overrides=)` -> TrainedRun: the resolved
+config, the weights file and kind (raw | ema | file), the classes, the evaluation transform (the
+one builder of data/transforms.py, the transform eval.py's data pipeline applies) and the built
+model. `add_run_arguments` is the one argparse group of those flags, `open_from_args` its reader,
+`parse_with_overrides` the `key.sub=value` / `--key.sub value` overrides every command takes.
+A path that cannot be opened is one UserError line naming the cause and the fix.
+"""
+import dataclasses
+import os
+from typing import List, Optional
+
+from PIL import Image
+
+import configs
+import data
+import models
+from common import rundir
+from common.errors import UserError
+from common.seeding import mix_seed
+from common.weights import load_into, read_state_dict
+from configs.loader import apply_overrides, config_to_dict
+from data.classes import load_class_names
+from data.transforms import build_eval_transform, eval_transform
+from models.convert import convert_state_dict
+from models.pretrained import weights_patch_grid
+from models.resmlp import VARIANTS
+
+from . import checkpoint as ck
+from .feature_probe import build_eval_probe
+from .resume_policy import fingerprint_config
+from .run_status import missing_weights_error
+
+# what was opened
+RUN, CHECKPOINT, FILE = "run", "checkpoint", "file"
+DEFAULT_IMG_SIZE = 224  # a weights file's image size for a model name that is not one of VARIANTS
+
+
+@dataclasses.dataclass
+class TrainedRun:
+    path: str  # as given
+    source: str  # RUN | CHECKPOINT | FILE
+    cfg: "configs.Config"
+    weights: str  # the weights file
+    weights_kind: str  # raw | ema | file
+
+    @property
+    def run_dir(self) -> Optional[str]:
+        """The run directory (a checkpoint's run), None for a weights file."""
+        return None if self.source == FILE else run_dir_of(self.path)
+
+    def run_classes(self) -> Optional[List[str]]:
+        """The class names the run trained on (classes.json), None for a weights file or an old run."""
+        return load_class_names(self.run_dir) if self.run_dir is not None else None
+
+    def classes(self) -> List[str]:
+        """The run's class names, else the configured dataset's."""
+        names = self.run_classes()
+        return names if names is not None else list(data.class_names(self.cfg.data))
+
+    def eval_transform(self, native_size=None):
+        """The evaluation transform of the run's data config as torchvision runs it (files of any size
+        when native_size is None; data/transforms.py eval_transform describes it), checked to give the
+        model's input size."""
+        transform = build_eval_transform(self.cfg.data, native_size)
+        size = self.cfg.model.img_size
+        probe = transform(Image.new("RGB", (37, 53)))  # an odd, non-square size
+        if tuple(probe.shape) != (3, size, size):
+            raise UserError(f"the eval transform (data.train_crop={self.cfg.data.train_crop}) gives "
+                            f"{tuple(probe.shape)} images, the model takes (3, {size}, {size})")
+        return transform
+
+    def build_model(self, num_classes=None):
+        """The model in eval mode with the weights loaded (num_classes: len(classes()) by default)."""
+        return build_model(self.cfg, self.weights, len(self.classes()) if num_classes is None else num_classes)
+
+
+# ------------------------------------------------------------------------------------------ opening
+def open_run(path, *, config=None, model=None, head=None, img_size=None, ema=False, overrides=()) -> TrainedRun:
+    """Open a run directory, a checkpoint directory or a weights file (module docstring).
+    `overrides`: `key.sub=value` strings applied after model/head/img_size."""
+    if not os.path.exists(path):
+        raise UserError(f"checkpoint not found: {path} (give a train.py run directory or a weights file)")
+    flags = _flag_overrides(model, head, img_size) + list(overrides)
+    if is_checkpoint_dir(path):
+        return _open_checkpoint_dir(path, config, ema, flags)
+    if os.path.isdir(path):
+        name = rundir.EMA_WEIGHTS if ema else rundir.WEIGHTS
+        weights = os.path.join(path, name)
+        if not os.path.isfile(weights):
+            if ema and os.path.isfile(os.path.join(path, rundir.WEIGHTS)):
+                raise UserError(f"{path} has no {rundir.EMA_WEIGHTS} (trained with train.ema=false?); drop --ema")
+            raise missing_weights_error(path, name)
+        cfg = configs.load_config(config, flags) if config else configs.load_run_config(path, flags)
+        return TrainedRun(path, RUN, cfg, weights, "ema" if ema else "raw")
+    if ema:
+        raise UserError(f"--ema selects {rundir.EMA_WEIGHTS} inside a run directory; "
+                        "for a weights file, pass that file itself")
+    if config:
+        return TrainedRun(path, FILE, configs.load_config(config, flags), path, "file")
+    if not model:
+        raise UserError(f"{path} is a weights file: say what to build with --config CFG.yaml "
+                        f"or --model NAME (e.g. --model resmlp_s12 --dataset imagefolder --data-root DIR)")
+    if not img_size:
+        flags = _flag_overrides(model, head, VARIANTS.get(model, {}).get("img_size", DEFAULT_IMG_SIZE)) + list(overrides)
+    name = os.path.splitext(os.path.basename(path))[0]
+    cfg = configs.config_from_dict({}, default_name=name)
+    cfg = configs.config_from_dict(apply_overrides(config_to_dict(cfg), flags), default_name=cfg.name)
+    return TrainedRun(path, FILE, cfg, path, "file")
+
+
+def _open_checkpoint_dir(path, config, ema, flags):
+    """RUN/checkpoints/step_N: its weights, with the config that trained it (the fingerprint in its
+    trainer_state; the run's config.yaml when the state holds none)."""
+    weights = rundir.ema_weights(path) if ema else os.path.join(path, rundir.WEIGHTS)
+    if weights is None or not os.path.isfile(weights):
+        why = " (trained with train.ema=false?); drop --ema" if ema else ""
+        raise UserError(f"checkpoint {path} has no {rundir.EMA_WEIGHTS if ema else rundir.WEIGHTS}{why}")
+    saved = ck.read_trainer_state(path).get("config")
+    if config:
+        cfg = configs.load_config(config, flags)
+    elif isinstance(saved, dict):
+        cfg = configs.config_from_dict(apply_overrides(fingerprint_config(saved), flags))
+    else:
+        cfg = configs.load_run_config(run_dir_of(path), flags)
+    return TrainedRun(path, CHECKPOINT, cfg, weights, "ema" if ema else "raw")
+
+
+def _flag_overrides(model=None, head=None, img_size=None):
+    out = []
+    if model:
+        out.append(f"model.name={model}")
+    if head:
+        out.append(f"head.name={head}")
+    if img_size:
+        out.append(f"data.image_size={img_size}")
+    return out
+
+
+def is_checkpoint_dir(path):
+    """A checkpoint of a run (RUN/checkpoints/step_N) rather than the run directory itself."""
+    return os.path.isfile(os.path.join(path, rundir.TRAINER_STATE))
+
+
+def run_dir_of(path):
+    """The run directory of a path: itself, or the run a checkpoint directory belongs to."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(path))) if is_checkpoint_dir(path) else path
+
+
+def build_model(cfg, weights, num_classes):
+    """The classifier `cfg` describes with `weights` loaded (this project's, timm's or FB's format), in
+    eval mode; a linear probe for data.dataset=features. UserError naming a mismatch."""
+    state_dict = read_state_dict(weights)
+    if data.is_features(cfg.data):  # a linear probe on cached features
+        model = build_eval_probe(cfg, num_classes)
+        load_into(model, state_dict, weights)
+        return model.eval()
+    grid = weights_patch_grid(state_dict)
+    if grid is not None and grid[0] != cfg.model.img_size and grid[1] == VARIANTS[cfg.model.name]["patch_size"]:
+        # the token-mixing layers fix the patch count: name the size, not the first mismatched tensor
+        raise UserError(f"{weights} was trained at {grid[0]} px ({grid[2]}x{grid[2]} patches) but the config has "
+                        f"data.image_size={cfg.model.img_size}: set data.image_size={grid[0]}")
+    model = models.create_classifier(cfg.model, cfg.head, num_classes)
+    # UserError naming the first mismatched key
+    load_into(model, convert_state_dict(state_dict, model), weights)
+    # timm reads a model's data config from pretrained_cfg: the run's eval transform, not the variant's
+    model.pretrained_cfg = model.default_cfg = {**model.pretrained_cfg, **eval_transform(cfg.data).timm_config()}
+    return model.eval()
+
+
+def aps_seed(cfg):
+    """The seed of randomized APS's uniforms: one per run (its training seed, head and head settings,
+    model norm), so seeds and heads do not all share one draw (evaluation/conformal.py)."""
+    head = ",".join(f"{k}={v}" for k, v in sorted(config_to_dict(cfg)["head"].items()))
+    return mix_seed("eval-aps", int(cfg.train.seed), head, str(cfg.model.norm))
+
+
+# ------------------------------------------------------------------------------------------ the flags
+def add_run_arguments(parser, *, positional=False, data_flags=False, batch_help="per-process batch size"):
+    """The flags that say what to open, as one argparse group: --checkpoint (or a positional
+    RUN_DIR|WEIGHTS), --config, --model, --head, --img-size, --ema; with data_flags also --dataset,
+    --data-root and --batch-size (overrides of data.dataset, data.root, data.eval_batch_size)."""
+    g = parser.add_argument_group("what to open")
+    what = "train.py run directory, one of its checkpoints (RUN/checkpoints/step_N), or a .safetensors/.pth " \
+           "weights file (with --config or --model)"
+    if positional:
+        g.add_argument("checkpoint", metavar="RUN_DIR|WEIGHTS", help=what)
+    else:
+        g.add_argument("--checkpoint", required=True, metavar="RUN_DIR_OR_WEIGHTS", help=what)
+    g.add_argument("--config", help="YAML config (needed for a weights file unless --model is given; "
+                                    "replaces a run directory's config.yaml)")
+    g.add_argument("--model", help="model name for a weights file without --config (e.g. resmlp_s12)")
+    g.add_argument("--head", help="output head for a weights file without --config (default softmax)")
+    g.add_argument("--img-size", type=int, help="model/data image size (default: the model variant's own, "
+                                                "32 for the CIFAR-size models, 224 otherwise)")
+    g.add_argument("--ema", action="store_true", help="the run's EMA weights (model_ema.safetensors)")
+    if data_flags:
+        g.add_argument("--dataset", help="override data.dataset")
+        g.add_argument("--data-root", help="override data.root")
+        g.add_argument("--batch-size", type=int, help=f"{batch_help} (data.eval_batch_size)")
+    return g
+
+
+def parse_with_overrides(parser, argv, tool):
+    """parser's arguments, with the rest collected into args.overrides (`key.sub=value`);
+    `tool` names the command in the error for anything else ('python eval.py')."""
+    args, rest = parser.parse_known_args(argv)
+    args.overrides = collect_overrides(rest, tool)
+    return args
+
+
+def collect_overrides(rest, tool):
+    """`key.sub=value` and `--key.sub value` / `--key.sub=value` -> ['key.sub=value', ...]."""
+    out, i = [], 0
+    while i < len(rest):
+        item = rest[i]
+        if item.startswith("--") and "." in item.split("=", 1)[0]:
+            if "=" in item:
+                out.append(item[2:])
+            elif i + 1 < len(rest):
+                out.append(f"{item[2:]}={rest[i + 1]}")
+                i += 1
+            else:
+                raise UserError(f"{item} needs a value (e.g. {item} VALUE)")
+        elif not item.startswith("-") and "=" in item:
+            out.append(item)
+        else:
+            raise UserError(f"unrecognized argument '{item}'; see {tool} --help")
+        i += 1
+    return out
+
+
+def open_from_args(args) -> TrainedRun:
+    """open_run from add_run_arguments' flags, with --dataset/--data-root/--batch-size and the
+    collected overrides when the command has them."""
+    data_overrides = []
+    for flag, key in (("dataset", "data.dataset"), ("data_root", "data.root"), ("batch_size", "data.eval_batch_size")):
+        if getattr(args, flag, None):
+            data_overrides.append(f"{key}={getattr(args, flag)}")
+    return open_run(args.checkpoint, config=args.config, model=args.model, head=args.head, img_size=args.img_size,
+                    ema=args.ema, overrides=data_overrides + list(getattr(args, "overrides", [])))

@@ -1,0 +1,183 @@
+"""The export sidecar carries the evaluation transform each recipe really uses: a consumer that
+reads only the sidecar (scripts/onnx_predict.py: onnxruntime, numpy and Pillow; no torch, no timm,
+nothing of this project) gives eval.py's top-1 on every image and the sparse head's supports
+exactly, for the pad recipe on odd-sized folder images, the DeiT (rrc) recipe, the built-in data
+and CIFAR. The consumer runs in its own process, which checks what it imported."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from PIL import Image
+from safetensors.torch import save_file
+
+import data
+from configs.loader import config_from_dict, config_to_dict
+from data.classes import save_class_names
+from models import create_classifier
+from test_data_sources import write_cifar
+from test_train_helpers import ROOT, reset_accelerate_state, subprocess_env
+
+pytest.importorskip("onnxruntime")
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import export  # noqa: E402
+
+CONSUMER = os.path.join(ROOT, "scripts", "onnx_predict.py")
+CLASSES = [f"c{i}" for i in range(10)]
+SIZES = [(37, 53), (50, 33), (32, 32), (41, 41), (90, 31), (33, 47), (64, 48), (35, 35)]
+# recipe -> (data settings, head); the rrc recipe with settings that differ from every default
+RECIPES = {
+    "pad": ({"dataset": "imagefolder", "train_crop": "pad"}, "sparsemax"),
+    "rrc": ({"dataset": "imagefolder", "train_crop": "rrc", "crop_pct": 0.8, "interpolation": "bilinear"}, "entmax15"),
+    "builtin": ({"dataset": "builtin10", "builtin_val_size": 24}, "sparsemax"),
+    "cifar": ({"dataset": "cifar10"}, "sparsemax"),
+}
+
+
+def write_folder(root, n_per_class=3, seed=0):
+    """ROOT/{train,val}/<class>/ of noise images at odd sizes, some gray, some RGBA, some JPEG."""
+    rng = np.random.default_rng(seed)
+    for split in ("train", "val"):
+        for c, name in enumerate(CLASSES):
+            os.makedirs(os.path.join(root, split, name))
+            for j in range(n_per_class if split == "val" else 1):
+                w, h = SIZES[(c + j) % len(SIZES)]
+                pixels = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+                image = Image.fromarray(pixels)
+                image = image.convert(("RGB", "L", "RGBA")[(c + j) % 3])
+                ext = ".jpg" if image.mode != "RGBA" and j == 1 else ".png"
+                image.save(os.path.join(root, split, name, f"{j}{ext}"))
+
+
+def image_files(cfg, folder):
+    """The val images as files in eval.py's order (folder datasets: their own files)."""
+    ds = data.build_dataset(cfg.data, "val")
+    if hasattr(ds, "samples"):
+        return [path for path, _ in ds.samples]
+    os.makedirs(folder)
+    paths = [os.path.join(folder, f"{i:03d}.png") for i in range(len(ds))]
+    for i, path in enumerate(paths):
+        Image.fromarray(ds.images[i].permute(1, 2, 0).numpy()).save(path)
+    return paths
+
+
+def make_run(root, recipe):
+    settings, head = RECIPES[recipe]
+    data_root = os.path.join(root, "data")
+    if settings["dataset"] == "imagefolder":
+        write_folder(data_root)
+    elif settings["dataset"] == "cifar10":
+        write_cifar(data_root, "cifar10", n_train=10, n_test=24)
+    cfg = config_from_dict({"model": {"name": "resmlp_tiny", "img_size": 32},
+                            "data": {**settings, "root": data_root, "image_size": 32, "num_workers": 0,
+                                     "mean": [0.5, 0.4, 0.3], "std": [0.2, 0.25, 0.3]},
+                            "head": {"name": head}})
+    model = create_classifier(cfg.model, cfg.head, len(CLASSES))
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # spread the weights so the sparse heads have zeros and small shifts move the top-1
+        for name, p in model.named_parameters():
+            p.add_(torch.randn(p.shape, generator=g) * (0.5 if name.startswith("head") else 0.05))
+    run = os.path.join(root, "run")
+    os.makedirs(run)
+    with open(os.path.join(run, "config.yaml"), "w") as f:
+        yaml.safe_dump(config_to_dict(cfg), f)
+    names = list(data.class_names(cfg.data))
+    save_class_names(run, names)
+    save_file(model.state_dict(), os.path.join(run, "model.safetensors"))
+    return run, cfg
+
+
+def eval_py(run, output):
+    """eval.py's own per-image records (pred, support_size) and, from its model and dataset, the supports."""
+    import eval as eval_entry
+    from engine.trained_run import open_run
+    from evaluation.examples import load_examples
+
+    reset_accelerate_state()
+    assert eval_entry.main(["--checkpoint", run, "--output", output, "--calib", "none", "--quiet"]) in (0, None)
+    records, _ = load_examples(output.replace(".json", ".examples.safetensors"))
+    opened = open_run(run)
+    cfg, model = opened.cfg, opened.build_model(10)
+    ds = data.build_dataset(cfg.data, "val")
+    with torch.no_grad():
+        probs = model.output_head(model(torch.stack([ds[i][0] for i in range(len(ds))])))
+    supports = [torch.nonzero(p > 0).flatten().tolist() for p in probs]
+    return records["pred"].tolist(), records["support_size"].tolist(), supports
+
+
+CONSUMER_RUN = """
+import json, os, runpy, sys
+root, jobs = sys.argv[1], json.loads(sys.argv[2])
+predict = runpy.run_path(sys.argv[3])["predict"]
+out = {recipe: predict(model, files) for recipe, (model, files) in jobs.items()}
+loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "timm", "torchvision"))
+ours = sorted(getattr(m, "__file__", None) or "" for m in list(sys.modules.values()))
+ours = [f for f in ours if f.startswith(root) and not f.endswith("onnx_predict.py")]
+print(json.dumps({"rows": out, "loaded": loaded, "ours": ours}))
+"""
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory):
+    """Per recipe: eval.py's results and the sidecar-only consumer's, from one consumer process."""
+    jobs, reference = {}, {}
+    for recipe in RECIPES:
+        root = str(tmp_path_factory.mktemp(recipe))
+        run, cfg = make_run(root, recipe)
+        export.main([run, "--format", "onnx", "--head-probabilities"])
+        reference[recipe] = eval_py(run, os.path.join(root, "eval.json"))
+        jobs[recipe] = (os.path.join(run, "model.onnx"), image_files(cfg, os.path.join(root, "files")))
+    env = {k: v for k, v in subprocess_env().items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-c", CONSUMER_RUN, ROOT, json.dumps(jobs), CONSUMER],
+                          capture_output=True, text=True, env=env, cwd=str(tmp_path_factory.getbasetemp()))
+    assert done.returncode == 0, done.stderr
+    return reference, json.loads(done.stdout)
+
+
+def test_the_consumer_imports_neither_torch_nor_timm_nor_the_project(deployed):
+    _, got = deployed
+    assert got["loaded"] == [] and got["ours"] == []
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_sidecar_alone_reproduces_eval_predictions_and_supports(deployed, recipe):
+    reference, got = deployed
+    preds, support_sizes, supports = reference[recipe]
+    rows = got["rows"][recipe]
+    assert len(rows) == len(preds) >= 24
+    assert [r["pred"] for r in rows] == preds  # every image
+    assert [len(r["support"]) for r in rows] == support_sizes
+    assert [r["support"] for r in rows] == supports
+    assert 1 < np.mean(support_sizes) < 10  # the supports are real prediction sets, not all classes
+
+
+def test_sidecar_describes_each_recipes_transform(deployed, tmp_path):
+    from data.transforms import eval_transform
+
+    for recipe, want in (("pad", (32, 1.0, "bicubic")), ("rrc", (40, 0.8, "bilinear"))):
+        settings, _ = RECIPES[recipe]
+        spec = eval_transform(config_from_dict({"data": {**settings, "image_size": 32}}).data)
+        pre = spec.describe()
+        assert (pre["resize"]["shorter_side"], pre["crop_pct"], pre["resize"]["interpolation"]) == want
+        assert spec.timm_config()["crop_pct"] == want[1]
+
+
+def test_dali_eval_geometry_is_the_sidecars():
+    """The DALI eval pipeline's resize and crop (data/dali_params.py) are the ones the sidecar states."""
+    import runpy
+
+    from data.dali_params import eval_geometry
+
+    consumer = runpy.run_path(CONSUMER)
+    sizes = np.array([(37, 53), (53, 37), (224, 224), (500, 375), (375, 500), (257, 301), (1000, 229)])
+    for image_size, crop_pct in ((224, 0.875), (224, 0.9), (32, 0.8), (32, 1.0)):
+        rw, rh, cx, cy = eval_geometry(sizes[:, 0], sizes[:, 1], image_size, crop_pct)
+        shorter = math.floor(image_size / crop_pct)
+        for (w, h), got in zip(sizes, zip(rw, rh, cx, cy)):
+            rw_, rh_ = consumer["resized_size"](int(w), int(h), shorter)
+            assert tuple(int(v) for v in got) == (rw_, rh_, *consumer["crop_offsets"](rw_, rh_, image_size))
