@@ -236,7 +236,7 @@ def check_report_dir(report_dir, runs_dir, overwrite, record=False):
     try:
         with open(path) as f:
             theirs = json.load(f).get("runs_dir")
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # (a path through a file: prepare_output says so, exit 74)
         theirs = None  # a new folder, or a report written before folders recorded their runs
     except (OSError, ValueError, AttributeError) as err:
         raise UserError(f"cannot read {path} ({err}); give another --report-dir, or --overwrite to replace it")
