@@ -206,9 +206,9 @@ def export_timm_folder(args) -> str:
                         "(config.json says how to get the head's probabilities), or use --format onnx")
     folder = args.output or export_timm.default_folder(args.checkpoint, args.ema)
     export_timm.check_folder(folder, args.overwrite)
-    prepare_output(folder, folder=True)  # a path through a file or a read-only folder: one line before the weights
     run = open_from_args(args)
     export_timm.check_exportable(run.cfg, head_spec(run.cfg.head.name))  # before reading the weights
+    prepare_output(folder, folder=True)  # a path through a file or a read-only folder: one line, before them too
     classes = run.classes()
     cfg, model = run.cfg, run.build_model(len(classes))
     with writing_into(folder, purpose="export"):  # its own folder: a killed export's temp files go first
