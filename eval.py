@@ -9,8 +9,9 @@
 
 A run directory gives the resolved config (config.yaml) and weights (model.safetensors, or
 model_ema.safetensors with --ema); a checkpoint directory of a run (RUN/checkpoints/step_N) gives
-its weights (ema.safetensors with --ema) and the config that trained it; a weights file (.safetensors/.pth, this project's, timm's or the
-original FB/DeiT ResMLP format) needs --config or --model/--dataset to say what to build.
+its weights and the config that trained it; a weights file (.safetensors/.pth, this project's,
+timm's or the original FB/DeiT ResMLP format) needs --config or --model/--dataset to say what to
+build (engine/trained_run.py opens all three).
 Extra `key.sub=value` arguments (or `--data.root X`) override the config, as for train.py.
 
 Metrics (evaluation/metrics.py, through evaluation/evaluate.py, the loop train.py's periodic eval

@@ -33,11 +33,12 @@ from accelerate.utils import gather_object
 from torch.utils.data import DataLoader
 
 import data
+from common import rundir
 from common.errors import UserError
 from common.io import atomic_write_text, json_text, prepare_output
 from common.seeding import mix_seed
 from common.weights import read_state_dict
-from data.classes import CLASSES_FILE, check_class_names
+from data.classes import check_class_names
 from data.samplers import eval_batches
 from data.unlabeled import ImageBatches, list_images
 from engine.checkpoint import file_sha256
@@ -127,7 +128,7 @@ def class_names_for(args, run):
             check_class_names(run_names, names, run_dir=run.run_dir)
         return names, args.classes
     if run_names is not None:
-        return run_names, os.path.join(run.run_dir, CLASSES_FILE)
+        return run_names, os.path.join(run.run_dir, rundir.CLASSES)
     try:
         return data.class_names(run.cfg.data), f"data.dataset={run.cfg.data.dataset}"
     except UserError as err:

@@ -66,7 +66,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -101,6 +101,7 @@ from engine.rng import capture_rng_state, reseed, restore_rng_state  # noqa: E40
 from engine.run_sources import check_sources_outside_run  # noqa: E402
 from engine.run_start import prepare_run_dir  # noqa: E402
 from engine.runlock import RunLock  # noqa: E402
+from engine.trainer_state import Counters, TrainerState  # noqa: E402
 from evaluation.evaluate import evaluate  # noqa: E402
 from models import create_classifier  # noqa: E402
 
@@ -157,25 +158,10 @@ class NonFiniteLoss(Exception):
 
 
 @dataclass
-class RunState:
-    """The counters a checkpoint saves (trainer_state.json) and a resume restores."""
-    step: int = 0  # optimizer updates done
-    epoch: int = 0  # epochs done
-    batch: int = 0  # micro-batches done in the current epoch
-    best_top1: Optional[float] = None
-    best_step: Optional[int] = None
-    skipped: int = 0  # updates skipped for a non-finite loss
-    recent_skips: list = field(default_factory=list)  # steps skipped within the last SKIP_WINDOW updates
-    train_time_s: float = 0.0
-    images: int = 0
-    warmup_s: float = 0.0  # session warm-up time (see WARMUP_UPDATES), excluded from img/s
-    warmup_images: int = 0
-    last_eval: dict = field(default_factory=dict)
-    # the lr schedule is indexed at step + schedule_offset: a resume with a changed global batch
-    # (--resume-with-changes) maps the run's position to the new number of updates per epoch
-    schedule_offset: int = 0
-    epoch_note: str = ""  # config changes applied during the current epoch (its epochs.csv row notes them)
-    last_ckpt: Optional[str] = None  # not saved: where this session's last checkpoint went
+class RunState(Counters):
+    """The run's counters: those a checkpoint saves and a resume restores (engine/trainer_state.py),
+    and where this session's last checkpoint went (not saved)."""
+    last_ckpt: Optional[str] = None
 
 
 @dataclass
@@ -615,7 +601,7 @@ def save_checkpoint(run, epoch, batch):
     rank; the previous checkpoints are untouched."""
     accelerator, state = run.accelerator, run.state
     stop_if_nonfinite(run)  # never save the weights of a non-finite update
-    root, step = os.path.join(run.run_dir, ck.CHECKPOINT_SUBDIR), state.step
+    root, step = os.path.join(run.run_dir, rundir.CHECKPOINTS), state.step
     tmp = ck.tmp_dir_for(root, step)
     # the epoch's partial loss sums, per update (not per rank): epochs.csv stays exact after a
     # mid-epoch resume on any number of processes
@@ -624,17 +610,14 @@ def save_checkpoint(run, epoch, batch):
     def write_files():
         ck.write_rank_files(tmp, run.rank, capture_rng_state())
         if run.main_proc:
-            trainer_state = asdict(state)
-            del trainer_state["last_ckpt"]
-            # the whole config once (its name is config["name"]); global_batch stays for older readers
-            trainer_state.update(epoch=epoch, batch=batch, config=run.fingerprint, global_batch=run.global_batch,
-                                 world_size=run.world,
-                                 updates_in_epoch=batch // run.cfg.train.grad_accum,
-                                 updates_per_epoch=run.updates_per_epoch,
-                                 epoch_partial={"loss_sum": loss_sum, "updates": updates})
-            # False when an update was skipped for a non-finite loss since the previous checkpoint:
-            # pruning then keeps an older checkpoint saved with finite losses
-            trainer_state[ck.LOSS_FINITE_KEY] = state.skipped == run.skipped_at_save
+            trainer_state = TrainerState(
+                **{**state.counters(), "epoch": epoch, "batch": batch},
+                config=run.fingerprint,  # the whole config once (its name is config["name"])
+                world_size=run.world, updates_in_epoch=batch // run.cfg.train.grad_accum,
+                updates_per_epoch=run.updates_per_epoch, epoch_partial={"loss_sum": loss_sum, "updates": updates},
+                # False when an update was skipped for a non-finite loss since the previous checkpoint:
+                # pruning then keeps an older checkpoint saved with finite losses
+                loss_finite=state.skipped == run.skipped_at_save)
             ck.write_main_files(
                 tmp,
                 model_state=run.raw_model.state_dict(),
@@ -681,8 +664,8 @@ def restore(run, ckpt, saved, changes=(), fresh_hparams=None):
     source = f"checkpoint {ckpt}"
     load_into(run.raw_model, read_safetensors(os.path.join(ckpt, rundir.WEIGHTS)), source)
     if run.ema is not None:
-        ema_path = rundir.ema_weights(ckpt)  # older checkpoints: ema.safetensors
-        if ema_path is not None:
+        ema_path = os.path.join(ckpt, rundir.EMA_WEIGHTS)
+        if os.path.isfile(ema_path):
             load_into(run.ema.module, read_safetensors(ema_path), source)
         else:  # EMA switched on by an accepted change: it starts from the resumed weights
             run.ema.set(run.raw_model)
@@ -694,12 +677,11 @@ def restore(run, ckpt, saved, changes=(), fresh_hparams=None):
     rng_state = ck.load_rng(ckpt, run.rank)
     if rng_state is not None:
         restore_rng_state(rng_state)
-    for f in fields(RunState):
-        if f.name in saved:
-            setattr(run.state, f.name, saved[f.name])
+    for name, value in saved.counters().items():
+        setattr(run.state, name, value)
     run.state.last_ckpt = ckpt
     run.skipped_at_save = run.state.skipped
-    run.epoch_loss_carried = rp.saved_epoch_partial(saved)  # on every rank: the totals add it once
+    run.epoch_loss_carried = saved.partial_epoch()  # on every rank: the totals add it once
     new_epoch_length = restore_epoch_position(run, saved, changes)
     run.metrics.truncate_after(run.state.step)  # rows after the checkpoint are re-logged exactly once
     run.epochs_csv.truncate_after(run.state.step)
@@ -723,12 +705,12 @@ def restore_epoch_position(run, saved, changes):
     state.batch = done * run.cfg.train.grad_accum
     state.schedule_offset = state.epoch * run.updates_per_epoch + done - state.step
     notes = [rp.format_changes(changes)] if changes else []
-    if saved.get("world_size") not in (None, run.world):
-        notes.append(f"processes {saved['world_size']} -> {run.world}")
+    if saved.world_size != run.world:
+        notes.append(f"processes {saved.world_size} -> {run.world}")
     if notes:
         note = f"from step {state.step}: {', '.join(notes)}"
         state.epoch_note = f"{state.epoch_note}; {note}" if state.epoch_note else note
-    return saved.get("updates_per_epoch", run.updates_per_epoch) != run.updates_per_epoch
+    return saved.updates_per_epoch != run.updates_per_epoch
 
 
 # ============================================================================ setup

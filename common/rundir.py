@@ -19,8 +19,7 @@
             model.safetensors, model_ema.safetensors, optimizer.pt, scheduler.pt, scaler.pt,
             trainer_state.json, rng_<rank>.json, COMPLETE.json (written last)
 
-One EMA name in both places: model_ema.safetensors. Checkpoints written before it call the EMA
-weights ema.safetensors; `ema_weights` finds either, so they still resume.
+One EMA name in both places: model_ema.safetensors.
 
 An eval result OUTPUT.json has its CSV row at OUTPUT.csv and its per-example records at
 OUTPUT.examples.safetensors (`eval_csv_path`, `examples_path`); a hopfield-pooled model's support
@@ -55,7 +54,6 @@ TRAINER_STATE = "trainer_state.json"
 OPTIMIZER = "optimizer.pt"
 SCHEDULER = "scheduler.pt"
 SCALER = "scaler.pt"
-LEGACY_EMA_WEIGHTS = "ema.safetensors"  # the EMA weights of checkpoints saved before the one EMA name
 
 # ----------------------------------------------------------------------------- eval outputs
 EVAL_CSV_SUFFIX = ".csv"
@@ -81,16 +79,6 @@ def rng_file(rank):
 
 def checkpoints_dir(run_dir):
     return os.path.join(run_dir, CHECKPOINTS)
-
-
-def ema_weights(folder):
-    """Path of the EMA weights in a run or checkpoint directory: model_ema.safetensors, or the
-    legacy ema.safetensors of an older checkpoint; None when neither exists."""
-    for name in (EMA_WEIGHTS, LEGACY_EMA_WEIGHTS):
-        path = os.path.join(folder, name)
-        if os.path.isfile(path):
-            return path
-    return None
 
 
 def eval_result_name(ema=False):

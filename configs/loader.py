@@ -37,9 +37,8 @@ from models.registry import HPARAMS, check_settings
 from .finetune_checks import check_finetune_settings
 from .schema import ALIASES, CHOICES, RANGES, Config, is_key, schema_fields, section_names
 
-RUN_CONFIG_NAME = rundir.CONFIG
 # Keys a run's config.yaml held before the change history moved beside it
-# (engine/resume_policy.py CONFIG_HISTORY_NAME): read and ignored.
+# (engine/resume_policy.py rundir.CONFIG_HISTORY): read and ignored.
 LEGACY_RUN_KEYS = ("history",)
 # How close an unknown key must be to a valid one (difflib ratio) to be suggested: below it, a
 # suggestion is more often wrong than right (learning_rate is not optim.clip_grad).
@@ -480,9 +479,9 @@ def save_config(cfg, path):
 
 def load_run_config(run_dir, overrides=()):
     """The resolved config a training run saved (RUN_DIR/config.yaml; a file path works too)."""
-    path = os.path.join(run_dir, RUN_CONFIG_NAME) if os.path.isdir(run_dir) else run_dir
+    path = os.path.join(run_dir, rundir.CONFIG) if os.path.isdir(run_dir) else run_dir
     if not os.path.isfile(path):
-        raise UserError(f"no {RUN_CONFIG_NAME} in {run_dir}: is it a run directory written by train.py?")
+        raise UserError(f"no {rundir.CONFIG} in {run_dir}: is it a run directory written by train.py?")
     data, sources = _read_yaml(path)
     data.pop("base", None)
     data = apply_overrides(data, overrides)

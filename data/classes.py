@@ -20,8 +20,6 @@ from common.io import atomic_write_text
 
 from .registry import dataset_spec
 
-CLASSES_FILE = rundir.CLASSES
-CLASS_MAP_FILE = rundir.CLASS_MAP
 ALLOW_FLAG = "--allow-class-mismatch"
 
 
@@ -38,13 +36,13 @@ def class_map_text(names):
 
 def save_class_names(run_dir, names):
     """Write RUN_DIR/classes.json ({"classes": [...]}) and RUN_DIR/class_map.txt atomically."""
-    atomic_write_text(os.path.join(run_dir, CLASSES_FILE), json.dumps({"classes": list(names)}, indent=1))
-    atomic_write_text(os.path.join(run_dir, CLASS_MAP_FILE), class_map_text(names))
+    atomic_write_text(os.path.join(run_dir, rundir.CLASSES), json.dumps({"classes": list(names)}, indent=1))
+    atomic_write_text(os.path.join(run_dir, rundir.CLASS_MAP), class_map_text(names))
 
 
 def load_class_names(run_dir):
     """The class names a run stored, or None when it stored none (runs from before classes.json)."""
-    path = os.path.join(run_dir, CLASSES_FILE)
+    path = os.path.join(run_dir, rundir.CLASSES)
     if not os.path.isfile(path):
         return None
     try:
@@ -82,7 +80,7 @@ def check_class_names(run_names, data_names, *, allow_mismatch=False, run_dir="t
     `allow_mismatch` (then warn). `run_names=None` (the run stored none): a warning, no check.
     Returns True when the names were checked and equal."""
     if run_names is None:
-        warn(f"warning: {run_dir} stores no class names ({CLASSES_FILE}); labels are matched by index only")
+        warn(f"warning: {run_dir} stores no class names ({rundir.CLASSES}); labels are matched by index only")
         return False
     diff = class_mismatch(run_names, data_names)
     if diff is None:

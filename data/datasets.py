@@ -17,7 +17,7 @@ def _check(cfg, split):
     choices and ranges were checked when the config was loaded (configs/schema.py)."""
     if split not in SPLITS:
         raise UserError(f"unknown split '{split}'; valid: {', '.join(SPLITS)}")
-    if split == "calib" and cfg.calib_fraction <= 0:
+    if split == "calib" and cfg.calib_fraction <= 0 and "calib" not in dataset_spec(cfg.dataset).splits:
         raise UserError("the calib split needs data.calib_fraction > 0 (e.g. data.calib_fraction=0.1)")
     if cfg.backend == "dali":
         from .dali_loader import check_dali_config
@@ -41,18 +41,20 @@ def calib_indices(n, fraction):
 def build_dataset(cfg, split):
     """split 'train' | 'val' | 'calib' -> dataset with `num_classes`, items (tensor, label).
 
-    'calib' is a deterministic `calib_fraction` of the train split (excluded from 'train' when
-    calib_fraction > 0); it carries the eval transform. 'train' carries the train transform.
-    Cached features are read as extracted (calib held out already; no pixels, no transform).
+    A split the dataset stores (its declaration's `splits`) is read as stored. A calib split it does
+    not store is a deterministic `calib_fraction` of the train split (then excluded from 'train');
+    it carries the eval transform, 'train' the train transform. Cached features are read as
+    extracted (their builder checks their settings; no pixels, no transform).
     """
     spec = dataset_spec(cfg.dataset)
     if spec.features:
         return spec.build(cfg, split)
     _check(cfg, split)
-    ds = spec.build(cfg, "val" if split == "val" else "train")
+    stored = split if split in spec.splits else "train"
+    ds = spec.build(cfg, stored)
     if spec.in_memory and not isinstance(ds, ArrayDataset):
         raise ValueError(f"dataset '{spec.name}' is declared in_memory but its build gave a {type(ds).__name__}")
-    if split != "val" and cfg.calib_fraction > 0:
+    if stored == "train" and "calib" not in spec.splits and cfg.calib_fraction > 0:
         held = calib_indices(len(ds), cfg.calib_fraction)
         keep = held if split == "calib" else np.setdiff1d(np.arange(len(ds)), held)
         ds = ds.subset(keep)

@@ -2,14 +2,12 @@
 
 Layout of one checkpoint directory (names: common/rundir.py):
     model.safetensors       raw weights (unwrapped state dict, incl. output_head)
-    model_ema.safetensors   EMA weights (when train.ema; ema.safetensors in older checkpoints, still read)
+    model_ema.safetensors   EMA weights (when train.ema)
     optimizer.pt            optimizer state dict   (torch.save; loaded with weights_only=True)
     scheduler.pt            timm scheduler state dict
     scaler.pt               fp16 grad-scaler state (fp16 only)
-    trainer_state.json      step/epoch counters, loader position, best metric, the whole resolved
-                            config (`config`, engine/resume_policy.py), the epoch's partial loss sums
-                            (`epoch_loss`), `loss_finite` (False when an update was skipped for a
-                            non-finite loss since the previous save)
+    trainer_state.json      the versioned TrainerState (engine/trainer_state.py: counters, position
+                            in the epoch, the whole resolved config, `loss_finite`)
     rng_<rank>.json         every rank's Python/numpy/torch RNG states
     COMPLETE.json           written last: {"step", "files": {name: size}, "sha256": {name: hex}};
                             a directory without it is not a checkpoint
@@ -63,12 +61,8 @@ from common.removal import removal_blockers, remove
 from common.weights import first_line, read_torch, save_safetensors, safetensors_writer, tensors_nbytes
 
 from .runlock import held_by_this_process
+from .trainer_state import TrainerState, read_quietly
 
-CHECKPOINT_SUBDIR = rundir.CHECKPOINTS
-MARKER = rundir.MARKER
-STATE_FILE = rundir.TRAINER_STATE
-LOSS_FINITE_KEY = "loss_finite"  # trainer_state key: False marks a checkpoint saved after a non-finite loss
-checkpoint_name = rundir.checkpoint_name
 _NAME = re.compile(r"^step_(\d+)$")
 _HASH_CHUNK = 1 << 20
 _RESUME_HINT = "free some space or set train.output_dir on a larger disk, then resume with --resume auto"
@@ -141,7 +135,7 @@ def begin_save(root, step):
 
 
 def tmp_dir_for(root, step):
-    return os.path.join(root, ".tmp-" + checkpoint_name(step))
+    return os.path.join(root, ".tmp-" + rundir.checkpoint_name(step))
 
 
 def abort_save(tmp):
@@ -152,7 +146,7 @@ def abort_save(tmp):
 def latest_complete(root):
     """The newest step_<N> directory of `root` that has a marker (cheap; no verification), or None."""
     for _, path in reversed(list_checkpoints(root)):
-        if os.path.isfile(os.path.join(path, MARKER)):
+        if os.path.isfile(os.path.join(path, rundir.MARKER)):
             return path
     return None
 
@@ -177,7 +171,10 @@ def write_rank_files(tmp, rank, rng_state):
 
 
 def write_main_files(tmp, *, model_state, ema_state, optimizer_state, scheduler_state, scaler_state, trainer_state):
-    """Main process: weights, optimizer/scheduler/scaler, counters."""
+    """Main process: weights, optimizer/scheduler/scaler, the TrainerState."""
+    if not isinstance(trainer_state, TrainerState):
+        raise TypeError(f"trainer_state must be an engine.trainer_state.TrainerState, got {type(trainer_state).__name__}")
+    record = trainer_state.to_dict()
     payloads = [(rundir.WEIGHTS, safetensors_writer(model_state), model_state)]
     if ema_state is not None:
         payloads.append((rundir.EMA_WEIGHTS, safetensors_writer(ema_state), ema_state))
@@ -185,7 +182,7 @@ def write_main_files(tmp, *, model_state, ema_state, optimizer_state, scheduler_
                       (rundir.SCALER, scaler_state)):
         if obj is not None:
             payloads.append((name, _torch_writer(obj), obj))
-    payloads.append((STATE_FILE, _json_writer(trainer_state), trainer_state))
+    payloads.append((rundir.TRAINER_STATE, _json_writer(record), record))
     _write_checkpoint_files(tmp, payloads)
 
 
@@ -201,13 +198,13 @@ def commit_save(root, step):
     """Main process, after every rank wrote its files: marker (sizes + sha256), then the atomic rename."""
     tmp = tmp_dir_for(root, step)
     previous = latest_complete(root)
-    final = os.path.join(root, checkpoint_name(step))
-    old = os.path.join(root, ".tmp-old-" + checkpoint_name(step))
+    final = os.path.join(root, rundir.checkpoint_name(step))
+    old = os.path.join(root, ".tmp-old-" + rundir.checkpoint_name(step))
     try:
         names = sorted(os.listdir(tmp))
         sizes = {n: os.path.getsize(os.path.join(tmp, n)) for n in names}
         hashes = {n: file_sha256(os.path.join(tmp, n)) for n in names}
-        _write_file(os.path.join(tmp, MARKER), _json_writer({"step": step, "files": sizes, "sha256": hashes}))
+        _write_file(os.path.join(tmp, rundir.MARKER), _json_writer({"step": step, "files": sizes, "sha256": hashes}))
         _fsync_dir(tmp)
         if os.path.exists(final):  # re-saving a step after a resume: move the old one out of the way
             os.rename(final, old)
@@ -224,12 +221,9 @@ def commit_save(root, step):
     return final
 
 
-def read_state_quietly(path):
-    try:
-        with open(os.path.join(path, STATE_FILE)) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return {}
+def _saved_after_nonfinite_loss(path):
+    state = read_quietly(path)
+    return state is not None and not state.loss_finite
 
 
 def prune(root, keep_last, keep_steps=(), protect_last_finite=True, warn=print):
@@ -242,7 +236,7 @@ def prune(root, keep_last, keep_steps=(), protect_last_finite=True, warn=print):
     keep = set(valid[-keep_last:]) | {s for s in keep_steps if s is not None}
     if protect_last_finite:
         paths = dict(found)
-        finite = [s for s in valid if read_state_quietly(paths[s]).get(LOSS_FINITE_KEY, True) is not False]
+        finite = [s for s in valid if not _saved_after_nonfinite_loss(paths[s])]
         if finite:
             keep.add(finite[-1])
     newest = valid[-1] if valid else -1
@@ -349,9 +343,9 @@ def validation_error(path, verify=True):
     Always: the marker exists and parses, every listed file exists with its recorded size.
     `verify`: every file's sha256 matches the marker (checkpoints from before checksums get a
     structural parse instead). `verify=False` is the cheap check used when pruning."""
-    marker = os.path.join(path, MARKER)
+    marker = os.path.join(path, rundir.MARKER)
     if not os.path.isfile(marker):
-        return f"checkpoint {path} is incomplete (no {MARKER}: the save was interrupted)"
+        return f"checkpoint {path} is incomplete (no {rundir.MARKER}: the save was interrupted)"
     try:
         with open(marker) as f:
             meta = json.load(f)
@@ -360,7 +354,7 @@ def validation_error(path, verify=True):
         if not isinstance(files, dict) or not (hashes is None or isinstance(hashes, dict)):
             raise ValueError("malformed")
     except (OSError, ValueError, KeyError, TypeError):
-        return f"checkpoint {path} has a corrupt {MARKER}"
+        return f"checkpoint {path} has a corrupt {rundir.MARKER}"
     for name, size in files.items():
         p = os.path.join(path, name)
         if not os.path.isfile(p):
@@ -369,8 +363,8 @@ def validation_error(path, verify=True):
             return f"checkpoint file {p} is truncated or corrupt ({os.path.getsize(p)} bytes, expected {size})"
     if not verify:
         return None
-    if STATE_FILE not in files:
-        return f"checkpoint {path} is missing {STATE_FILE}"
+    if rundir.TRAINER_STATE not in files:
+        return f"checkpoint {path} is missing {rundir.TRAINER_STATE}"
     for name in files:
         if hashes is not None:
             expected = hashes.get(name)
@@ -389,7 +383,7 @@ def validation_error(path, verify=True):
 def find_latest(run_dir, warn=print, verify=True):
     """The newest valid checkpoint of a run, or None. Invalid ones (interrupted, truncated,
     corrupted after the save) are skipped with a warning naming each and why."""
-    for step, path in reversed(list_checkpoints(os.path.join(run_dir, CHECKPOINT_SUBDIR))):
+    for step, path in reversed(list_checkpoints(os.path.join(run_dir, rundir.CHECKPOINTS))):
         err = validation_error(path, verify=verify)
         if err is None:
             return path
@@ -400,10 +394,10 @@ def find_latest(run_dir, warn=print, verify=True):
 def newest_verified_checkpoint(run_dir, require_finite_loss=True):
     """The newest checkpoint that passes full verification (and, with `require_finite_loss`, was not
     saved after a non-finite loss), or None: what a non-finite-loss error should name as kept."""
-    for _, path in reversed(list_checkpoints(os.path.join(run_dir, CHECKPOINT_SUBDIR))):
+    for _, path in reversed(list_checkpoints(os.path.join(run_dir, rundir.CHECKPOINTS))):
         if validation_error(path) is not None:
             continue
-        if require_finite_loss and read_state_quietly(path).get(LOSS_FINITE_KEY, True) is False:
+        if require_finite_loss and _saved_after_nonfinite_loss(path):
             continue
         return path
     return None
@@ -412,7 +406,7 @@ def newest_verified_checkpoint(run_dir, require_finite_loss=True):
 def existing_checkpoints_line(run_dir, limit=5):
     """'checkpoints in RUN/checkpoints: step_.., step_.. (newest last)' or why there are none: what a
     mistyped --resume PATH should see."""
-    root = os.path.join(run_dir, CHECKPOINT_SUBDIR)
+    root = os.path.join(run_dir, rundir.CHECKPOINTS)
     found = list_checkpoints(root)
     if not found:
         return f"{root} holds no checkpoint (start without --resume)"
@@ -431,11 +425,11 @@ def resolve_resume(resume, run_dir, warn=print):
         return None
     if resume == "auto":
         found = find_latest(run_dir, warn)
-        existing = list_checkpoints(os.path.join(run_dir, CHECKPOINT_SUBDIR))
+        existing = list_checkpoints(os.path.join(run_dir, rundir.CHECKPOINTS))
         if found is None and existing:
             raise UserError(
                 f"--resume auto: none of the {len(existing)} checkpoint(s) in "
-                f"{os.path.join(run_dir, CHECKPOINT_SUBDIR)} is valid (see the warnings above); pass "
+                f"{os.path.join(run_dir, rundir.CHECKPOINTS)} is valid (see the warnings above); pass "
                 f"--resume PATH with a checkpoint you trust, or --overwrite to start over")
         return found
     path = resume
@@ -443,8 +437,8 @@ def resolve_resume(resume, run_dir, warn=print):
         raise UserError(f"--resume {path}: no such checkpoint; {existing_checkpoints_line(run_dir)}")
     if os.path.isfile(path):
         path = os.path.dirname(path)
-    if not os.path.isfile(os.path.join(path, STATE_FILE)) and not os.path.isfile(os.path.join(path, MARKER)):
-        root = path if os.path.basename(path.rstrip("/")) == CHECKPOINT_SUBDIR else os.path.join(path, CHECKPOINT_SUBDIR)
+    if not os.path.isfile(os.path.join(path, rundir.TRAINER_STATE)) and not os.path.isfile(os.path.join(path, rundir.MARKER)):
+        root = path if os.path.basename(path.rstrip("/")) == rundir.CHECKPOINTS else os.path.join(path, rundir.CHECKPOINTS)
         found = find_latest(os.path.dirname(root.rstrip("/")), warn) if os.path.isdir(root) else None
         if found is None:
             raise UserError(f"--resume {resume}: not a checkpoint directory and no valid checkpoint inside")
@@ -456,14 +450,6 @@ def resolve_resume(resume, run_dir, warn=print):
 
 
 # ----------------------------------------------------------------------------- loading
-def read_trainer_state(path):
-    try:
-        with open(os.path.join(path, STATE_FILE)) as f:
-            return json.load(f)
-    except (OSError, ValueError) as err:
-        raise UserError(f"checkpoint {path}: cannot read {STATE_FILE} ({err})") from None
-
-
 def load_torch(path):
     """A checkpoint's torch file (weights_only=True), None when the checkpoint has none."""
     return read_torch(path) if os.path.isfile(path) else None

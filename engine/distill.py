@@ -26,8 +26,9 @@ import os
 import torch
 import torch.nn.functional as F
 
+from common import rundir
 from common.errors import UserError
-from configs.loader import RUN_CONFIG_NAME, load_run_config
+from configs.loader import load_run_config
 from data.classes import class_mismatch, class_names, load_class_names
 from models import MODEL_NAMES, create_classifier
 from models.convert import convert_state_dict
@@ -143,7 +144,7 @@ def build_distiller(cfg, num_classes, accelerator):
     import timm
 
     spec = tc.teacher
-    if os.path.isdir(spec) and os.path.isfile(os.path.join(spec, RUN_CONFIG_NAME)):
+    if os.path.isdir(spec) and os.path.isfile(os.path.join(spec, rundir.CONFIG)):
         if tc.teacher_weights is not None:
             raise UserError("train.teacher_weights goes with a timm model name; a run directory brings its weights")
         _, tc.teacher_sha256, sd = hashed_weights(spec, tc.teacher_sha256, "train.teacher")

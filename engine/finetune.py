@@ -13,11 +13,11 @@ config asked for another size). `load_pretrained_weights` fits the weights into 
 import os
 from dataclasses import dataclass
 
+from common import rundir
 from common.errors import UserError
 from common.weights import read_hashed_state_dict
 from models.pretrained import fit_pretrained, weights_patch_grid
 
-WEIGHTS_NAME = "model.safetensors"  # what train.py writes into a run (and each checkpoint) directory
 
 
 @dataclass
@@ -31,9 +31,9 @@ class PretrainedWeights:
 def weights_file(path, key):
     """The weights file behind `path`: a file, or a run/checkpoint directory's model.safetensors."""
     if os.path.isdir(path):
-        file = os.path.join(path, WEIGHTS_NAME)
+        file = os.path.join(path, rundir.WEIGHTS)
         if not os.path.isfile(file):
-            raise UserError(f"{key}: {path} is a directory without {WEIGHTS_NAME}; give a run directory of train.py, "
+            raise UserError(f"{key}: {path} is a directory without {rundir.WEIGHTS}; give a run directory of train.py, "
                             f"a checkpoint directory or a weights file")
         return file
     if not os.path.isfile(path):

@@ -14,8 +14,6 @@ from tqdm import tqdm
 from common import rundir
 from common.io import atomic_write_text, json_text, writing
 
-METRICS_FILE = rundir.METRICS
-EPOCHS_FILE = rundir.EPOCHS
 
 
 def _rewrite(path, lines):
@@ -26,7 +24,7 @@ class MetricsLog:
     """Append-only JSON-lines log (one object per logged step and per eval; NaN written as null)."""
 
     def __init__(self, run_dir, enabled=True):
-        self.path = os.path.join(run_dir, METRICS_FILE)
+        self.path = os.path.join(run_dir, rundir.METRICS)
         self.enabled = enabled
 
     def write(self, **row):
@@ -55,7 +53,7 @@ class EpochCSV:
     """One row per epoch: counters, train loss/lr/throughput and the epoch's eval metrics."""
 
     def __init__(self, run_dir, enabled=True):
-        self.path = os.path.join(run_dir, EPOCHS_FILE)
+        self.path = os.path.join(run_dir, rundir.EPOCHS)
         self.enabled = enabled
 
     def write(self, row):

@@ -19,13 +19,13 @@ derived from it:
   (OPTIM_KEYS, class OPTIMIZER), evaluated at the current update (so a new lr or epoch count takes
   effect from this step on), `change_record` is the metrics.jsonl row and
   `save_config_with_history` writes config.yaml (always a plain, valid `--config` file) and appends
-  the change to its history, RUN_DIR/config_history.yaml (CONFIG_HISTORY_NAME). Runs written
+  the change to its history, RUN_DIR/config_history.yaml (rundir.CONFIG_HISTORY). Runs written
   before kept the history inside config.yaml as a `history` key: it is read from there (and moved
   to the history file at the next save), and the config loader ignores it.
 
 Keys present on only one side (added to the schema after the checkpoint was written) are not
-compared: the checkpoint cannot say what it used. Checkpoints written before this fingerprint
-(trainer_state has only the short `fingerprint` dict) are compared on what they recorded.
+compared: the checkpoint cannot say what it used. The fingerprint is TrainerState.config
+(engine/trainer_state.py).
 """
 import datetime
 import os
@@ -59,7 +59,6 @@ FROZEN_KEYS = keys_of_class(FROZEN) | frozenset({"run.num_classes"})
 OPTIM_KEYS = keys_of_class(OPTIMIZER) | frozenset({"run.global_batch"})
 
 # Beside config.yaml: the changes accepted on resume (--resume-with-changes), a YAML list.
-CONFIG_HISTORY_NAME = rundir.CONFIG_HISTORY
 
 RESUME_FLAG = "--resume-with-changes"
 _MISSING = object()
@@ -95,18 +94,6 @@ def resume_fingerprint(cfg, *, num_classes, global_batch):
     return flat
 
 
-def saved_fingerprint(trainer_state):
-    """The fingerprint recorded in a checkpoint's trainer_state (legacy short form mapped)."""
-    if isinstance(trainer_state.get("config"), dict):
-        return dict(trainer_state["config"])
-    legacy = dict(trainer_state.get("fingerprint", {}))
-    if "num_classes" in legacy:
-        legacy["run.num_classes"] = legacy.pop("num_classes")
-    if trainer_state.get("global_batch") is not None:
-        legacy["run.global_batch"] = trainer_state["global_batch"]
-    return legacy
-
-
 def fingerprint_config(flat):
     """The nested config dict a fingerprint was flattened from (its derived values left out), e.g.
     to evaluate a checkpoint with exactly the settings that trained it."""
@@ -133,29 +120,12 @@ def config_changes(saved, current, allowlist=RESUME_ALLOWLIST):
     return changes
 
 
-def saved_epoch_partial(trainer_state):
-    """The checkpoint's partial epoch as [sum over its updates of the update's loss (mean over
-    ranks), number of updates]: world-independent. Checkpoints written before `epoch_partial` saved
-    the sums over ranks (`epoch_loss`, each update counted once per rank): divided by their world size."""
-    partial = trainer_state.get("epoch_partial")
-    if partial is not None:
-        return [float(partial["loss_sum"]), float(partial["updates"])]
-    legacy = trainer_state.get("epoch_loss")
-    if legacy is None:
-        return [0.0, 0.0]
-    world = int(trainer_state.get("world_size") or 1)
-    return [float(legacy[0]) / world, float(legacy[1]) / world]
-
-
-def updates_in_epoch(trainer_state, global_batch):
-    """Optimizer updates of the checkpoint's epoch done, counted in updates of `global_batch` samples
-    (the resuming launch's): the same number when the global batch is unchanged, whatever the number
-    of processes or grad_accum; UserError when a changed global batch does not divide the samples done."""
-    done = trainer_state.get("updates_in_epoch")
-    if done is None:  # older checkpoints: micro-batches per rank
-        accum = saved_fingerprint(trainer_state).get("train.grad_accum") or 1
-        done = int(trainer_state.get("batch", 0)) // int(accum)
-    old_batch = trainer_state.get("global_batch") or global_batch
+def updates_in_epoch(saved, global_batch):
+    """Optimizer updates of the checkpoint's epoch done (`saved`: its TrainerState), counted in updates
+    of `global_batch` samples (the resuming launch's): the same number when the global batch is
+    unchanged, whatever the number of processes or grad_accum; UserError when a changed global batch
+    does not divide the samples done."""
+    done, old_batch = saved.updates_in_epoch, saved.global_batch
     samples = done * old_batch
     if samples % global_batch:
         raise UserError(
@@ -271,7 +241,7 @@ def change_record(changes, *, step, checkpoint):
 
 
 def history_entry(changes, *, step, checkpoint):
-    """One entry of the run's config history (CONFIG_HISTORY_NAME)."""
+    """One entry of the run's config history (rundir.CONFIG_HISTORY)."""
     return {"step": int(step), "checkpoint": checkpoint,
             "time": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
             "flag": RESUME_FLAG,
@@ -280,7 +250,7 @@ def history_entry(changes, *, step, checkpoint):
 
 def history_path(config_path):
     """The history file beside a run's config.yaml."""
-    return os.path.join(os.path.dirname(os.path.abspath(config_path)), CONFIG_HISTORY_NAME)
+    return os.path.join(os.path.dirname(os.path.abspath(config_path)), rundir.CONFIG_HISTORY)
 
 
 def read_config_history(config_path):
@@ -303,7 +273,7 @@ def read_config_history(config_path):
 
 def save_config_with_history(path, cfg, entry=None, keep_history=True):
     """Write the resolved config (a Config, or its plain nested dict) to `path` atomically as a plain
-    config (a valid `--config` file), and its history beside it (CONFIG_HISTORY_NAME): the history
+    config (a valid `--config` file), and its history beside it (rundir.CONFIG_HISTORY): the history
     already recorded (when `keep_history`, i.e. on a resume) plus `entry` (a `history_entry`, when
     changes were accepted). Without `keep_history` (a fresh start) an old history file is removed:
     it belonged to the run this one replaces."""

@@ -34,6 +34,7 @@ from data.classes import class_mismatch, class_names, load_class_names, save_cla
 from . import checkpoint as ck
 from . import resume_policy as rp
 from .logging import console
+from .trainer_state import read_trainer_state
 
 # What --overwrite deletes besides the run artefacts: the TensorBoard logs and config history of the old run.
 OVERWRITE_EXTRA = (rundir.TENSORBOARD, rundir.CONFIG_HISTORY)
@@ -65,7 +66,7 @@ def decide_start(cfg, resume, overwrite, accept_changes, lock, fp):
     """Main process, under the run lock: clean what killed saves left, resolve the checkpoint (invalid
     ones skipped with a warning), refuse config changes or a destructive fresh start, and on a fresh
     start with --overwrite delete the old run (listing it). Nothing in the directory is changed
-    before every check has passed. -> (checkpoint or None, its trainer state or None, changes)."""
+    before every check has passed. -> (checkpoint or None, its TrainerState or None, changes)."""
     run_dir = cfg.train.output_dir
     say = console
     if resume is not None and overwrite:
@@ -77,16 +78,16 @@ def decide_start(cfg, resume, overwrite, accept_changes, lock, fp):
     changes, history, saved = [], None, None
     names = class_names(cfg.data)
     if ckpt is not None:
-        saved = ck.read_trainer_state(ckpt)
-        if saved.get("global_batch") not in (None, fp["run.global_batch"]) and not accept_changes:
-            raise UserError(f"checkpoint {ckpt} was trained with a global batch of {saved.get('global_batch')}, this "
+        saved = read_trainer_state(ckpt)
+        if saved.global_batch != fp["run.global_batch"] and not accept_changes:
+            raise UserError(f"checkpoint {ckpt} was trained with a global batch of {saved.global_batch}, this "
                             f"launch has {fp['run.global_batch']} (batch_size x processes x grad_accum); keep it equal "
                             f"to resume, or pass {rp.RESUME_FLAG} to go on with the new one (lr and schedule follow it)")
         rp.updates_in_epoch(saved, fp["run.global_batch"])  # a changed global batch must restart at a whole update
-        changes = rp.check_resume_changes(rp.saved_fingerprint(saved), fp, checkpoint=ckpt,
+        changes = rp.check_resume_changes(saved.config, fp, checkpoint=ckpt,
                                           accept_changes=accept_changes)
         if changes:
-            history = rp.history_entry(changes, step=saved.get("step", 0), checkpoint=ckpt)
+            history = rp.history_entry(changes, step=saved.step, checkpoint=ckpt)
         if os.path.isfile(os.path.join(run_dir, rundir.CLASSES)):  # data.root may move, the classes may not
             diff = class_mismatch(load_class_names(run_dir), names)
             if diff:

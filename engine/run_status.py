@@ -7,11 +7,10 @@
 """
 import os
 
+from common import rundir
 from common.errors import UserError
-from configs.loader import RUN_CONFIG_NAME
-
-from .checkpoint import CHECKPOINT_SUBDIR, list_checkpoints, run_artefacts
-from .runlock import LOCK_NAME, read_lock, stale_reason
+from .checkpoint import list_checkpoints, run_artefacts
+from .runlock import read_lock, stale_reason
 
 
 def live_lock_holder(run_dir):
@@ -23,28 +22,28 @@ def live_lock_holder(run_dir):
 
 
 def _checkpoint_hint(run_dir):
-    found = list_checkpoints(os.path.join(run_dir, CHECKPOINT_SUBDIR))
+    found = list_checkpoints(os.path.join(run_dir, rundir.CHECKPOINTS))
     if not found:
         return None
     newest = found[-1][1]
-    return (f"--checkpoint {os.path.join(newest, 'model.safetensors')} "
-            f"--config {os.path.join(run_dir, RUN_CONFIG_NAME)}")
+    return (f"--checkpoint {os.path.join(newest, rundir.WEIGHTS)} "
+            f"--config {os.path.join(run_dir, rundir.CONFIG)}")
 
 
 def missing_weights_error(run_dir, weights_name, tool="python eval.py"):
     """The UserError for a `--checkpoint RUN_DIR` that has no `weights_name`."""
-    if not os.path.isfile(os.path.join(run_dir, RUN_CONFIG_NAME)) and not run_artefacts(run_dir):
-        return UserError(f"{run_dir} is not a train.py run directory (no {RUN_CONFIG_NAME}, {weights_name} or "
-                         f"{CHECKPOINT_SUBDIR}/); give a run directory (train.output_dir) or a weights file")
+    if not os.path.isfile(os.path.join(run_dir, rundir.CONFIG)) and not run_artefacts(run_dir):
+        return UserError(f"{run_dir} is not a train.py run directory (no {rundir.CONFIG}, {weights_name} or "
+                         f"{rundir.CHECKPOINTS}/); give a run directory (train.output_dir) or a weights file")
     hint = _checkpoint_hint(run_dir)
     holder = live_lock_holder(run_dir)
     if holder is not None:
         way_out = (f"or give a checkpoint: {tool} {hint}" if hint
                    else "it has saved no checkpoint yet either")
-        return UserError(f"{run_dir} is still training ({LOCK_NAME}: pid {holder.get('pid')} on "
+        return UserError(f"{run_dir} is still training ({rundir.LOCK}: pid {holder.get('pid')} on "
                          f"{holder.get('host')}, since {holder.get('since')}) and has not exported "
                          f"{weights_name} yet: wait for its first epoch to end, {way_out}")
-    config = os.path.join(run_dir, RUN_CONFIG_NAME)
+    config = os.path.join(run_dir, rundir.CONFIG)
     way_out = f"; or evaluate its newest checkpoint: {tool} {hint}" if hint else ""
     return UserError(f"{run_dir} has no {weights_name}: the run stopped before exporting weights; resume it "
                      f"with python train.py --config {config} --resume auto{way_out}")

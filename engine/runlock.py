@@ -37,7 +37,6 @@ from common import rundir
 from common.errors import UserError
 from common.io import ensure_folder, pid_alive, remove_stale_temp, through_file, write_error, write_file
 
-LOCK_NAME = rundir.LOCK
 _UNREADABLE_GRACE_S = 10.0  # an unparsable lock younger than this may be mid-creation (O_EXCL fallback)
 
 
@@ -89,7 +88,7 @@ def stale_reason(holder, host=None):
 
 def read_lock(run_dir):
     """The holder's record of RUN_DIR/run.lock, None if there is no lock, {} if it is unreadable."""
-    path = os.path.join(run_dir, LOCK_NAME)
+    path = os.path.join(run_dir, rundir.LOCK)
     try:
         with open(path) as f:
             data = json.load(f)
@@ -132,7 +131,7 @@ class RunLock:
 
     def __init__(self, run_dir, *, purpose="training", enabled=True, warn=print):
         self.run_dir = run_dir
-        self.path = os.path.join(run_dir, LOCK_NAME)
+        self.path = os.path.join(run_dir, rundir.LOCK)
         self.purpose = purpose
         self.enabled = enabled
         self.warn = warn
@@ -150,7 +149,7 @@ class RunLock:
     def _try_create(self, record):
         """True when this process created the lock file; False when it already exists."""
         data = json.dumps(record, indent=1).encode()
-        private = os.path.join(self.run_dir, f".{LOCK_NAME}.{record['token']}")
+        private = os.path.join(self.run_dir, f".{rundir.LOCK}.{record['token']}")
         write_file(private, through_file(lambda f: f.write(data)))
         try:
             os.link(private, self.path)

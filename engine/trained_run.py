@@ -38,10 +38,10 @@ from models.convert import convert_state_dict
 from models.pretrained import weights_patch_grid
 from models.resmlp import VARIANTS
 
-from . import checkpoint as ck
 from .feature_probe import build_eval_probe
 from .resume_policy import fingerprint_config
 from .run_status import missing_weights_error
+from .trainer_state import read_trainer_state
 
 # what was opened
 RUN, CHECKPOINT, FILE = "run", "checkpoint", "file"
@@ -123,18 +123,16 @@ def open_run(path, *, config=None, model=None, head=None, img_size=None, ema=Fal
 
 def _open_checkpoint_dir(path, config, ema, flags):
     """RUN/checkpoints/step_N: its weights, with the config that trained it (the fingerprint in its
-    trainer_state; the run's config.yaml when the state holds none)."""
-    weights = rundir.ema_weights(path) if ema else os.path.join(path, rundir.WEIGHTS)
-    if weights is None or not os.path.isfile(weights):
+    trainer state)."""
+    weights = os.path.join(path, rundir.EMA_WEIGHTS if ema else rundir.WEIGHTS)
+    if not os.path.isfile(weights):
         why = " (trained with train.ema=false?); drop --ema" if ema else ""
         raise UserError(f"checkpoint {path} has no {rundir.EMA_WEIGHTS if ema else rundir.WEIGHTS}{why}")
-    saved = ck.read_trainer_state(path).get("config")
     if config:
         cfg = configs.load_config(config, flags)
-    elif isinstance(saved, dict):
-        cfg = configs.config_from_dict(apply_overrides(fingerprint_config(saved), flags))
     else:
-        cfg = configs.load_run_config(run_dir_of(path), flags)
+        saved = read_trainer_state(path).config
+        cfg = configs.config_from_dict(apply_overrides(fingerprint_config(saved), flags))
     return TrainedRun(path, CHECKPOINT, cfg, weights, "ema" if ema else "raw")
 
 

@@ -14,7 +14,6 @@ same order for every checkpoint evaluated on it, so files of two heads pair samp
 
 Metadata (strings): head, split, dataset, weights, checkpoint, n. safetensors: no pickle on load.
 """
-from common import rundir
 from common.weights import read_safetensors, read_safetensors_metadata, save_safetensors
 
 from .metrics import RECORD_FIELDS
@@ -22,7 +21,6 @@ from .pool_support import POOL_SUPPORT_FIELD
 
 OPTIONAL_FIELDS = (POOL_SUPPORT_FIELD,)  # saved when the records have them
 
-examples_path = rundir.examples_path  # where the records of an eval result saved at OUTPUT.json go
 
 
 def save_examples(records, path, **metadata):

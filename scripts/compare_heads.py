@@ -82,8 +82,6 @@ from engine.runlock import RunLock  # noqa: E402
 from models.registry import HEAD_NAMES, check_settings  # noqa: E402
 
 FEATURE_IDENTITY_KEYS = ("features_source_sha256", "features_settings_sha256")  # data.* keys, data/features.py
-REQUEST_FILE = rundir.COMPARE_REQUEST  # what this script asked train.py for, to detect clashes
-LOG_FILE = rundir.COMPARE_LOG  # a run's train + eval output under --jobs N > 1
 REPORT_SOURCE = "compare_source.json"  # in a report folder: the runs folder its report is of
 
 
@@ -353,7 +351,7 @@ def _first_difference(old, new, prefix=""):
 def _check_request(run_dir, request, create=True):
     """Refuse to mix a run trained with other settings (overrides or config contents) into this
     comparison; record the request when the run is first started."""
-    path = os.path.join(run_dir, REQUEST_FILE)
+    path = os.path.join(run_dir, rundir.COMPARE_REQUEST)
     request = json.loads(json_text(request))  # tuples -> lists, as stored
     if os.path.isfile(path):
         with open(path) as f:
@@ -450,7 +448,7 @@ def run_parallel(todo, commands, jobs, children, progress=None):
         try:
             env = workers[slot].env
             pinned = {k: env[k] for k in ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS") if k in env}
-            log = os.path.join(run_dir, LOG_FILE)
+            log = os.path.join(run_dir, rundir.COMPARE_LOG)
             steps = ([("training", commands.train(overrides))] if not trained else []) \
                 + [("evaluating", commands.evaluate(run_dir))]
             with writing(log):

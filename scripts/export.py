@@ -40,9 +40,10 @@ if ROOT not in sys.path:
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
+from common import rundir  # noqa: E402
 from common.errors import UserError  # noqa: E402
 from common.io import atomic_write, atomic_write_text, prepare_output, write_json  # noqa: E402
-from data.classes import CLASS_MAP_FILE, class_map_text  # noqa: E402
+from data.classes import class_map_text  # noqa: E402
 from data.transforms import eval_transform  # noqa: E402
 from engine.cli import run_cli  # noqa: E402
 from engine.runlock import writing_into  # noqa: E402
@@ -189,7 +190,7 @@ def sidecar(cfg, model, classes, fmt: str, head_probabilities: bool, output: str
         "input": {"name": INPUT_NAME, "shape": [BATCH_AXIS, 3, size, size], "dtype": "float32",
                   "normalised": "(pixel / 255 - mean) / std, per channel, RGB"},
         "output": "probabilities" if head_probabilities else "logits",
-        "classes": list(classes), "class_map": CLASS_MAP_FILE, "preprocessing": spec.describe(),
+        "classes": list(classes), "class_map": rundir.CLASS_MAP, "preprocessing": spec.describe(),
         "mean": list(spec.mean), "std": list(spec.std),
         "image_size": size, "interpolation": spec.interpolation, "crop_pct": spec.crop_pct,
         "model": cfg.model.name, "norm": cfg.model.norm,
@@ -219,7 +220,7 @@ def export_timm_folder(args) -> str:
 def check_class_map(folder: str, classes, overwrite: bool) -> str:
     """The path of the export's class_map.txt (timm's format, beside it); one that lists other
     classes (another run's export in the same folder) is replaced only with --overwrite."""
-    path = os.path.join(folder, CLASS_MAP_FILE)
+    path = os.path.join(folder, rundir.CLASS_MAP)
     if os.path.isfile(path) and not overwrite:
         with open(path, encoding="utf-8") as f:
             if f.read() != class_map_text(classes):

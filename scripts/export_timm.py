@@ -17,16 +17,18 @@ import os
 
 import torch
 
+from common import rundir
 from common.errors import UserError
 from common.io import atomic_write_text, write_json
 from common.weights import save_safetensors
-from data.classes import CLASS_MAP_FILE, class_map_text
+from data.classes import class_map_text
+from data.registry import is_features
 from data.transforms import eval_transform
 from models.convert import to_timm_state_dict
 from models.resmlp import TIMM_ARCHITECTURES, VARIANTS
 
 WEIGHTS, CONFIG, CARD = "model.safetensors", "config.json", "README.md"
-FILES = (WEIGHTS, CONFIG, CLASS_MAP_FILE, CARD)
+FILES = (WEIGHTS, CONFIG, rundir.CLASS_MAP, CARD)
 LOGIT_TOLERANCE = 1e-5
 # How to get a head's probabilities from the logits outside this project, where a package has the mapping.
 _PROBABILITIES = {
@@ -40,7 +42,7 @@ _PROBABILITIES = {
 def refusal(cfg, spec) -> str:
     """Why timm has no model for this run, whose head is declared by `spec` (None when it has one)."""
     name = cfg.model.name
-    if cfg.data.dataset == "features":
+    if is_features(cfg.data):
         return "the run is a linear probe on cached features, not a ResMLP"
     if name not in TIMM_ARCHITECTURES:
         return (f"timm has no architecture for {name} (only the paper's variants have one: "
@@ -157,5 +159,5 @@ def write_folder(folder, cfg, model, classes):
     config = hub_config(cfg, model, classes, head)
     save_safetensors(state, os.path.join(folder, WEIGHTS), metadata={"format": "pt"})
     write_json(config, os.path.join(folder, CONFIG))
-    atomic_write_text(os.path.join(folder, CLASS_MAP_FILE), class_map_text(classes))
+    atomic_write_text(os.path.join(folder, rundir.CLASS_MAP), class_map_text(classes))
     atomic_write_text(os.path.join(folder, CARD), model_card(config))

@@ -49,9 +49,10 @@ class FaultHooks:
 
 def kill_during_save(step):
     """Install the checkpoint writer's test hook: SIGKILL mid-save of the step-`step` checkpoint."""
+    from common import rundir
     from engine import checkpoint as ck
 
-    target = ".tmp-" + ck.checkpoint_name(step)
+    target = ".tmp-" + rundir.checkpoint_name(step)
 
     def kill_mid_save(path):
         if os.path.basename(os.path.dirname(path)) == target and os.path.basename(path) == "model.safetensors":

@@ -18,6 +18,7 @@ from common import weights as common_weights
 from common.errors import UserError
 from common.weights import read_safetensors
 from engine import checkpoint as ck
+from engine.trainer_state import TrainerState
 from engine.cli import run_cli
 from engine.runlock import RunLock
 
@@ -34,14 +35,14 @@ def _state(width=64, seed=0):
 
 def save_checkpoint(run_dir, step, width=64, loss_finite=True, ranks=1):
     model, opt = _state(width, seed=step)
-    root = os.path.join(run_dir, ck.CHECKPOINT_SUBDIR)
+    root = os.path.join(run_dir, rundir.CHECKPOINTS)
     tmp = ck.begin_save(root, step)
     for rank in range(ranks):
         ck.write_rank_files(tmp, rank, {"python": [rank, step]})
     ck.write_main_files(tmp, model_state=model.state_dict(), ema_state=model.state_dict(),
                         optimizer_state=opt.state_dict(), scheduler_state={"base_values": [1e-3]},
                         scaler_state=None,
-                        trainer_state={"step": step, "epoch": 0, "batch": step, ck.LOSS_FINITE_KEY: loss_finite})
+                        trainer_state=TrainerState(step=step, epoch=0, batch=step, loss_finite=loss_finite))
     return ck.commit_save(root, step)
 
 
@@ -71,7 +72,7 @@ CORRUPTIONS = {
     "header_garbage": lambda p: _overwrite(os.path.join(p, "model.safetensors"), 0, b"\xff" * 16),
     "flipped_tensor_bytes": lambda p: _flip_tensor_byte(os.path.join(p, "model.safetensors")),
     "unreadable_optimizer": lambda p: _same_size_garbage(os.path.join(p, "optimizer.pt")),
-    "garbage_state_file": lambda p: _same_size_garbage(os.path.join(p, ck.STATE_FILE)),
+    "garbage_state_file": lambda p: _same_size_garbage(os.path.join(p, rundir.TRAINER_STATE)),
     "truncated_ema": lambda p: os.truncate(os.path.join(p, rundir.EMA_WEIGHTS), 100),
     "missing_rng": lambda p: os.remove(os.path.join(p, "rng_0.json")),
 }
@@ -79,8 +80,8 @@ CORRUPTIONS = {
 
 def test_marker_records_sha256_of_every_file(tmp_path):
     path = save_checkpoint(str(tmp_path), 5, ranks=2)
-    meta = json.load(open(os.path.join(path, ck.MARKER)))
-    on_disk = sorted(n for n in os.listdir(path) if n != ck.MARKER)
+    meta = json.load(open(os.path.join(path, rundir.MARKER)))
+    on_disk = sorted(n for n in os.listdir(path) if n != rundir.MARKER)
     assert sorted(meta["sha256"]) == sorted(meta["files"]) == on_disk
     assert {"model.safetensors", rundir.EMA_WEIGHTS, "optimizer.pt", "rng_0.json", "rng_1.json"} <= set(on_disk)
     for name, digest in meta["sha256"].items():
@@ -119,7 +120,7 @@ def test_legacy_checkpoint_without_checksums_gets_a_structural_check(tmp_path):
     older = save_checkpoint(run, 5)
     newest = save_checkpoint(run, 10)
     for path in (older, newest):
-        marker = os.path.join(path, ck.MARKER)
+        marker = os.path.join(path, rundir.MARKER)
         meta = json.load(open(marker))
         del meta["sha256"]
         json.dump(meta, open(marker, "w"))
@@ -158,7 +159,7 @@ def test_newest_verified_checkpoint_skips_damaged_and_nonfinite(tmp_path):
 @pytest.mark.parametrize("protect", [True, False])
 def test_prune_never_removes_the_last_checkpoint_with_a_finite_loss(tmp_path, protect):
     run = str(tmp_path)
-    root = os.path.join(run, ck.CHECKPOINT_SUBDIR)
+    root = os.path.join(run, rundir.CHECKPOINTS)
     for step, finite in ((5, True), (10, True), (15, False), (20, False)):
         save_checkpoint(run, step, width=8, loss_finite=finite)
     ck.prune(root, keep_last=2, protect_last_finite=protect)
@@ -171,9 +172,9 @@ def test_after_file_written_hook_sees_every_file_before_the_marker(tmp_path, mon
     monkeypatch.setattr(ck, "_after_file_written", written.append)
     path = save_checkpoint(str(tmp_path), 3)
     names = [os.path.basename(p) for p in written]
-    assert names[0] == "rng_0.json" and names[1] == "model.safetensors" and names[-1] == ck.MARKER
+    assert names[0] == "rng_0.json" and names[1] == "model.safetensors" and names[-1] == rundir.MARKER
     assert sorted(names) == sorted(os.listdir(path))
-    assert all(os.path.basename(os.path.dirname(p)) == ".tmp-" + ck.checkpoint_name(3) for p in written)
+    assert all(os.path.basename(os.path.dirname(p)) == ".tmp-" + rundir.checkpoint_name(3) for p in written)
 
 
 # ----------------------------------------------------------------------------- write failures
@@ -182,7 +183,7 @@ def _assert_clean_failure(err, run, previous, failing_name):
     assert "\n" not in msg and failing_name in msg and "No space left on device" in msg
     assert "needs about" in msg and "free" in msg and previous in msg and "intact" in msg
     assert err.value.exit_code == ck.EXIT_WRITE_FAILED
-    root = os.path.join(run, ck.CHECKPOINT_SUBDIR)
+    root = os.path.join(run, rundir.CHECKPOINTS)
     assert [n for n in os.listdir(root) if n.startswith(".tmp")] == []  # temporary files removed
     assert [p for _, p in ck.list_checkpoints(root)] == [previous]
     assert ck.validation_error(previous) is None  # previous checkpoint intact (checksums verified)
@@ -277,7 +278,7 @@ def test_disk_full_on_a_real_small_filesystem(small_tmpfs):
         save_checkpoint(run, 10, width=256)
     msg = str(err.value)
     assert any(name in msg for name in ("model.safetensors", rundir.EMA_WEIGHTS, "optimizer.pt"))
-    _assert_clean_failure(err, run, previous, ".tmp-" + ck.checkpoint_name(10))
+    _assert_clean_failure(err, run, previous, ".tmp-" + rundir.checkpoint_name(10))
     # the weight export onto the full disk fails the same way, leaving no model.safetensors.tmp<pid>
     big = {"w": torch.zeros(1024, 1024)}
     with pytest.raises(ck.CheckpointWriteError):
@@ -288,14 +289,14 @@ def test_disk_full_on_a_real_small_filesystem(small_tmpfs):
 # ----------------------------------------------------------------------------- stale temporary files
 def test_clean_stale_temp_removes_leftovers_and_recovers_a_finished_save(tmp_path):
     run = str(tmp_path)
-    root = os.path.join(run, ck.CHECKPOINT_SUBDIR)
+    root = os.path.join(run, rundir.CHECKPOINTS)
     save_checkpoint(run, 5)
     finished = save_checkpoint(run, 9)
     os.rename(finished, ck.tmp_dir_for(root, 9))  # killed between its marker and its rename
     partial = ck.tmp_dir_for(root, 12)  # killed mid-save: no marker
     os.makedirs(partial)
     open(os.path.join(partial, "model.safetensors"), "wb").write(b"x" * 10)
-    os.makedirs(os.path.join(root, ".tmp-old-" + ck.checkpoint_name(5)))  # step_5 exists: a leftover
+    os.makedirs(os.path.join(root, ".tmp-old-" + rundir.checkpoint_name(5)))  # step_5 exists: a leftover
     # temp files of killed writers: pids above Linux's PID_MAX_LIMIT (2^22), so surely no live process's
     for name in ("model.safetensors.tmp4194305", "config.yaml.tmp4194306"):
         open(os.path.join(run, name), "w").write("half")
@@ -309,10 +310,10 @@ def test_clean_stale_temp_removes_leftovers_and_recovers_a_finished_save(tmp_pat
     with RunLock(run):
         removed = ck.clean_stale_temp(run, warn=warnings.append)
     assert sorted(os.path.basename(p) for p in removed) == sorted(
-        ["model.safetensors.tmp4194305", "config.yaml.tmp4194306", ".tmp-" + ck.checkpoint_name(12),
-         ".tmp-old-" + ck.checkpoint_name(5)])
+        ["model.safetensors.tmp4194305", "config.yaml.tmp4194306", ".tmp-" + rundir.checkpoint_name(12),
+         ".tmp-old-" + rundir.checkpoint_name(5)])
     assert [s for s, _ in ck.list_checkpoints(root)] == [5, 9]
-    assert ck.validation_error(os.path.join(root, ck.checkpoint_name(9))) is None
+    assert ck.validation_error(os.path.join(root, rundir.checkpoint_name(9))) is None
     assert not [n for n in os.listdir(root) if n.startswith(".tmp")]
     assert all(os.path.exists(os.path.join(run, n)) for n in keep)
     assert any("recovered" in w for w in warnings) and any("removed 4" in w for w in warnings)
@@ -324,4 +325,4 @@ def test_run_artefacts_lists_what_a_fresh_start_would_delete(tmp_path):
     assert ck.run_artefacts(run) == []
     save_checkpoint(run, 1, width=4)
     open(os.path.join(run, "summary.json"), "w").write("{}")
-    assert ck.run_artefacts(run) == ["summary.json", ck.CHECKPOINT_SUBDIR]
+    assert ck.run_artefacts(run) == ["summary.json", rundir.CHECKPOINTS]

@@ -14,6 +14,8 @@ import tempfile
 
 import pytest
 
+from common import rundir
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "compare_heads.py")
 HEADS = ("softmax", "sparsemax")
@@ -167,13 +169,13 @@ def test_runs_with_other_settings_are_refused(tmp_path):
     cfg.write_text(TINY_CONFIG)
     run = tmp_path / "runs" / "softmax-s0"
     run.mkdir(parents=True)
-    (run / compare_heads.REQUEST_FILE).write_text(json.dumps({"config": str(cfg), "overrides": ["x=1"]}))
+    (run / rundir.COMPARE_REQUEST).write_text(json.dumps({"config": str(cfg), "overrides": ["x=1"]}))
     args = ["--config", str(cfg), "--heads", "softmax", "--runs-dir", str(tmp_path / "runs"),
             "--report-dir", str(tmp_path / "report")]
     with pytest.raises(UserError, match="other settings"):
         compare_heads.main(args)
     # The same overrides but the config file changed since: named in the message.
-    (run / compare_heads.REQUEST_FILE).unlink()
+    (run / rundir.COMPARE_REQUEST).unlink()
     assert compare_heads.main(args + ["--dry-run"]) == 0
     plan, _ = compare_heads.plan_runs(compare_heads.parse_args(args))
     import configs
@@ -207,7 +209,8 @@ def test_plan_names_variants_and_overrides():
 
 
 def _records(run_dir):
-    from evaluation.examples import examples_path, load_examples
+    from common.rundir import examples_path
+    from evaluation.examples import load_examples
 
     return load_examples(examples_path(os.path.join(run_dir, "eval.json")))[0]
 

@@ -18,8 +18,9 @@ from test_compare import ROOT, TINY_CONFIG, _child_run, tiny_comparison
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import compare_heads  # noqa: E402
 
+from common import rundir  # noqa: E402
 from common.errors import UserError  # noqa: E402
-from evaluation.examples import examples_path  # noqa: E402
+from common.rundir import examples_path  # noqa: E402
 
 HEADS = ("softmax", "sparsemax")
 SEEDS = ("0", "1")
@@ -94,7 +95,7 @@ def test_every_mode_runs_the_same_plan(sandbox, monkeypatch, capsys):
     assert sorted(c[:2] for c in parallel) == sorted(c[:2] for c in sequential)
     assert {c[2] for c in parallel} == {("2", None)}  # 4 cores / 2 jobs
     for _, _, run_dir, _ in plan:
-        assert os.path.isfile(os.path.join(run_dir, compare_heads.LOG_FILE))
+        assert os.path.isfile(os.path.join(run_dir, rundir.COMPARE_LOG))
 
     # --emit-slurm: one array task per planned run, with the same train and eval arguments.
     monkeypatch.chdir(ROOT)

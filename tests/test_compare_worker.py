@@ -21,6 +21,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from common import rundir
 from engine import checkpoint as ck
 from engine.children import ChildProcesses
 from test_compare import TINY_CONFIG
@@ -160,7 +161,7 @@ def test_sigterm_reaches_the_workers_mid_training_and_the_rerun_resumes(tmp_path
     for s in (0, 1):
         run = runs / f"softmax-s{s}"
         assert "SIGTERM: stopped after step" in (run / "compare.log").read_text()
-        assert ck.list_checkpoints(str(run / ck.CHECKPOINT_SUBDIR)) and not (run / "summary.json").exists()
+        assert ck.list_checkpoints(str(run / rundir.CHECKPOINTS)) and not (run / "summary.json").exists()
     for pid in workers:  # compare_heads waited for its workers: none outlives it
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)

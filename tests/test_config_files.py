@@ -297,10 +297,10 @@ def test_a_comparison_recorded_before_the_one_image_key_continues(tmp_path):
     request = {"config": cfg_path, "overrides": [], "resolved": configs.config_to_dict(load_config(cfg_path))}
     old = json.loads(json.dumps(request))
     old["resolved"]["model"]["img_size"] = 16
-    (tmp_path / compare_heads.REQUEST_FILE).write_text(json.dumps(old))
+    (tmp_path / rundir.COMPARE_REQUEST).write_text(json.dumps(old))
     compare_heads._check_request(str(tmp_path), request)  # no refusal
     old["resolved"]["optim"]["lr"] = 1.0
-    (tmp_path / compare_heads.REQUEST_FILE).write_text(json.dumps(old))
+    (tmp_path / rundir.COMPARE_REQUEST).write_text(json.dumps(old))
     with pytest.raises(UserError, match="optim.lr: 1.0 -> 0.005"):
         compare_heads._check_request(str(tmp_path), request)
 
@@ -320,7 +320,7 @@ def resumed_run(tmp_path_factory):
 def test_a_runs_config_yaml_after_resume_with_changes_is_a_valid_config(resumed_run, capsys):
     path = os.path.join(resumed_run, "config.yaml")
     assert "history" not in yaml.safe_load(open(path))
-    history = yaml.safe_load(open(os.path.join(resumed_run, rp.CONFIG_HISTORY_NAME)))
+    history = yaml.safe_load(open(os.path.join(resumed_run, rundir.CONFIG_HISTORY)))
     assert [h["changes"] for h in history] == [{"optim.epochs": {"old": 1, "new": 2},
                                                 "optim.lr": {"old": 5e-3, "new": 2e-2}}]
     assert load_config(path) == load_run_config(resumed_run) == tiny_cfg(resumed_run, "optim.epochs=2",
@@ -328,7 +328,7 @@ def test_a_runs_config_yaml_after_resume_with_changes_is_a_valid_config(resumed_
     # train.py --config RUN/config.yaml --resume auto: the checkpoint's config, no change to refuse
     code, err = _cli(capsys, _train_main(), ["--config", path, "--resume", "auto"])
     assert code == 0, err
-    assert len(yaml.safe_load(open(os.path.join(resumed_run, rp.CONFIG_HISTORY_NAME)))) == 1  # nothing new
+    assert len(yaml.safe_load(open(os.path.join(resumed_run, rundir.CONFIG_HISTORY)))) == 1  # nothing new
     # eval.py --config RUN/config.yaml on the run's exported weights
     weights = os.path.join(resumed_run, "model.safetensors")
     code, err = _cli(capsys, _eval_main(), ["--checkpoint", weights, "--config", path, "--quiet", "--calib", "none"])
@@ -339,10 +339,10 @@ def test_eval_takes_a_checkpoint_directory_of_a_run(resumed_run, tmp_path, capsy
     from engine import checkpoint as ck
     from engine.trained_run import CHECKPOINT, open_run
 
-    root = os.path.join(resumed_run, ck.CHECKPOINT_SUBDIR)
+    root = os.path.join(resumed_run, rundir.CHECKPOINTS)
     steps = [s for s, _ in ck.list_checkpoints(root)]
-    first = os.path.join(root, ck.checkpoint_name(min(steps)))
-    last = os.path.join(root, ck.checkpoint_name(max(steps)))
+    first = os.path.join(root, rundir.checkpoint_name(min(steps)))
+    last = os.path.join(root, rundir.checkpoint_name(max(steps)))
     run = open_run(last)
     cfg, weights, kind = run.cfg, run.weights, run.weights_kind
     assert weights == os.path.join(last, rundir.WEIGHTS) and kind == "raw" and run.source == CHECKPOINT
@@ -370,7 +370,7 @@ def test_non_utf8_run_config_is_one_line_on_resume(resumed_run, tmp_path, capsys
 
     run = str(tmp_path / "run")
     shutil.copytree(resumed_run, run)
-    os.remove(os.path.join(run, rp.CONFIG_HISTORY_NAME))  # a run from before the history file
+    os.remove(os.path.join(run, rundir.CONFIG_HISTORY))  # a run from before the history file
     cfg_path = write_cfg(tiny_cfg(run, "optim.epochs=2", "optim.lr=2e-2", "train.keep_last=10"), tmp_path / "cfg.yaml")
     _write(os.path.join(run, "config.yaml"), b"name: tiny\xff\n")
     code, err = _cli(capsys, _train_main(), ["--config", cfg_path, "--resume", "auto"])

@@ -19,6 +19,7 @@ import data
 from data import dali_params as P
 from configs.schema import IMAGENET_MEAN, IMAGENET_STD, DataConfig
 from data.dali_pipeline import INSTALL_HINT, dali_available
+from common import rundir
 from common.errors import UserError
 
 needs_dali = pytest.mark.skipif(not dali_available(), reason="NVIDIA DALI not installed "
@@ -494,7 +495,7 @@ def test_train_py_resume_mid_epoch_bit_identical(mixed, tmp_path):
     same weights as the uninterrupted run (RandAugment, erasing, Mixup/CutMix on)."""
     import shutil
 
-    from engine import checkpoint as ck
+    from engine.trainer_state import read_trainer_state
     from test_train_helpers import run_inprocess, tiny_cfg, weights
 
     recipe = ["data.dataset=imagefolder", f"data.root={mixed}", "data.backend=dali", "data.num_workers=1",
@@ -504,10 +505,10 @@ def test_train_py_resume_mid_epoch_bit_identical(mixed, tmp_path):
               "train.keep_last=10"]
     ref = str(tmp_path / "ref")
     assert run_inprocess(tiny_cfg(ref, *recipe)) == 0
-    mid = os.path.join(ref, "checkpoints", ck.checkpoint_name(4))
-    assert ck.read_trainer_state(mid)["batch"] == 4  # inside the first epoch (6 batches)
+    mid = os.path.join(ref, "checkpoints", rundir.checkpoint_name(4))
+    assert read_trainer_state(mid).batch == 4  # inside the first epoch (6 batches)
     run = str(tmp_path / "resumed")
-    shutil.copytree(mid, os.path.join(run, "checkpoints", ck.checkpoint_name(4)))
+    shutil.copytree(mid, os.path.join(run, "checkpoints", rundir.checkpoint_name(4)))
     assert run_inprocess(tiny_cfg(run, *recipe), resume="auto") == 0
     a, b = weights(run), weights(ref)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -39,7 +39,7 @@ TOY_DECLARATION = ('register(DatasetSpec("toy", "three grey levels (a test stand
 
 def _toy_spec(**changes):
     def build(data_cfg, split):
-        n = 24 if split == "train" else 12
+        n = {"train": 24, "val": 12, "calib": 5}[split]
         labels = torch.arange(n) % 3
         return ArrayDataset(torch.full((n, 3, 8, 8), 7, dtype=torch.uint8), labels, 3, name="toy")
 
@@ -81,6 +81,15 @@ def test_a_throwaway_declaration_reaches_the_loader_dali_and_ood(throwaway):
         data.build_dataset(replace(cfg, backend="dali"), "val")
     assert ood_report.resolve_ood_dataset("auto", throwaway.name) == "builtin10_ood"
     assert throwaway.name in ood_report.ood_dataset_names()
+
+
+def test_a_stored_calib_split_is_read_as_stored_not_held_out_of_train():
+    spec = registry.register(_toy_spec(name="toy_with_calib", splits=("train", "val", "calib")))
+    try:
+        cfg = DataConfig(dataset=spec.name, image_size=8)
+        assert (len(data.build_dataset(cfg, "calib")), len(data.build_dataset(cfg, "train"))) == (5, 24)
+    finally:
+        del registry.DATASETS[spec.name]
 
 
 @pytest.mark.parametrize("changes, what", [

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from common import rundir
 from common.errors import UserError
 from engine import checkpoint as ck
 from test_train_helpers import read_metrics, reset_accelerate_state, run_inprocess, tiny_cfg, write_cfg
@@ -48,7 +49,7 @@ def test_empty_val_split_gives_null_metrics_and_stops_unless_allowed(tmp_path, c
     with open(os.path.join(run, "epochs.csv")) as f:
         row = next(csv.DictReader(f))
     assert row["raw_n"] == "0" and row["raw_top1"] == "nan" and row["raw_loss"] == "nan"
-    assert [s for s, _ in ck.list_checkpoints(os.path.join(run, ck.CHECKPOINT_SUBDIR))] == [4]  # the epoch is kept
+    assert [s for s, _ in ck.list_checkpoints(os.path.join(run, rundir.CHECKPOINTS))] == [4]  # the epoch is kept
     assert not os.path.exists(os.path.join(run, "summary.json"))
 
     # asked to continue: no config change to accept, the run finishes with null metrics

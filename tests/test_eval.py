@@ -160,7 +160,8 @@ def test_training_eval_and_eval_py_agree_on_the_same_weights(tmp_path):
     from safetensors.torch import load_file
 
     from data import build_dataset, build_eval_loader
-    from evaluation.examples import examples_path, load_examples
+    from common.rundir import examples_path
+    from evaluation.examples import load_examples
     from models import create_classifier
     from test_train_helpers import reset_accelerate_state, run_inprocess, tiny_cfg
 
@@ -230,7 +231,8 @@ def test_ood_detection_and_selective_prediction_in_eval_json():
     """The tiny runs were evaluated with the built-in OOD set (compare_heads passes it): AUROC of each
     score against a brute-force pair count over a plain forward of both splits; AURC against the
     mean selective risk of the records sorted by confidence; the records hold the FY loss."""
-    from evaluation.examples import examples_path, load_examples
+    from common.rundir import examples_path
+    from evaluation.examples import load_examples
 
     for head in ("softmax", "sparsemax"):
         run = tiny_run_dir(head)

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from common import rundir
 from engine import checkpoint as ck
 from engine.children import EXIT_TIMEOUT, ChildProcesses, StoppedBySignal
 from test_compare import TINY_CONFIG
@@ -78,7 +79,7 @@ def test_sigterm_to_compare_heads_stops_its_training_cleanly_and_the_rerun_resum
     assert "SIGTERM: training" in err and "rerun the same command" in err
     assert _wait_gone(run) == []  # no train.py child outlives compare_heads
     assert not os.path.exists(os.path.join(run, "run.lock"))
-    assert [s for s, _ in ck.list_checkpoints(os.path.join(run, ck.CHECKPOINT_SUBDIR))] == [PAUSE_AFTER]
+    assert [s for s, _ in ck.list_checkpoints(os.path.join(run, rundir.CHECKPOINTS))] == [PAUSE_AFTER]
 
     again = subprocess.run(_compare_cmd(tmp_path), cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,
                            timeout=400)

@@ -64,7 +64,8 @@ def predictions(val_images, tmp_path_factory):
 
 
 def test_probabilities_equal_eval_py(predictions, val_images):
-    from evaluation.examples import examples_path, load_examples
+    from common.rundir import examples_path
+    from evaluation.examples import load_examples
 
     names = val_images[1]
     for head, (rows, _) in predictions.items():

@@ -9,6 +9,7 @@ import pytest
 import torch
 import yaml
 
+from common import rundir
 from common.errors import UserError
 from configs.schema import Config, OptimConfig
 from engine import resume_policy as rp
@@ -82,16 +83,11 @@ def test_derived_values_are_checked_and_legacy_fingerprints_are_compared_on_what
     with pytest.raises(UserError, match="run.num_classes=10 -> 100"):
         rp.check_resume_changes(_fp(_cfg_dict()), _fp(_cfg_dict(), num_classes=100), checkpoint="ck",
                                 accept_changes=True)
-    legacy_state = {"fingerprint": {"model.name": "resmlp_tiny", "head.name": "softmax", "num_classes": 10},
-                    "global_batch": 256}
-    saved = rp.saved_fingerprint(legacy_state)
-    assert saved == {"model.name": "resmlp_tiny", "head.name": "softmax", "run.num_classes": 10,
-                     "run.global_batch": 256}
-    current = _fp(_cfg_dict(optim={"lr": 1.0}))  # keys the legacy checkpoint never recorded: not compared
+    saved = {"model.name": "resmlp_tiny", "head.name": "softmax", "run.num_classes": 10, "run.global_batch": 256}
+    current = _fp(_cfg_dict(optim={"lr": 1.0}))  # keys the checkpoint never recorded (newer schema keys): not compared
     assert rp.check_resume_changes(saved, current, checkpoint="ck") == []
     with pytest.raises(UserError, match="run.num_classes=10 -> 100"):
         rp.check_resume_changes(saved, _fp(_cfg_dict(), num_classes=100), checkpoint="ck")
-    assert rp.saved_fingerprint({"config": current, "fingerprint": {}}) == current
 
 
 # ----------------------------------------------------------------------------- applying a new schedule
@@ -176,13 +172,13 @@ def test_change_record_and_config_history(tmp_path):
     assert data["optim"]["lr"] == 3e-2 and data["optim"]["epochs"] == 450
     # the history lives beside config.yaml, which stays a plain config
     assert "history" not in data and data == json.loads(json.dumps(_cfg_dict(optim={"lr": 3e-2, "epochs": 450})))
-    history = yaml.safe_load(open(tmp_path / rp.CONFIG_HISTORY_NAME))
+    history = yaml.safe_load(open(tmp_path / rundir.CONFIG_HISTORY))
     assert [h["step"] for h in history] == [16, 40]
     assert history[0]["changes"] == {"optim.lr": {"old": 5e-3, "new": 3e-2}}
     assert history[1]["changes"]["data.mean"] == {"old": [0.5] * 3, "new": [0.4] * 3}
     assert rp.read_config_history(path) == history
     rp.save_config_with_history(path, cfg, keep_history=False)  # a fresh start (--overwrite) drops it
-    assert "history" not in yaml.safe_load(open(path)) and not (tmp_path / rp.CONFIG_HISTORY_NAME).exists()
+    assert "history" not in yaml.safe_load(open(path)) and not (tmp_path / rundir.CONFIG_HISTORY).exists()
     assert rp.read_config_history(path) == []
 
     row = rp.change_record(first, step=16, checkpoint="c")
@@ -200,17 +196,17 @@ def test_history_inside_an_older_runs_config_yaml_is_read_and_moved_beside_it(tm
     new_entry = rp.history_entry([rp.Change("optim.epochs", 400, 450)], step=40, checkpoint="c40")
     rp.save_config_with_history(path, _cfg_dict(optim={"lr": 3e-2, "epochs": 450}), new_entry)
     assert "history" not in yaml.safe_load(open(path))
-    assert [h["step"] for h in yaml.safe_load(open(tmp_path / rp.CONFIG_HISTORY_NAME))] == [16, 40]
+    assert [h["step"] for h in yaml.safe_load(open(tmp_path / rundir.CONFIG_HISTORY))] == [16, 40]
 
 
 def test_a_broken_history_is_one_line(tmp_path):
     path = str(tmp_path / "config.yaml")
     rp.save_config_with_history(path, _cfg_dict())
-    (tmp_path / rp.CONFIG_HISTORY_NAME).write_bytes(b"- step: 1\n  step: 2\n")
+    (tmp_path / rundir.CONFIG_HISTORY).write_bytes(b"- step: 1\n  step: 2\n")
     with pytest.raises(UserError) as err:
         rp.read_config_history(path)
     assert "step" in str(err.value) and "lines 1 and 2" in str(err.value) and "\n" not in str(err.value)
-    (tmp_path / rp.CONFIG_HISTORY_NAME).write_bytes(b"step: 1\n")
+    (tmp_path / rundir.CONFIG_HISTORY).write_bytes(b"step: 1\n")
     with pytest.raises(UserError, match="list of changes"):
         rp.read_config_history(path)
 
@@ -242,17 +238,11 @@ def test_a_checkpoint_fingerprint_gives_back_its_config():
 
 
 # ----------------------------------------------------------------------------- world-independent epoch state
-def test_epoch_partial_is_per_update_and_legacy_sums_over_ranks_are_divided_by_their_world():
-    assert rp.saved_epoch_partial({"epoch_partial": {"loss_sum": 6.0, "updates": 3}}) == [6.0, 3.0]
-    # as an older version recorded them: the sums over 2 ranks, each update counted once per rank
-    assert rp.saved_epoch_partial({"epoch_loss": [12.0, 6.0], "world_size": 2}) == [6.0, 3.0]
-    assert rp.saved_epoch_partial({}) == [0.0, 0.0]
-
-
 def test_updates_in_epoch_counts_updates_whatever_the_processes_and_accumulation():
-    state = {"batch": 6, "global_batch": 32, "config": {"train.grad_accum": 2}}  # legacy: micro-batches
+    from engine.trainer_state import TrainerState
+
+    state = TrainerState(batch=6, updates_in_epoch=3, config={"run.global_batch": 32, "train.grad_accum": 2})
     assert rp.updates_in_epoch(state, 32) == 3
-    assert rp.updates_in_epoch(dict(state, updates_in_epoch=3), 32) == 3
-    assert rp.updates_in_epoch(dict(state, updates_in_epoch=3), 16) == 6  # 96 samples = 6 updates of 16
+    assert rp.updates_in_epoch(state, 16) == 6  # 96 samples = 6 updates of 16
     with pytest.raises(UserError, match="96 samples into its epoch.*global batch 64"):
-        rp.updates_in_epoch(dict(state, updates_in_epoch=3), 64)
+        rp.updates_in_epoch(state, 64)

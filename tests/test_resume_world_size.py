@@ -10,7 +10,9 @@ import subprocess
 import sys
 import time
 
+from common import rundir
 from engine import checkpoint as ck
+from engine.trainer_state import read_trainer_state
 from test_train_helpers import ROOT, TRAIN_PY, read_metrics, subprocess_env, tiny_cfg, wait_for_file, write_cfg
 
 UPDATES = 8  # per epoch: 128 samples at a global batch of 16
@@ -61,9 +63,9 @@ def _wait_for_lines(path, count, proc, timeout=240):
 
 
 def _checkpoint_state(run, step):
-    root = os.path.join(run, ck.CHECKPOINT_SUBDIR)
+    root = os.path.join(run, rundir.CHECKPOINTS)
     assert step in [s for s, _ in ck.list_checkpoints(root)]
-    return ck.read_trainer_state(os.path.join(root, ck.checkpoint_name(step)))
+    return read_trainer_state(os.path.join(root, rundir.checkpoint_name(step)))
 
 
 def test_resume_on_another_world_size_keeps_epochs_csv_exact(tmp_path):
@@ -73,13 +75,13 @@ def test_resume_on_another_world_size_keeps_epochs_csv_exact(tmp_path):
     status, out, err = _stop_mid_epoch(tmp_path, run, 1, 3)
     assert status == 143 and "SIGTERM received" in err, (out[-2000:], err[-3000:])
     saved = _checkpoint_state(run, 3)
-    assert saved["world_size"] == 1 and saved["updates_in_epoch"] == 3 and saved["epoch_partial"]["updates"] == 3
+    assert saved.world_size == 1 and saved.updates_in_epoch == 3 and saved.epoch_partial["updates"] == 3
 
     status, out, err = _stop_mid_epoch(tmp_path, run, 2, UPDATES + 3, "--resume", "auto", FLAG)
     assert status != 0 and "resumed from" in out and "SIGTERM received" in err, (out[-2000:], err[-3000:])
     saved = _checkpoint_state(run, UPDATES + 3)
-    assert saved["world_size"] == 2 and saved["updates_in_epoch"] == 3
-    assert saved["epoch_partial"]["updates"] == 3  # per update, not per rank
+    assert saved.world_size == 2 and saved.updates_in_epoch == 3
+    assert saved.epoch_partial["updates"] == 3  # per update, not per rank
 
     resumed = subprocess.run(_launch(TRAIN_PY, 1) + ["--config", _config(tmp_path, run, 1), "--resume", "auto", FLAG],
                              cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)

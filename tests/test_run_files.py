@@ -19,13 +19,12 @@ from common import io as common_io
 from common import rundir
 from common.io import WriteError
 from common.removal import removal_blockers, remove, remove_all
-from common.weights import read_safetensors
 from engine import checkpoint as ck
 from engine.cli import run_cli
 from engine.run_start import delete_old_run
 from engine.runlock import RunLock
+from engine.trainer_state import TrainerState
 from evaluation import report
-import train
 from evaluation.metrics import RECORD_FIELDS
 from test_train_helpers import ROOT, reset_accelerate_state, run_inprocess, tiny_cfg, write_cfg
 
@@ -122,43 +121,9 @@ def tmpfs(tmp_path):
 
 
 # ----------------------------------------------------------------------------- names
-def test_one_ema_name_and_the_old_one_still_read(tmp_path):
-    folder = str(tmp_path)
-    assert rundir.ema_weights(folder) is None
-    legacy = os.path.join(folder, rundir.LEGACY_EMA_WEIGHTS)
-    open(legacy, "wb").write(b"old")
-    assert rundir.ema_weights(folder) == legacy  # a checkpoint saved before the one EMA name
-    current = os.path.join(folder, rundir.EMA_WEIGHTS)
-    open(current, "wb").write(b"new")
-    assert rundir.ema_weights(folder) == current
+def test_one_ema_name():
     assert rundir.EMA_WEIGHTS == "model_ema.safetensors"  # the run directory's documented name, now everywhere
     assert rundir.eval_outputs("out/e.json") == ["out/e.json", "out/e.csv", "out/e.examples.safetensors"]
-
-
-def test_a_checkpoint_with_the_old_ema_name_resumes_with_its_ema(trained, tmp_path):
-    run, cfg = _copy(trained, tmp_path)
-    ckpt = os.path.join(run, rundir.CHECKPOINTS, rundir.checkpoint_name(8))
-    # rewrite the newest checkpoint as an older version saved it: EMA as ema.safetensors
-    os.rename(os.path.join(ckpt, rundir.EMA_WEIGHTS), os.path.join(ckpt, rundir.LEGACY_EMA_WEIGHTS))
-    marker = common_io.read_json(os.path.join(ckpt, rundir.MARKER))
-    for table in (marker["files"], marker["sha256"]):
-        table[rundir.LEGACY_EMA_WEIGHTS] = table.pop(rundir.EMA_WEIGHTS)
-    common_io.write_json(marker, os.path.join(ckpt, rundir.MARKER))
-    assert ck.validation_error(ckpt) is None
-    ema_before = read_safetensors(os.path.join(ckpt, rundir.LEGACY_EMA_WEIGHTS))
-    loaded = {}
-    real = train.restore
-
-    def spy(run_, ckpt_, saved, *rest, **kw):
-        real(run_, ckpt_, saved, *rest, **kw)
-        loaded.update({k: v.clone() for k, v in run_.ema.module.state_dict().items()})
-
-    train.restore = spy
-    try:
-        assert run_inprocess(cfg, resume=ckpt) == 0
-    finally:
-        train.restore = real
-    assert loaded and all(torch.equal(loaded[k], ema_before[k]) for k in ema_before)
 
 
 # ----------------------------------------------------------------------------- deleting
@@ -217,7 +182,7 @@ def _save_checkpoint(run, step):
     ck.write_rank_files(tmp, 0, {"python": [step]})
     ck.write_main_files(tmp, model_state={"w": torch.full((4,), float(step))}, ema_state=None,
                         optimizer_state={"state": {}}, scheduler_state=None, scaler_state=None,
-                        trainer_state={"step": step})
+                        trainer_state=TrainerState(step=step))
     return ck.commit_save(root, step)
 
 

@@ -3,7 +3,7 @@ folder that is not a run, on a run still training and on a run that stopped befo
 weights; train.py --resume with a path that does not exist. Each is one line and exit 2."""
 import os
 
-from engine.checkpoint import CHECKPOINT_SUBDIR, checkpoint_name
+from common import rundir
 from engine.runlock import RunLock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -20,7 +20,7 @@ def _stopped_run(tmp_path, steps=(4, 8)):
     """A run directory as train.py leaves it before the first export: config, logs, checkpoints."""
     run = tmp_path / "run"
     for step in steps:
-        (run / CHECKPOINT_SUBDIR / checkpoint_name(step)).mkdir(parents=True)
+        (run / rundir.CHECKPOINTS / rundir.checkpoint_name(step)).mkdir(parents=True)
     (run / "config.yaml").write_text(TINY)
     (run / "metrics.jsonl").write_text("")
     return run
@@ -43,7 +43,7 @@ def test_eval_on_a_run_still_training(tmp_path, one_line_error):
     finally:
         lock.release()
     assert "is still training" in line and f"pid {os.getpid()}" in line and "wait for" in line
-    newest = os.path.join(str(run), CHECKPOINT_SUBDIR, checkpoint_name(8), "model.safetensors")
+    newest = os.path.join(str(run), rundir.CHECKPOINTS, rundir.checkpoint_name(8), "model.safetensors")
     assert f"--checkpoint {newest} --config {os.path.join(str(run), 'config.yaml')}" in line
 
 
@@ -59,6 +59,6 @@ def test_train_resume_from_a_missing_path_lists_the_checkpoints(tmp_path, one_li
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text(TINY)
     line = one_line_error("train", ["--config", str(cfg), f"train.output_dir={run}",
-                            "--resume", str(run / CHECKPOINT_SUBDIR / "step_12")])
+                            "--resume", str(run / rundir.CHECKPOINTS / "step_12")])
     assert "no such checkpoint" in line
-    assert f"{checkpoint_name(4)}, {checkpoint_name(8)} (newest last)" in line and "--resume auto" in line
+    assert f"{rundir.checkpoint_name(4)}, {rundir.checkpoint_name(8)} (newest last)" in line and "--resume auto" in line

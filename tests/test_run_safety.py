@@ -14,10 +14,12 @@ import pytest
 import torch
 import yaml
 
+from common import rundir
 from common import io as common_io
 from common.errors import UserError
 from configs import load_config, load_run_config
 from engine import checkpoint as ck
+from engine.trainer_state import read_trainer_state
 from engine import resume_policy as rp
 from test_train_helpers import (ROOT, gated_train_cmd, read_metrics, reset_accelerate_state, run_inprocess,
                                 subprocess_env, tiny_cfg, train_cmd, wait_for_file, weights, write_cfg)
@@ -31,7 +33,7 @@ def finished(tmp_path_factory):
     """A finished one-epoch run; tests work on copies (`_copy`)."""
     run = str(tmp_path_factory.mktemp("finished") / "run")
     assert run_inprocess(tiny_cfg(run, *FINISHED)) == 0
-    assert [s for s, _ in ck.list_checkpoints(os.path.join(run, ck.CHECKPOINT_SUBDIR))] == [3, 6, 8]
+    assert [s for s, _ in ck.list_checkpoints(os.path.join(run, rundir.CHECKPOINTS))] == [3, 6, 8]
     return run
 
 
@@ -72,7 +74,7 @@ def _snapshot(run):
 # ----------------------------------------------------------------------------- fresh start
 def test_fresh_start_in_a_run_dir_is_refused_and_overwrite_lists_what_it_deletes(finished, tmp_path, capsys):
     run = _copy(finished, tmp_path)
-    shutil.rmtree(os.path.join(run, ck.CHECKPOINT_SUBDIR))  # a finished run whose checkpoints are gone
+    shutil.rmtree(os.path.join(run, rundir.CHECKPOINTS))  # a finished run whose checkpoints are gone
     before = _snapshot(run)
     cfg = tiny_cfg(run, *FINISHED)
     code, _, err = _cli(capsys, cfg, tmp_path=tmp_path)
@@ -128,7 +130,7 @@ def test_changed_lr_is_refused_then_applied_for_real_with_the_flag(finished, tmp
     change = [r for r in rows if r["kind"] == "config_change"]
     assert len(change) == 1 and change[0]["step"] == 8
     assert change[0]["changes"]["optim.lr"] == {"old": 5e-3, "new": 2e-2}
-    with open(os.path.join(run, rp.CONFIG_HISTORY_NAME)) as f:  # beside config.yaml
+    with open(os.path.join(run, rundir.CONFIG_HISTORY)) as f:  # beside config.yaml
         history = yaml.safe_load(f)
     assert len(history) == 1 and history[0]["changes"]["optim.epochs"] == {"old": 1, "new": 2}
     assert history[0]["step"] == 8 and history[0]["flag"] == rp.RESUME_FLAG
@@ -151,7 +153,7 @@ def test_resume_on_other_class_names_is_refused(finished, tmp_path):
 # ----------------------------------------------------------------------------- checkpoint integrity
 def test_corrupt_newest_checkpoint_falls_back_and_none_valid_names_resume_path(finished, tmp_path, capsys):
     run = _copy(finished, tmp_path)
-    newest = os.path.join(run, ck.CHECKPOINT_SUBDIR, ck.checkpoint_name(8))
+    newest = os.path.join(run, rundir.CHECKPOINTS, rundir.checkpoint_name(8))
     path = os.path.join(newest, "optimizer.pt")
     data = bytearray(open(path, "rb").read())
     data[len(data) // 2: len(data) // 2 + 16] = bytes(16)  # same size, flipped bytes: only the checksum sees it
@@ -159,13 +161,13 @@ def test_corrupt_newest_checkpoint_falls_back_and_none_valid_names_resume_path(f
     code, out, _ = _cli(capsys, tiny_cfg(run, *FINISHED), "--resume", "auto", tmp_path=tmp_path)
     assert code == 0
     assert "skipping" in out and "step_000000008" in out and "sha256" in out
-    assert f"resumed from {os.path.join(run, ck.CHECKPOINT_SUBDIR, ck.checkpoint_name(6))}" in out
+    assert f"resumed from {os.path.join(run, rundir.CHECKPOINTS, rundir.checkpoint_name(6))}" in out
     for name in ("model.safetensors", "model_ema.safetensors"):  # steps 7-8 redone: the same weights
         a, b = weights(run, name), weights(finished, name)
         assert all(torch.equal(a[k], b[k]) for k in a)
 
-    for _, ckpt in ck.list_checkpoints(os.path.join(run, ck.CHECKPOINT_SUBDIR)):
-        with open(os.path.join(ckpt, ck.STATE_FILE), "r+b") as f:
+    for _, ckpt in ck.list_checkpoints(os.path.join(run, rundir.CHECKPOINTS)):
+        with open(os.path.join(ckpt, rundir.TRAINER_STATE), "r+b") as f:
             f.write(b"#")  # damages every checkpoint
     code, _, err = _cli(capsys, tiny_cfg(run, *FINISHED), "--resume", "auto", tmp_path=tmp_path)
     assert code == 2 and err.count("\n") == 1 and "--resume PATH" in err and "is valid" in err
@@ -177,7 +179,7 @@ def test_disk_full_during_a_save_is_one_line_exit_74_and_keeps_the_previous_chec
     real_open = common_io._open_for_write
 
     def full_disk(path):
-        if ck.checkpoint_name(10) in path and path.endswith("optimizer.pt"):
+        if rundir.checkpoint_name(10) in path and path.endswith("optimizer.pt"):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
         return real_open(path)
 
@@ -186,14 +188,14 @@ def test_disk_full_during_a_save_is_one_line_exit_74_and_keeps_the_previous_chec
     assert code == ck.EXIT_WRITE_FAILED == 74
     assert err.count("\n") == 1 and "optimizer.pt" in err and "No space left" in err and "free" in err
     assert "step_000000008 is intact" in err
-    root = os.path.join(run, ck.CHECKPOINT_SUBDIR)
-    assert [s for s, _ in ck.list_checkpoints(root)] == [5, 8] and ck.validation_error(os.path.join(root, ck.checkpoint_name(8))) is None
+    root = os.path.join(run, rundir.CHECKPOINTS)
+    assert [s for s, _ in ck.list_checkpoints(root)] == [5, 8] and ck.validation_error(os.path.join(root, rundir.checkpoint_name(8))) is None
     assert not [n for n in os.listdir(root) if n.startswith(".tmp")] and not os.path.exists(os.path.join(run, "run.lock"))
     monkeypatch.undo()
 
     # leftovers of a killed save are removed at the next start (under the lock), which then finishes
     open(os.path.join(run, "model.safetensors.tmp4194305"), "wb").write(b"partial")  # a pid above 2^22: no live process
-    os.makedirs(os.path.join(root, ".tmp-" + ck.checkpoint_name(9)))
+    os.makedirs(os.path.join(root, ".tmp-" + rundir.checkpoint_name(9)))
     code, out, _ = _cli(capsys, cfg, "--resume", "auto", tmp_path=tmp_path)
     assert code == 0 and "removed 2 temporary file(s)" in out
     assert not os.path.exists(os.path.join(run, "model.safetensors.tmp4194305"))
@@ -222,11 +224,11 @@ def test_skip_budget_stops_with_exit_3_and_pruning_keeps_a_finite_checkpoint(tmp
     code, _, err = _cli(capsys, cfg, tmp_path=tmp_path, hooks=NanFrom(6))
     assert code == 3
     assert "11 of the last 100 updates" in err and "max_skipped_fraction=0.1" in err and "step 16" in err
-    root = os.path.join(run, ck.CHECKPOINT_SUBDIR)
+    root = os.path.join(run, rundir.CHECKPOINTS)
     kept = dict(ck.list_checkpoints(root))
     assert sorted(kept) == [5, 16]  # keep_last=1 keeps the newest; pruning keeps the last finite one
-    assert ck.read_trainer_state(kept[5])[ck.LOSS_FINITE_KEY] is True
-    assert ck.read_trainer_state(kept[16])[ck.LOSS_FINITE_KEY] is False
+    assert read_trainer_state(kept[5]).loss_finite is True
+    assert read_trainer_state(kept[16]).loss_finite is False
     assert f"Newest verified checkpoint with a finite loss: {kept[5]}" in err
     assert not os.path.exists(os.path.join(run, "summary.json"))
     rows = [r for r in read_metrics(run) if r["kind"] == "train"]

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from engine.runlock import LOCK_NAME, RunLock, RunLockHeld, read_lock, stale_reason
+from common import rundir
+from engine.runlock import RunLock, RunLockHeld, read_lock, stale_reason
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -71,7 +72,7 @@ def test_two_processes_racing_for_one_directory(tmp_path):
         assert holder["pid"] == winner.pid and holder["purpose"] in ("racer0", "racer1")
         open(release, "w").close()
         assert winner.wait(timeout=60) == 0 and winner.stdout.read() == "acquired\n"
-        assert not os.path.exists(os.path.join(run, LOCK_NAME))  # released at the winner's exit (atexit)
+        assert not os.path.exists(os.path.join(run, rundir.LOCK))  # released at the winner's exit (atexit)
         assert os.listdir(run) == []  # no private temp files left either
 
 
@@ -86,7 +87,7 @@ def _write_lock(run, **fields):
     record = {"pid": 1, "host": socket.gethostname(), "since": "2020-01-01 00:00:00 UTC", "purpose": "training",
               "boot_id": None, "proc_start": None, "token": "old"}
     record.update(fields)
-    with open(os.path.join(run, LOCK_NAME), "w") as f:
+    with open(os.path.join(run, rundir.LOCK), "w") as f:
         json.dump(record, f)
     return record
 
@@ -129,7 +130,7 @@ def test_lock_on_another_host_is_never_taken_over(tmp_path):
     with pytest.raises(RunLockHeld) as err:
         RunLock(run).acquire()
     msg = str(err.value)
-    assert "some-other-node" in msg and "since 2020-01-01" in msg and os.path.join(run, LOCK_NAME) in msg
+    assert "some-other-node" in msg and "since 2020-01-01" in msg and os.path.join(run, rundir.LOCK) in msg
 
 
 def test_released_on_exception_and_disabled_on_other_ranks(tmp_path):
@@ -151,17 +152,17 @@ def test_released_on_exception_and_disabled_on_other_ranks(tmp_path):
 def test_released_at_exit_after_an_uncaught_exception_in_a_real_process(tmp_path):
     run = str(tmp_path / "run")
     code = (f"import sys; sys.path.insert(0, {ROOT!r}); from engine.runlock import RunLock; "
-            f"RunLock({run!r}).acquire(); import os; assert os.path.exists({os.path.join(run, LOCK_NAME)!r}); "
+            f"RunLock({run!r}).acquire(); import os; assert os.path.exists({os.path.join(run, rundir.LOCK)!r}); "
             "raise RuntimeError('boom')")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=60)
     assert proc.returncode == 1 and "boom" in proc.stderr
-    assert not os.path.exists(os.path.join(run, LOCK_NAME))
+    assert not os.path.exists(os.path.join(run, rundir.LOCK))
 
 
 def test_unreadable_lock_is_waited_for_then_taken_over(tmp_path, monkeypatch):
     run = str(tmp_path / "run")
     os.makedirs(run)
-    path = os.path.join(run, LOCK_NAME)
+    path = os.path.join(run, rundir.LOCK)
     open(path, "w").write("{half")
     old = time.time() - 3600
     os.utime(path, (old, old))

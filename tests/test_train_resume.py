@@ -13,7 +13,9 @@ import time
 import pytest
 import torch
 
+from common import rundir
 from engine import checkpoint as ck
+from engine.trainer_state import read_trainer_state
 from test_train_helpers import (ROOT, gated_train_cmd, hooked_train_cmd, read_metrics, run_train_subprocess, subprocess_env,
                                 tiny_cfg, wait_for_file, weights, write_cfg)
 
@@ -80,27 +82,27 @@ def test_sigkill_mid_epoch_and_mid_save_then_resume_is_bit_identical(tmp_path, r
     assert killed_at is not None and proc.returncode == -signal.SIGKILL, proc.stderr.read()[-2000:]
     assert not os.path.exists(os.path.join(run, "summary.json"))
     latest = ck.find_latest(run)
-    assert latest.endswith(ck.checkpoint_name(5)) and ck.read_trainer_state(latest)["batch"] == 5  # mid-epoch
+    assert latest.endswith(rundir.checkpoint_name(5)) and read_trainer_state(latest).batch == 5  # mid-epoch
 
     # 2. resume, and die in the middle of writing the step-10 checkpoint (after its weights, before its marker)
     died = subprocess.run(hooked_train_cmd(cfg_path, "--kill-during-save", "10", "--resume", "auto"), cwd=ROOT,
                           env=subprocess_env(), capture_output=True, text=True, timeout=240)
     assert died.returncode == -signal.SIGKILL, died.stderr[-2000:]
     assert "resumed from" in died.stdout
-    partial = os.path.join(root, ".tmp-" + ck.checkpoint_name(10))
-    assert os.path.isfile(os.path.join(partial, "model.safetensors")) and not os.path.exists(os.path.join(partial, ck.MARKER))
+    partial = os.path.join(root, ".tmp-" + rundir.checkpoint_name(10))
+    assert os.path.isfile(os.path.join(partial, "model.safetensors")) and not os.path.exists(os.path.join(partial, rundir.MARKER))
     assert [s for s, _ in ck.list_checkpoints(root)] == [5, 8]
-    assert ck.validation_error(os.path.join(root, ck.checkpoint_name(8))) is None
+    assert ck.validation_error(os.path.join(root, rundir.checkpoint_name(8))) is None
     # a half-written step directory (e.g. copied by hand) must be skipped by --resume auto as well
-    bogus = os.path.join(root, ck.checkpoint_name(9))
+    bogus = os.path.join(root, rundir.checkpoint_name(9))
     os.makedirs(bogus)
     open(os.path.join(bogus, "model.safetensors"), "wb").write(b"\0" * 10)
-    assert ck.find_latest(run, warn=lambda m: None).endswith(ck.checkpoint_name(8))
+    assert ck.find_latest(run, warn=lambda m: None).endswith(rundir.checkpoint_name(8))
 
     # 3. resume again: ends bit-identical to the uninterrupted run, logs every step exactly once
     resumed = run_train_subprocess(cfg_path, "--resume", "auto")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert "skipping" in resumed.stdout and "resumed from" in resumed.stdout and ck.checkpoint_name(8) in resumed.stdout
+    assert "skipping" in resumed.stdout and "resumed from" in resumed.stdout and rundir.checkpoint_name(8) in resumed.stdout
     _assert_same_run(run, reference)
     assert not os.path.exists(partial)  # the stale temp dir was cleaned by a later save
     assert not os.path.exists(bogus)  # and the incomplete step directory by the pruning
@@ -123,8 +125,8 @@ def test_sigterm_mid_epoch_saves_exits_143_and_resume_is_bit_identical(tmp_path,
     assert "SIGTERM received" in err and "SIGTERM: stopped after step 3" in out and "--resume auto" in out
     root = os.path.join(run, "checkpoints")
     assert [s for s, _ in ck.list_checkpoints(root)] == [3]
-    stop = os.path.join(root, ck.checkpoint_name(3))
-    assert ck.validation_error(stop) is None and ck.read_trainer_state(stop)["batch"] == 3
+    stop = os.path.join(root, rundir.checkpoint_name(3))
+    assert ck.validation_error(stop) is None and read_trainer_state(stop).batch == 3
     assert not os.path.exists(os.path.join(run, "summary.json")) and not os.path.exists(os.path.join(run, "run.lock"))
 
     resumed = run_train_subprocess(cfg_path, "--resume", "auto")

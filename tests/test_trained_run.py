@@ -31,24 +31,27 @@ def run_dir(tmp_path_factory):
     """RUN/ with config.yaml, classes.json, raw (0.1) and EMA (0.2) weights, and a checkpoint whose
     trainer state records an earlier config (optim.lr 5e-3) with its own raw (0.3) and EMA (0.4) weights."""
     import models
+    from engine import checkpoint as ck
     from engine.resume_policy import resume_fingerprint
+    from engine.trainer_state import TrainerState
 
     root = tmp_path_factory.mktemp("trained") / "run"
     ckpt = root / rundir.CHECKPOINTS / rundir.checkpoint_name(3)
-    os.makedirs(ckpt)
+    os.makedirs(root)
     cfg = configs.config_from_dict({}, default_name="run")
     cfg = configs.config_from_dict(configs.loader.apply_overrides(configs.loader.config_to_dict(cfg), BASE))
     save_config(cfg, str(root / rundir.CONFIG))
     save_class_names(str(root), CLASSES)
     model = models.create_classifier(cfg.model, cfg.head, len(CLASSES))
-    for folder, name, scale in ((root, rundir.WEIGHTS, 0.1), (root, rundir.EMA_WEIGHTS, 0.2),
-                                (ckpt, rundir.WEIGHTS, 0.3), (ckpt, rundir.EMA_WEIGHTS, 0.4)):
-        save_safetensors(_weights(model, scale), str(folder / name))
+    for name, scale in ((rundir.WEIGHTS, 0.1), (rundir.EMA_WEIGHTS, 0.2)):
+        save_safetensors(_weights(model, scale), str(root / name))
     earlier = configs.config_from_dict(configs.loader.apply_overrides(configs.loader.config_to_dict(cfg),
                                                                       ["optim.lr=5e-3"]))
     fp = resume_fingerprint(earlier, num_classes=len(CLASSES), global_batch=earlier.data.batch_size)
-    with open(ckpt / rundir.TRAINER_STATE, "w") as f:
-        json.dump({"step": 3, "epoch": 0, "batch": 3, "config": fp}, f)
+    tmp = ck.begin_save(str(ckpt.parent), 3)
+    ck.write_main_files(tmp, model_state=_weights(model, 0.3), ema_state=_weights(model, 0.4), optimizer_state=None,
+                        scheduler_state=None, scaler_state=None, trainer_state=TrainerState(step=3, batch=3, config=fp))
+    ck.commit_save(str(ckpt.parent), 3)
     return str(root)
 
 
