@@ -41,7 +41,10 @@ import os
 import sys
 import time
 
-import torch
+from common.startup import say_loading
+
+say_loading("eval.py")  # before the imports' seconds, so the command does not look hung
+import torch  # noqa: E402
 from accelerate import Accelerator
 
 import data
@@ -130,6 +133,8 @@ def ood_results(head, ood_cfg, ood_dataset, preds, evaluate_split):
         probs_in, probs_out = head(preds.logits).float(), head(ood_preds.logits).float()
     result = ood_report.run_summary(probs_in, probs_out, head.name, ood_cfg.dataset)
     result["root"] = ood_cfg.root if data.dataset_spec(ood_cfg.dataset).files else None  # generated: no files
+    if data.is_features(ood_cfg):  # name the images the OOD features came from, not just "features"
+        result["source"] = data.features.read_meta(ood_cfg.root).get("dataset")
     return result
 
 
@@ -244,6 +249,7 @@ def main(argv=None):
         "wall_seconds": time.perf_counter() - t0,
     }
     result["skipped_images"] = skipped
+    result["learn_alpha"] = head.learn_alpha  # its alpha is where training moved it (report tables show it)
     if skipped and not preds.totals["n"]:
         print(f"warning: every image of the {args.split} split ({skipped}) was undecodable and skipped "
               f"(data.skip_corrupt): no image was evaluated, the metrics are null", file=sys.stderr)

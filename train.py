@@ -73,6 +73,9 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from common.startup import say_loading  # noqa: E402  (standard library only)
+
+say_loading("train.py")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
@@ -89,10 +92,10 @@ from data.samplers import num_train_batches  # noqa: E402
 from engine import checkpoint as ck  # noqa: E402
 from engine import resume_policy as rp  # noqa: E402
 from engine.cli import run_cli  # noqa: E402
-from engine.distill import build_distiller  # noqa: E402
+from engine.distill import build_distiller, teacher_line  # noqa: E402
 from engine.feature_probe import build_feature_probe, resolve_features  # noqa: E402
 from engine.finetune import load_pretrained_weights, resolve_pretrained, summary_fields  # noqa: E402
-from engine.freeze import apply_freeze  # noqa: E402
+from engine.freeze import apply_freeze, freeze_line  # noqa: E402
 from engine.launch import launch_lines  # noqa: E402
 from engine.logging import EpochCSV, MetricsLog, console, format_eval, progress_bar, tensorboard_available  # noqa: E402
 from engine.optim import build_optimizer, build_scheduler  # noqa: E402
@@ -492,6 +495,10 @@ def end_of_epoch(run, epoch, seconds):
         row["changes"], state.epoch_note = state.epoch_note, ""
     line = (f"epoch {epoch + 1}/{epochs}  step {state.step}  loss {row['train_loss']:.4f}  "
             f"lr {row['lr']:.2e}  {row['img_per_s']:.0f} img/s")
+    alphas = learned_alphas(run)  # head.learn_alpha: where it has moved to
+    if alphas:
+        row.update({f"{weights}_alpha": a for weights, a in alphas.items()})
+        line += f"  α {alphas['raw']:.4f}" + (f" (ema {alphas['ema']:.4f})" if "ema" in alphas else "")
     evaluated = (epoch + 1) % run.cfg.train.eval_every == 0 or epoch + 1 == epochs
     if evaluated:
         line += evaluate_epoch(run, row)
@@ -502,6 +509,13 @@ def end_of_epoch(run, epoch, seconds):
     save_checkpoint(run, epoch + 1, 0)
     if evaluated:
         stop_if_empty_eval(run)
+
+
+def learned_alphas(run):
+    """{"raw": α, "ema": α} of a head that learns α (the EMA weights average it too); {} otherwise."""
+    models = {"raw": run.raw_model, **({"ema": run.ema.module} if run.ema is not None else {})}
+    out = {weights: m.output_head.learned_alpha() for weights, m in models.items()}
+    return {} if out["raw"] is None else out
 
 
 def stop_if_empty_eval(run):
@@ -568,6 +582,8 @@ def write_summary(run):
         "data_backend": data_lib.explain_backend(run.cfg.data, run.accelerator.device)[0],
         **summary_fields(run.cfg),  # model.pretrained and train.teacher: path and sha256
     }
+    if learned_alphas(run):
+        summary["learned_alpha"] = learned_alphas(run)
     write_json(summary, os.path.join(run_dir, rundir.SUMMARY))
     raw_top1 = _percent(state.last_eval.get("raw", {}).get("top1", math.nan))
     ema_text = f", {_percent(state.last_eval['ema']['top1'])} (ema)" if "ema" in state.last_eval else ""
@@ -747,7 +763,8 @@ def build_run(cfg, resume, overwrite, accept_changes, accelerator, use_tb, lock)
     backend, backend_why = data_lib.explain_backend(cfg.data, device)
     for line in launch_lines(num_processes=world, device=device, configured_precision=cfg.train.mixed_precision,
                              used_precision=accelerator.mixed_precision, backend=backend, backend_why=backend_why,
-                             tensorboard_wanted=cfg.train.tensorboard, tensorboard_available=tensorboard_available()):
+                             tensorboard_wanted=cfg.train.tensorboard, tensorboard_available=tensorboard_available(),
+                             threads=torch.get_num_threads()):
         console(line, main_proc)
 
     with accelerator.main_process_first():  # downloads / dataset caches are written once
@@ -766,6 +783,9 @@ def build_run(cfg, resume, overwrite, accept_changes, accelerator, use_tb, lock)
     if pretrained is not None:
         load_pretrained_weights(raw_model, pretrained, lambda msg: console(msg, main_proc))
     apply_freeze(raw_model, cfg.model.freeze)  # model.freeze=backbone: a linear probe
+    for line in (freeze_line(raw_model, cfg.model.freeze), distiller and teacher_line(cfg, distiller)):
+        if line:
+            console(line, main_proc)
     optimizer = build_optimizer(raw_model, cfg.optim, global_batch)
     fresh_hparams = rp.optimizer_hparams(optimizer)  # this config's settings, before a checkpoint's replace them
     scheduler = build_scheduler(optimizer, cfg.optim, updates_per_epoch)  # stepped by us per update

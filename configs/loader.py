@@ -256,8 +256,21 @@ def suggest_key(full_key):
         same_section = candidate.startswith(section + ".") if section else "." not in candidate
         return max(whole, last), same_section
 
-    best = max(list(keys) + list(section_names()), key=score)
-    return best if score(best)[0] >= SUGGEST_CUTOFF else None
+    return closest(list(keys) + list(section_names()), score)
+
+
+def closest(candidates, score):
+    """The best-scoring candidate when it is close enough to suggest (its score's first element, a
+    difflib ratio, >= SUGGEST_CUTOFF), else None: the one rule for key and value typos alike."""
+    best = max(candidates, key=score, default=None)
+    return best if best is not None and score(best)[0] >= SUGGEST_CUTOFF else None
+
+
+def suggest_value(value, choices):
+    """'; did you mean 'sparsemax'?' for a value close to one of `choices` ('' when none is)."""
+    text = str(value)
+    hint = closest(choices, lambda c: (difflib.SequenceMatcher(None, text, str(c)).ratio(),))
+    return f"; did you mean '{hint}'?" if hint is not None else ""
 
 
 def _unknown_key(full, names, sources):
@@ -388,7 +401,8 @@ def _check(cfg):
     values = dict(_leaves(cfg))
     for key, choices in CHOICES.items():
         if values[key] not in choices:
-            raise UserError(f"config key '{key}' must be one of {', '.join(choices)}; got {_show(values[key])}")
+            raise UserError(f"config key '{key}' must be one of {', '.join(choices)}; got {_show(values[key])}"
+                            f"{suggest_value(values[key], choices)}")
     _check_numbers(cfg)
     check_head_settings(cfg.head)
     check_finetune_settings(cfg)

@@ -25,7 +25,7 @@ from common import rundir
 from common.io import atomic_write_text, prepare_output, read_json, write_json
 from models.registry import is_sparse
 
-from . import metrics, ood_report, paired, plots, pool_report, report, sanity, selective_report
+from . import metrics, ood_report, paired, plots, pool_report, report, sanity, selective_report, summary
 from .examples import load_examples
 from .statistics import signed_points
 
@@ -115,6 +115,8 @@ def table_columns(variants):
     the per-run ECEs; summary_table adds the pooled ECE after it)."""
     methods, epsilons = _prediction_set_layout(variants)
     cols = [(k, ECE_MEAN_LABEL if k == "ece" else label, fmt) for k, label, fmt in report.METRIC_COLUMNS]
+    if any(r["result"].get("learn_alpha") for runs in variants.values() for r in runs):
+        cols.insert(0, report.ALPHA_COLUMN)  # mean ± s.d. here; each run's in learned_alpha_section
     pooled = any(r["result"].get("pooling") for runs in variants.values() for r in runs)  # model.pool=hopfield
     return cols + (report.POOL_COLUMNS if pooled else []) + report.prediction_set_columns(methods, epsilons) \
         + TRAIN_COLUMNS + report.SPEED_COLUMNS
@@ -140,7 +142,8 @@ def summary_table(variants):
     header = ["metric"] + names
     rows = [["seeds"] + [str(len(variants[v])) for v in names]]
     for key, label, fmt in table_columns(variants):
-        cells = [report.format_mean_std([r["flat"].get(key) for r in variants[v]], fmt) for v in names]
+        cells = [report.format_mean_std([r["flat"].get(key) for r in variants[v]
+                                         if key != "alpha" or r["result"].get("learn_alpha")], fmt) for v in names]
         rows.append([label] + cells)
         if key == "ece":
             rows.append([ECE_POOLED_LABEL] + [report.format_value(pooled_reliability(variants[v])["ece"], "f4")
@@ -180,8 +183,8 @@ def _plot_inputs(variants):
                 for pt in run["result"]["prediction_sets"]["methods"][method]["curve"]:
                     per_eps.setdefault(pt["eps"], []).append((pt["mean_set_size"], pt["coverage"]))
             cov_curves[(variant, method)] = [
-                (statistics.fmean(s for s, _ in pts), statistics.fmean(c for _, c in pts))
-                for pts in per_eps.values()]
+                (statistics.fmean(s for s, _ in pts), statistics.fmean(c for _, c in pts), eps)
+                for eps, pts in per_eps.items()]
         if is_sparse(runs[0]["result"]["head"]):  # a support worth plotting: exact zeros
             points[variant] = (statistics.fmean(r["result"]["support_mean"] for r in runs),
                                statistics.fmean(r["result"]["support_coverage"] for r in runs))
@@ -400,7 +403,7 @@ def ood_section(variants):
         oods = [r["result"]["ood"] for r in runs if r["result"].get("ood")]
         if not oods:
             continue
-        names.update(o["dataset"] for o in oods)
+        names.update(f"{o['source']} (cached features)" if o.get("source") else o["dataset"] for o in oods)
         hists[variant] = ood_report.pooled_histograms(oods)
         for score in oods[0]["scores"]:
             rows.append([variant, ood_report.SCORE_LABELS.get(score, score),
@@ -439,6 +442,12 @@ def degenerate_notes(variants):
     return notes
 
 
+def _learned_alpha_note(run):
+    """' (learned α 1.5644)' for a run whose head learned α, '' otherwise."""
+    alpha = run["flat"].get("alpha")
+    return f" (learned α {alpha:.4f})" if run["result"].get("learn_alpha") and alpha is not None else ""
+
+
 def write_report(variants, report_dir, title, command, weights="raw", notes=(), pairs=(), missing=()):
     """report.md + runs.csv + summary.csv + paired_statistics.json + the PNG plots.
 
@@ -475,6 +484,7 @@ def write_report(variants, report_dir, title, command, weights="raw", notes=(), 
     calib = (first.get("prediction_sets") or {}).get("calibration") or {}
     lines = [
         f"# {title}", "",
+        *summary.section(summary.plain_words(variants, paired_res, mean_curves(variants))),
         f"Command: `{command}`", "",
         f"Dataset: {first['dataset']} ({first['split']} split, n={first['n']} per run), "
         f"model {first['model']}, {weights} weights. Cells are mean ± std over seeds; every number is "
@@ -506,7 +516,7 @@ def write_report(variants, report_dir, title, command, weights="raw", notes=(), 
     for key, label in (("accuracy", "Validation accuracy vs epoch"), ("support", "Support-size histograms"),
                        ("reliability", "Reliability diagrams"), ("coverage", "Coverage vs set size")):
         lines += [f"### {label}", "", f"![{label}]({plots.PLOT_FILES[key]})", ""]
-    lines += ["## Runs", ""] + [f"- {v}: " + ", ".join(f"`{r['run_dir']}`" for r in runs)
+    lines += ["## Runs", ""] + [f"- {v}: " + ", ".join(f"`{r['run_dir']}`" + _learned_alpha_note(r) for r in runs)
                                 for v, runs in variants.items()]
     if missing:
         lines += ["", "## Missing runs", "", "Planned but not finished (no results yet); the numbers above "

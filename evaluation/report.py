@@ -30,6 +30,7 @@ POOL_COLUMNS = [
     ("pool_support_median", "pooling support median", "f1"),
     ("pool_support_fraction_mean", "pooling support / patches", "pct"),
 ]
+ALPHA_COLUMN = ("alpha", "α (learned)", "f4")  # head.learn_alpha runs only (eval.json "learn_alpha")
 SPEED_COLUMNS = [
     ("img_per_s", "eval img/s", "f0"),
 ]
@@ -182,7 +183,8 @@ def eval_columns(result):
     epsilons = []
     for res in ps.values():
         epsilons.extend(e for e in res["eps"] if e not in epsilons)
-    return METRIC_COLUMNS + prediction_set_columns(list(ps), epsilons) + SELECTIVE_COLUMNS + SPEED_COLUMNS
+    alpha = [ALPHA_COLUMN] if result.get("learn_alpha") else []
+    return alpha + METRIC_COLUMNS + prediction_set_columns(list(ps), epsilons) + SELECTIVE_COLUMNS + SPEED_COLUMNS
 
 
 def ood_table(ood):

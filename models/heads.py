@@ -75,6 +75,11 @@ class OutputHead(nn.Module):
             out["alpha"] = float(self.alpha.detach())
         return out
 
+    def learned_alpha(self):
+        """The learned alpha as a float (head.learn_alpha), None for a fixed one: for logs and reports
+        (a host read: never inside a training step)."""
+        return float(self.alpha.detach()) if self.learn_alpha else None
+
     def prepare_classifier(self, model: nn.Module) -> nn.Module:
         """Fit the model's classifier to this head (called once by models.create_classifier):
         a cosine classifier where the head needs one, and the head's checks against the classes."""

@@ -71,6 +71,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from common.startup import say_loading  # noqa: E402  (standard library only)
+
+say_loading("compare_heads.py")
 from compare_progress import Progress  # noqa: E402
 from compare_worker import InProcess, WorkerSlot, can_run  # noqa: E402
 from engine.children import ChildProcesses  # noqa: E402
@@ -181,7 +184,10 @@ def _variants(args):
     """[(variant name, variant stem without the norm, norm, head, alpha)] in plan order."""
     for head in args.heads:
         if head not in HEAD_NAMES:
-            raise UserError(f"unknown head '{head}' in --heads; valid: {', '.join(HEAD_NAMES)}")
+            from configs.loader import suggest_value
+
+            raise UserError(f"unknown head '{head}' in --heads; valid: {', '.join(HEAD_NAMES)}"
+                            f"{suggest_value(head, HEAD_NAMES)}")
     if args.alphas and "entmax_bisect" not in args.heads:
         raise UserError("--alphas applies to entmax_bisect; add it to --heads")
     for a in args.alphas or ():
@@ -710,7 +716,7 @@ def run_todo(todo, commands, requests, jobs, children, progress=None):
 def write_comparison_report(plan, commands, args, pairs, stem, command, report_dir, runs_dir):
     """Report the finished runs (naming the missing ones) and print its table and sentences;
     -> (report.md path, missing run dirs)."""
-    from evaluation import comparison
+    from evaluation import comparison, summary
 
     weights = "ema" if args.ema else "raw"
     variants, missing = {}, []
@@ -744,6 +750,9 @@ def write_comparison_report(plan, commands, args, pairs, stem, command, report_d
     if checks:
         print("Sanity checks:")
         print("\n".join(f"- {c}" for c in checks))
+    print(f"\n{summary.HEADER}")  # last: what a user takes away, derived from the numbers above
+    print("\n".join(f"- {line}" for line in summary.plain_words(variants, paired_results,
+                                                                comparison.mean_curves(variants))))
     print()
     return path, missing
 

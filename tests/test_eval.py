@@ -57,7 +57,7 @@ def test_two_processes_give_the_same_numbers_as_one(tmp_path):
     """101 samples, batch 16, 2 gloo processes: shards of 51 and 50, last batches partial."""
     run = tiny_run_dir("sparsemax")
     out = tmp_path / "two.json"
-    cmd = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
            "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
            EVAL, "--checkpoint", run, "--batch-size", "16", "--output", str(out), "--quiet"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
