@@ -35,7 +35,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 TINY_DATA = ["data.builtin_train_size=32", "data.builtin_val_size=16", "data.eval_batch_size=64"]
 TINY = ["data.image_size=16", "data.batch_size=32", *TINY_DATA, "optim.epochs=1", "train.ema=false",
         "train.eval_every=1", "train.log_every=1", "train.save_every=1000", "train.progress=false",
-        "train.tensorboard=false"]
+        "train.log_with=none"]
 QUICKSTART = "configs/quickstart.yaml"
 SOURCE = "runs/quickstart"
 
