@@ -180,7 +180,7 @@ def forward_images(model, paths, transform, cfg, accelerator, *, batch_size, num
     tasks = [idx for idx, _ in eval_batches(len(paths), rank=accelerator.process_index,
                                             world_size=accelerator.num_processes, batch_size=batch_size)]
     workers = min(num_workers, len(tasks))
-    loader = DataLoader(ImageBatches(paths, transform, cfg.model.img_size), sampler=tasks, batch_size=None,
+    loader = DataLoader(ImageBatches(paths, transform, cfg.data.image_size), sampler=tasks, batch_size=None,
                         num_workers=workers, pin_memory=device.type == "cuda",
                         prefetch_factor=4 if workers > 0 else None)
     bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")

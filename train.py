@@ -760,7 +760,7 @@ def build_run(cfg, resume, overwrite, accept_changes, accelerator, use_tb, lock)
     if features is not None:  # a linear probe on cached features, initialised as the image path's classifier
         raw_model = build_feature_probe(cfg, num_classes, features, lambda msg: console(msg, main_proc))
     else:
-        raw_model = create_classifier(cfg.model, cfg.head, num_classes)
+        raw_model = create_classifier(cfg.model, cfg.head, num_classes, img_size=cfg.data.image_size)
     if pretrained is not None:
         load_pretrained_weights(raw_model, pretrained, lambda msg: console(msg, main_proc))
     apply_freeze(raw_model, cfg.model.freeze)  # model.freeze=backbone: a linear probe

@@ -101,13 +101,13 @@ def _run_dir_teacher(path, data_cfg, num_classes):
                             f"this dataset's classes")
     elif len(class_names(data_cfg)) != num_classes:
         raise UserError(f"train.teacher: {path} has no classes list and another class count")
-    teacher = create_classifier(tcfg.model, tcfg.head, num_classes)
+    teacher = create_classifier(tcfg.model, tcfg.head, num_classes, img_size=tcfg.data.image_size)
     sd = read_state_dict(os.path.join(path, rundir.WEIGHTS))
     _load_strict(teacher, _converted(sd, teacher, f"train.teacher {path}"), f"train.teacher {path}")
     return teacher, teacher.output_head, teacher.img_size
 
 
-def _weights_teacher(file, model_cfg, num_classes):
+def _weights_teacher(file, model_cfg, image_size, num_classes):
     """A weights file of the student's architecture (model.name, model.norm), at its own image size."""
     import copy
 
@@ -118,9 +118,10 @@ def _weights_teacher(file, model_cfg, num_classes):
                         f"dataset has {num_classes}; a teacher must predict the dataset's classes")
     grid = weights_patch_grid(sd)
     tcfg = copy.copy(model_cfg)
-    tcfg.img_size, tcfg.drop_path = (grid[0] if grid else model_cfg.img_size), 0.0
+    tcfg.drop_path = 0.0
     keys = set(renamed_state_dict(sd))  # a cosine classifier (am_softmax) has no bias
-    teacher = create_classifier(tcfg, _head_cfg("softmax" if "head.bias" in keys else "am_softmax"), num_classes)
+    teacher = create_classifier(tcfg, _head_cfg("softmax" if "head.bias" in keys else "am_softmax"), num_classes,
+                                img_size=grid[0] if grid else image_size)
     _load_strict(teacher, _converted(sd, teacher, f"train.teacher {file}"), f"train.teacher {file}")
     return teacher, softmax, teacher.img_size
 
@@ -159,7 +160,7 @@ def build_distiller(cfg, num_classes, accelerator):
         if tc.teacher_weights is not None:
             raise UserError("train.teacher_weights goes with a timm model name; train.teacher is a file already")
         file, tc.teacher_sha256 = hashed_file(spec, tc.teacher_sha256, "train.teacher")
-        teacher, mapping, size = _weights_teacher(file, cfg.model, num_classes)
+        teacher, mapping, size = _weights_teacher(file, cfg.model, cfg.data.image_size, num_classes)
     elif timm.is_model(spec):
         if tc.teacher_weights is not None:
             _, tc.teacher_sha256 = hashed_file(tc.teacher_weights, tc.teacher_sha256, "train.teacher")

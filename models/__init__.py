@@ -6,8 +6,9 @@ from .registry import HPARAMS
 from .resmlp import MODEL_NAMES, Affine, ResMLP, create_resmlp  # importing registers resmlp_* with timm
 
 
-def create_classifier(model_cfg, head_cfg, num_classes):
-    """Build the configured ResMLP and attach its output head as `model.output_head`.
+def create_classifier(model_cfg, head_cfg, num_classes, *, img_size):
+    """Build the configured ResMLP for `img_size` x `img_size` images (a config's data.image_size) and
+    attach its output head as `model.output_head`.
 
     `model(x)` returns logits, exactly as a timm model; `model.output_head(logits)` gives the
     head's probabilities and `model.output_head.loss(logits, target)` its Fenchel-Young loss.
@@ -22,7 +23,7 @@ def create_classifier(model_cfg, head_cfg, num_classes):
     model = timm.create_model(
         model_cfg.name,
         num_classes=num_classes,
-        img_size=model_cfg.img_size,
+        img_size=img_size,
         norm=model_cfg.norm,
         drop_path_rate=model_cfg.drop_path,
         init_values=model_cfg.init_values,

@@ -46,7 +46,7 @@ def parse_args(argv=None):
 
 def write_weights(path, model_name, image_size, num_classes=10):
     torch.manual_seed(1)
-    net = create_classifier(ModelConfig(name=model_name, img_size=image_size), HeadConfig(), num_classes)
+    net = create_classifier(ModelConfig(name=model_name), HeadConfig(), num_classes, img_size=image_size)
     save_file({k: v.contiguous() for k, v in net.state_dict().items()}, path)
 
 
@@ -73,7 +73,7 @@ def build_run(args, tmp, name, overrides):
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
     data = {
-        "name": "bench", "model": {"name": args.model, "img_size": args.image_size}, "head": {"name": args.head},
+        "name": "bench", "model": {"name": args.model}, "head": {"name": args.head},
         "data": {"dataset": "builtin10", "image_size": args.image_size, "batch_size": args.batch, "num_workers": 0,
                  "builtin_train_size": args.batch * 8, "builtin_val_size": 64},
         "optim": {"epochs": 1000, "warmup_epochs": 0},

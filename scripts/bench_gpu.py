@@ -253,7 +253,7 @@ def run_parts(args, device, res, peak, save, children):
         log = os.path.join(args.out, "step_overhead.txt")
         rc, wall = run_script(children, ["scripts/bench_train_heads.py", "--device", dev, "--bf16", "--quick",
                                "--classes", "1000", "--batch-size", str(args.batch_size if dev == "cuda" else 16),
-                               "model.name=resmlp_s12", "model.img_size=224", "data.image_size=224"], 120, log)
+                               "model.name=resmlp_s12", "data.image_size=224"], 120, log)
         res["step_overhead"] = {"exit_code": rc, "wall_s": wall, "log": log}
         save()
     if "train" not in args.skip and dev == "cuda":

@@ -83,14 +83,14 @@ def make_step(model, opt, x, y):
 def step_times(cfg, mappings, batch, rounds, steps):
     """{variant: [seconds per step]} over interleaved rounds, the same batch for every variant."""
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(batch, 3, cfg.model.img_size, cfg.model.img_size, generator=g)
+    x = torch.randn(batch, 3, cfg.data.image_size, cfg.data.image_size, generator=g)
     y = torch.randint(0, NUM_CLASSES, (batch,), generator=g)
     fns = {}
     for mapping in [None] + mappings:
         model_cfg = dataclasses.replace(cfg.model, pool="avg" if mapping is None else "hopfield",
                                         pool_mapping=mapping or "softmax")
         torch.manual_seed(0)
-        model = create_classifier(model_cfg, cfg.head, NUM_CLASSES).train()
+        model = create_classifier(model_cfg, cfg.head, NUM_CLASSES, img_size=cfg.data.image_size).train()
         opt = build_optimizer(model, cfg.optim, global_batch=cfg.optim.lr_base_batch)
         fns[variant_name(mapping)] = make_step(model, opt, x, y)
         for _ in range(2):  # warm-up (allocator, lazy init)
@@ -107,7 +107,7 @@ def step_times(cfg, mappings, batch, rounds, steps):
 
 def print_speed(times, cfg, batch, rounds, steps):
     anchor = statistics.median(times[ANCHOR])
-    print(f"step overhead: {cfg.model.name} ({cfg.model.img_size} px, {(cfg.model.img_size // 4) ** 2} patches), "
+    print(f"step overhead: {cfg.model.name} ({cfg.data.image_size} px, {(cfg.data.image_size // 4) ** 2} patches), "
           f"batch {batch}, {cfg.optim.name}, fp32, threads {torch.get_num_threads()}, {rounds} rounds x {steps} "
           f"steps, interleaved")
     print(f"{'pooling':<22}{'step ms':>10}{'img/s':>9}{'ratio vs avg':>14}")

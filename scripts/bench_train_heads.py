@@ -31,7 +31,7 @@ from models.heads import HEAD_NAMES  # noqa: E402
 def build(cfg, head, num_classes, device):
     cfg.head.name = head
     torch.manual_seed(0)
-    model = create_classifier(cfg.model, cfg.head, num_classes).to(device).train()
+    model = create_classifier(cfg.model, cfg.head, num_classes, img_size=cfg.data.image_size).to(device).train()
     opt = build_optimizer(model, cfg.optim, global_batch=cfg.optim.lr_base_batch)
     return model, opt
 
@@ -81,7 +81,7 @@ def main(argv=None):
     heads = args.heads.split(",")
 
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(args.batch_size, 3, cfg.model.img_size, cfg.model.img_size, generator=g).to(device)
+    x = torch.randn(args.batch_size, 3, cfg.data.image_size, cfg.data.image_size, generator=g).to(device)
     if args.hard_targets:
         target = torch.randint(0, args.classes, (args.batch_size,), generator=g).to(device)
     else:  # Mixup-like rows: two classes mixed, label-smoothed
@@ -110,7 +110,7 @@ def main(argv=None):
             times[h].append(time.perf_counter() - t0)
 
     anchor = statistics.median(times["softmax"]) if "softmax" in times else None
-    print(f"model {cfg.model.name} ({cfg.model.img_size}px), {args.classes} classes, batch {args.batch_size}, "
+    print(f"model {cfg.model.name} ({cfg.data.image_size}px), {args.classes} classes, batch {args.batch_size}, "
           f"{'bf16' if args.bf16 else 'fp32'}, {cfg.optim.name}, {'hard' if args.hard_targets else 'soft'} targets, "
           f"device {device}, threads {torch.get_num_threads()}, {args.rounds} rounds x {args.steps} steps, "
           f"denormals {'kept' if args.keep_denormals else 'flushed'}")

@@ -360,9 +360,9 @@ def _check_request(run_dir, request, create=True):
 
 
 def _in_todays_schema(request):
-    """A stored request with its resolved config read by today's loader: older key names (e.g.
-    model.img_size, now data.image_size) as they are now, keys added since at their defaults, so an
-    older comparison continues. A resolved config today's loader refuses is compared as stored."""
+    """A stored request with its resolved config read by today's loader: keys added since at their
+    defaults, so an older comparison continues. A resolved config today's loader refuses is compared
+    as stored."""
     import configs
 
     if not isinstance(request.get("resolved"), dict):

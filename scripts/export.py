@@ -140,7 +140,7 @@ def split_head(model: nn.Module):
 
 
 def example_images(cfg, batch: int = 2) -> torch.Tensor:
-    size = cfg.model.img_size
+    size = cfg.data.image_size
     return torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(0))
 
 
@@ -182,7 +182,7 @@ def save_export(module: nn.Module, cfg, fmt: str, output: str, head_name: str) -
 
 def sidecar(cfg, model, classes, fmt: str, head_probabilities: bool, output: str) -> dict:
     head = model.output_head
-    size = cfg.model.img_size
+    size = cfg.data.image_size
     spec = eval_transform(cfg.data)  # the transform eval.py applies to this run's images
     return {
         "format": fmt, "file": os.path.basename(output),

@@ -54,9 +54,9 @@ def refusal(cfg, spec) -> str:
                 f"which timm's linear head cannot hold")
     if cfg.model.pool != "avg":
         return f"timm's ResMLP pools by averaging; this run uses model.pool={cfg.model.pool}"
-    if cfg.model.img_size != VARIANTS[name]["img_size"]:
+    if cfg.data.image_size != VARIANTS[name]["img_size"]:
         return (f"timm's {TIMM_ARCHITECTURES[name]} takes {VARIANTS[name]['img_size']} px images; "
-                f"this run's model.img_size is {cfg.model.img_size}")
+                f"this run's data.image_size is {cfg.data.image_size}")
     return None
 
 
@@ -127,7 +127,7 @@ def build_timm_model(cfg, model, classes):
                                    pretrained_cfg_overlay=data_cfg).eval()
     state = to_timm_state_dict(model.state_dict())
     timm_model.load_state_dict(state, strict=True)
-    size = cfg.model.img_size
+    size = cfg.data.image_size
     x = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         diff = (timm_model(x) - model(x)).abs().max().item()

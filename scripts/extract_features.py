@@ -98,11 +98,11 @@ def build_source_model(cfg, weights, num_classes, say):
     strictly; the classifier where its class count and kind fit); -> (model, source classifier tensors)."""
     state_dict = read_state_dict(weights)
     grid = weights_patch_grid(state_dict)
-    if grid is not None and grid[0] != cfg.model.img_size:
+    if grid is not None and grid[0] != cfg.data.image_size:
         say(f"{weights} was trained at {grid[0]} px ({grid[2]}x{grid[2]} patches): data.image_size set to "
-            f"{grid[0]} (the config had {cfg.model.img_size}); the images are resized to it")
-        cfg.data.image_size = cfg.model.img_size = grid[0]
-    model = create_classifier(cfg.model, cfg.head, num_classes)
+            f"{grid[0]} (the config had {cfg.data.image_size}); the images are resized to it")
+        cfg.data.image_size = grid[0]
+    model = create_classifier(cfg.model, cfg.head, num_classes, img_size=cfg.data.image_size)
     not_loaded = fit_pretrained(model, state_dict)
     if not_loaded:
         say(f"{weights}: not loaded: {'; '.join(not_loaded)} (the classifier does not enter the features)")
@@ -274,7 +274,7 @@ def main(argv=None):
 
     model, classifier = build_source_model(cfg, weights, data.num_classes(cfg.data), say)
     if ood_cfg is not None:
-        ood_cfg.data.image_size = ood_cfg.model.img_size = cfg.data.image_size
+        ood_cfg.data.image_size = cfg.data.image_size
     model.to(accelerator.device)
     source = {"path": args.checkpoint, "file": weights, "weights": kind, "sha256": file_sha256(weights)}
     out = args.output

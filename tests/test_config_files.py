@@ -7,7 +7,7 @@ and the help a user gets:
 - unknown keys: a suggestion only when one is close, the YAML file and line named;
 - `train.py --help-config`: every key with type, default, range or choices and meaning, itself a
   valid config; with --config, that config resolved;
-- one image-size key (data.image_size; model.img_size read as its old name);
+- one image-size key (data.image_size; the model section has no copy of it);
 - a run's config.yaml (after --resume-with-changes too) is a valid --config for train.py and
   eval.py, and eval.py takes one of the run's checkpoint directories.
 """
@@ -25,7 +25,6 @@ from common.errors import UserError
 from configs import config_from_dict, load_config, load_run_config
 from configs.loader import suggest_key
 from configs.schema import ALIASES, CHOICES, RANGES, schema_fields
-from engine import resume_policy as rp
 from test_train_helpers import ROOT, reset_accelerate_state, run_inprocess, subprocess_env, tiny_cfg, write_cfg
 
 
@@ -260,49 +259,17 @@ def test_tables_are_derived_from_the_field_metadata():
     assert {"model.name", "model.norm", "head.name", "data.dataset", "data.backend", "train.compile"} <= set(CHOICES)
 
 
-def test_one_image_size_key_and_the_old_one_is_read_as_it(tmp_path):
+def test_one_image_size_key(tmp_path):
     cfg = load_config(_write(tmp_path / "a.yaml", "data: {image_size: 16}\n"))
-    assert cfg.model.img_size == cfg.data.image_size == 16
+    assert cfg.data.image_size == 16 and not hasattr(cfg.model, "img_size")
     assert "img_size" not in configs.config_to_dict(cfg)["model"] and "model.img_size" not in schema_fields()
-    old = load_config(_write(tmp_path / "b.yaml", "model: {img_size: 24}\n"))  # an older config
-    assert old.data.image_size == old.model.img_size == 24
-    assert load_config(_write(tmp_path / "c.yaml", "model: {img_size: 24}\ndata: {image_size: 24}\n")) == \
-        load_config(_write(tmp_path / "c.yaml", "data: {image_size: 24}\n"))
-    msg = _load_error(_write(tmp_path / "d.yaml", "model: {img_size: 24}\ndata: {image_size: 32}\n"))
-    assert "model.img_size (24) differs from data.image_size (32)" in msg and "set data.image_size only" in msg
-    assert load_config(_write(tmp_path / "e.yaml", "{}\n"), ["model.img_size=8"]).data.image_size == 8
+    msg = _load_error(_write(tmp_path / "b.yaml", "model: {img_size: 24}\n"))
+    assert "unknown config key 'model.img_size'" in msg and "data.image_size" in msg
 
 
-def test_an_older_runs_config_yaml_loads_as_a_config(tmp_path):
-    """Written by an older version: model.img_size beside data.image_size, and the change history inside."""
-    cfg = config_from_dict({"optim": {"lr": 0.02}, "data": {"image_size": 16}})
-    old = configs.config_to_dict(cfg)
-    old["model"]["img_size"] = 16
-    old["history"] = [rp.history_entry([rp.Change("optim.lr", 5e-3, 2e-2)], step=8, checkpoint="c")]
-    run = tmp_path / "run"
-    run.mkdir()
-    _write(run / "config.yaml", yaml.safe_dump(old, sort_keys=False))
-    assert load_config(str(run / "config.yaml")) == load_run_config(str(run)) == cfg
-    # a `history` key that is not such a record stays an unknown key
+def test_history_is_no_config_key(tmp_path):
+    """The change history lives beside config.yaml (config_history.yaml): a `history` key is unknown."""
     assert "unknown config key 'history'" in _load_error(_write(tmp_path / "h.yaml", "history: 3\n"))
-
-
-def test_a_comparison_recorded_before_the_one_image_key_continues(tmp_path):
-    """compare_heads compares each run's recorded resolved config with today's: an older record (with
-    model.img_size) is read as today's loader reads it, and a real difference is still refused."""
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
-    import compare_heads
-
-    cfg_path = _write(tmp_path / "c.yaml", "data: {image_size: 16}\n")
-    request = {"config": cfg_path, "overrides": [], "resolved": configs.config_to_dict(load_config(cfg_path))}
-    old = json.loads(json.dumps(request))
-    old["resolved"]["model"]["img_size"] = 16
-    (tmp_path / rundir.COMPARE_REQUEST).write_text(json.dumps(old))
-    compare_heads._check_request(str(tmp_path), request)  # no refusal
-    old["resolved"]["optim"]["lr"] = 1.0
-    (tmp_path / rundir.COMPARE_REQUEST).write_text(json.dumps(old))
-    with pytest.raises(UserError, match="optim.lr: 1.0 -> 0.005"):
-        compare_heads._check_request(str(tmp_path), request)
 
 
 # ----------------------------------------------------------------------------- a run's own files
