@@ -8,8 +8,8 @@
 
 --checkpoint is a train.py run directory (its config.yaml, classes.json and model.safetensors, or
 model_ema.safetensors with --ema), one of its checkpoints, or a weights file with --config or --model,
-opened as eval.py opens it (engine/trained_run.py). --images is a folder (searched recursively), a glob or a list file (one path per
-line). Each image goes through the run's eval transform (data/transforms.py: any shape and mode).
+opened as eval.py opens it (engine/trained_run.py). --images is a folder (searched recursively), a
+glob or a list file (one path per line). Each image goes through the run's eval transform (data/transforms.py: any shape and mode).
 Per image the output (CSV or JSONL, by the extension of --output) has: the path, the top-k classes
 and probabilities, the head's support (sparse heads: the classes with p > 0) and the conformal
 prediction set at each ε that eval.py calibrated on this run (RUN_DIR/conformal.json, written by

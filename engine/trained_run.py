@@ -113,8 +113,9 @@ def open_run(path, *, config=None, model=None, head=None, img_size=None, ema=Fal
     if not model:
         raise UserError(f"{path} is a weights file: say what to build with --config CFG.yaml "
                         f"or --model NAME (e.g. --model resmlp_s12 --dataset imagefolder --data-root DIR)")
-    if not img_size:
-        flags = _flag_overrides(model, head, VARIANTS.get(model, {}).get("img_size", DEFAULT_IMG_SIZE)) + list(overrides)
+    if not img_size:  # the variant's own size
+        img_size = VARIANTS.get(model, {}).get("img_size", DEFAULT_IMG_SIZE)
+        flags = _flag_overrides(model, head, img_size) + list(overrides)
     name = os.path.splitext(os.path.basename(path))[0]
     cfg = configs.config_from_dict({}, default_name=name)
     cfg = configs.config_from_dict(apply_overrides(config_to_dict(cfg), flags), default_name=cfg.name)
