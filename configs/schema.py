@@ -69,7 +69,7 @@ class DataConfig:
     backend: str = setting("auto", "decoding/augmentation: pil (timm/PIL), dali (NVIDIA DALI), auto (dali when "
                            f"installed, on CUDA, for {'/'.join(dataset_names(dali=True))}; else pil)",
                            choices=BACKENDS)
-    image_size: int = setting(32, "side of the square images the model sees (the model's img_size too)",
+    image_size: int = setting(32, "side of the square images the model sees and is built for",
                               range="[1, inf)", resume=FROZEN)
     batch_size: int = setting(128, "training batch per process", range="[1, inf)")
     eval_batch_size: int = setting(256, "evaluation batch per process", range="[1, inf)", resume=FREE)

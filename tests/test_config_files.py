@@ -24,7 +24,7 @@ from common import rundir
 from common.errors import UserError
 from configs import config_from_dict, load_config, load_run_config
 from configs.loader import suggest_key
-from configs.schema import ALIASES, CHOICES, RANGES, schema_fields
+from configs.schema import CHOICES, RANGES, schema_fields
 from test_train_helpers import ROOT, reset_accelerate_state, run_inprocess, subprocess_env, tiny_cfg, write_cfg
 
 
@@ -221,7 +221,7 @@ def test_help_config_lists_every_key_and_is_itself_a_config(tmp_path, capsys):
         if not key.startswith("head.") or key in ("head.name", "head.learn_alpha"):
             assert f.metadata.get("help"), f"{key} has no help in configs/schema.py"
     assert "lr: 0.005  # float, > 0; peak learning rate" in text
-    assert all(f"{old}: the old name of {new}" in text for old, new in ALIASES.items())
+    assert "img_size" not in text  # one image-size key, data.image_size
     # the text is a valid config: the defaults
     saved = _write(tmp_path / "help.yaml", text)
     assert load_config(saved, ["name=run"]) == config_from_dict({})
