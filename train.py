@@ -69,10 +69,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from accelerate import Accelerator  # noqa: E402

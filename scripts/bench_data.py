@@ -22,11 +22,10 @@ DALI-GPU row (wall img/s) when a CUDA GPU is present.
 import argparse
 import os
 import pickle
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
 import numpy as np  # noqa: E402
 import timm  # noqa: E402

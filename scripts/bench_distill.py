@@ -16,11 +16,10 @@ import argparse
 import os
 import random
 import statistics
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
 import torch  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402

@@ -29,9 +29,7 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
+from _root import ROOT  # the repository root, on sys.path (scripts/_root.py)
 
 import yaml  # noqa: E402
 

@@ -13,13 +13,11 @@ interleaved repetitions with alternating order, and the ratio is the median of p
 ratios. Compilation happens in the warm-up steps, which are not timed.
 """
 import argparse
-import os
 import statistics
-import sys
 import time
 from functools import partial
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402

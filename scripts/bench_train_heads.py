@@ -13,10 +13,9 @@ over softmax as a percentage of the step (target: <= 2% at 1000 classes).
 import argparse
 import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
 import torch  # noqa: E402
 

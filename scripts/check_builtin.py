@@ -12,11 +12,9 @@ other jobs, --threads 1 is faster and the CPU seconds are the meaningful cost.
 """
 import argparse
 import math
-import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402

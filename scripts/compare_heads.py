@@ -65,9 +65,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+from _root import ROOT  # the repository root, on sys.path (scripts/_root.py)
 
 from compare_progress import Progress  # noqa: E402
 from compare_worker import InProcess, WorkerSlot, can_run  # noqa: E402

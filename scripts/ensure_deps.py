@@ -9,9 +9,7 @@ import os
 import sys
 from importlib import metadata
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
 from engine.children import ChildProcesses  # noqa: E402  (standard library only: fine in a bare environment)
 

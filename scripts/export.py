@@ -31,11 +31,8 @@ import argparse
 import contextlib
 import copy
 import os
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402

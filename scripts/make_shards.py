@@ -9,9 +9,8 @@ folder's order and bytes, so a run on the shards sees the same batches as one on
 """
 import argparse
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
 from common.errors import UserError  # noqa: E402
 from common.io import writing  # noqa: E402
