@@ -21,14 +21,17 @@ precision (Accelerate's autocast), inside the training step with no host read; i
 on the device when the teacher takes another fixed size. It is deterministic, so a resumed run is
 exact; it is not part of the checkpoint (its file's sha256 is in the config instead).
 """
+import copy
 import os
 
+import timm
 import torch
 import torch.nn.functional as F
 
 from common import rundir
 from common.errors import UserError
 from configs.loader import load_run_config
+from configs.schema import HeadConfig
 from data.classes import class_mismatch, class_names, load_class_names
 from models import MODEL_NAMES, create_classifier
 from models.convert import convert_state_dict, read_state_dict
@@ -86,8 +89,6 @@ def _converted(state_dict, model, what):
 
 
 def _head_cfg(name):
-    from configs.schema import HeadConfig
-
     return HeadConfig(name=name)
 
 
@@ -109,8 +110,6 @@ def _run_dir_teacher(path, data_cfg, num_classes):
 
 def _weights_teacher(file, model_cfg, image_size, num_classes):
     """A weights file of the student's architecture (model.name, model.norm), at its own image size."""
-    import copy
-
     sd = read_state_dict(file)
     head = renamed_state_dict(sd).get("head.weight")
     if head is not None and head[1].shape[0] != num_classes:
@@ -127,8 +126,6 @@ def _weights_teacher(file, model_cfg, image_size, num_classes):
 
 
 def _timm_teacher(name, weights, num_classes):
-    import timm
-
     if weights is None:
         raise UserError(f"train.teacher={name} (a timm model) needs its weights: set train.teacher_weights=FILE "
                         f"(.safetensors or .pth; nothing is downloaded)")
@@ -148,8 +145,6 @@ def build_distiller(cfg, num_classes, accelerator):
     tc = cfg.train
     if tc.distill == "none":
         return None
-    import timm
-
     spec = tc.teacher
     if os.path.isdir(spec) and os.path.isfile(os.path.join(spec, rundir.CONFIG)):
         if tc.teacher_weights is not None:

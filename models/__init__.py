@@ -1,4 +1,6 @@
 """Models: the ResMLP family (models/resmlp.py) and the swappable output heads (models/heads.py)."""
+import timm
+
 from .convert import convert_state_dict, load_pretrained
 from .heads import (HEAD_NAMES, OutputHead, build_output_head, entmax15, entmax15_loss, entmax_bisect,
                     entmax_bisect_loss, softmax, softmax_loss, sparsemax, sparsemax_loss)
@@ -16,8 +18,6 @@ def create_classifier(model_cfg, head_cfg, num_classes, *, img_size):
     With a head flagged cosine_classifier (am_softmax), `model.head` is a CosineLinear (scale * cosine,
     no bias). The head's settings are the config's head section (models/registry.py names them).
     """
-    import timm
-
     # model_cfg.name was checked by the config loader (schema choices); timm.create_model reaches
     # create_resmlp, which names the valid variants for a direct caller
     model = timm.create_model(

@@ -22,6 +22,7 @@ import time
 import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
 import torch  # noqa: E402
+from accelerate.state import AcceleratorState, GradientState  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
 import configs  # noqa: E402
@@ -67,8 +68,6 @@ def variants(args, tmp):
 
 
 def build_run(args, tmp, name, overrides):
-    from accelerate.state import AcceleratorState, GradientState
-
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
     data = {

@@ -41,6 +41,7 @@ from common.errors import UserError  # noqa: E402
 from engine.children import ChildProcesses  # noqa: E402
 from engine.cli import run_cli  # noqa: E402
 from engine.optim import build_optimizer  # noqa: E402
+from evaluation import comparison, paired, report  # noqa: E402
 from models import create_classifier  # noqa: E402
 from models.hopfield_pool import POOL_MAPPINGS  # noqa: E402
 
@@ -136,8 +137,6 @@ def train_and_evaluate(children, config, overrides, run_dir):
 
 def accuracy_runs(args, mappings, runs_dir, children):
     """{variant: {seed: comparison.load_run(...)}} after training and evaluating every missing run."""
-    from evaluation import comparison
-
     runs = {}
     for mapping in [None] + mappings:
         name = variant_name(mapping)
@@ -160,8 +159,6 @@ def _mean_sd(values):
 
 
 def print_accuracy(runs):
-    from evaluation import paired
-
     print(f"\n{'pooling':<22}{'top-1 (mean ± sd over seeds)':>30}{'support mean (patches)':>26}")
     for name, by_seed in runs.items():
         m, s = _mean_sd([r["result"]["top1"] for r in by_seed.values()])
@@ -177,8 +174,6 @@ def print_accuracy(runs):
         results.append(res)
     if not results:
         return []
-    from evaluation import report
-
     print("\nAcross trainings (the seed is the unit):")
     header, rows = paired.across_rows(results)
     print(report.text_table(header, [r for r in rows if r[1] == "top-1"]))

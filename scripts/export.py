@@ -48,6 +48,8 @@ from engine.trained_run import add_run_arguments, open_from_args, parse_with_ove
 from models.mappings import threshold_path  # noqa: E402
 from models.registry import head_spec  # noqa: E402
 
+import export_timm  # noqa: E402  (scripts/export_timm.py, beside this one)
+
 FILE_FORMATS = ("onnx", "torchscript")  # one file and its sidecar
 FORMATS = FILE_FORMATS + ("timm",)  # timm: a folder (scripts/export_timm.py)
 EXPORT_OPSET = 17  # ONNX opset: TopK, ReduceMax etc. as onnxruntime >= 1.14 runs them
@@ -197,8 +199,6 @@ def sidecar(cfg, model, classes, fmt: str, head_probabilities: bool, output: str
 
 def export_timm_folder(args) -> str:
     """--format timm: the folder timm loads (scripts/export_timm.py), under the folder's lock."""
-    import export_timm
-
     if args.head_probabilities:
         raise UserError("--format timm exports timm's model, which returns logits: drop --head-probabilities "
                         "(config.json says how to get the head's probabilities), or use --format onnx")

@@ -15,6 +15,7 @@ converted weights must give this model's logits (within LOGIT_TOLERANCE) or noth
 """
 import os
 
+import timm
 import torch
 
 from common import rundir
@@ -120,8 +121,6 @@ classes in label order (timm's `--class-map`).
 
 def build_timm_model(cfg, model, classes):
     """timm's own model with this run's weights, loaded strictly, and checked against `model`."""
-    import timm
-
     data_cfg = eval_transform(cfg.data).timm_config()
     timm_model = timm.create_model(TIMM_ARCHITECTURES[cfg.model.name], num_classes=len(classes),
                                    pretrained_cfg_overlay=data_cfg).eval()
