@@ -332,13 +332,3 @@ def test_eval_takes_a_checkpoint_directory_of_a_run(resumed_run, tmp_path, capsy
     assert (cfg.optim.lr, cfg.optim.epochs) == (5e-3, 1)
 
 
-def test_non_utf8_run_config_is_one_line_on_resume(resumed_run, tmp_path, capsys):
-    import shutil
-
-    run = str(tmp_path / "run")
-    shutil.copytree(resumed_run, run)
-    os.remove(os.path.join(run, rundir.CONFIG_HISTORY))  # a run from before the history file
-    cfg_path = write_cfg(tiny_cfg(run, "optim.epochs=2", "optim.lr=2e-2", "train.keep_last=10"), tmp_path / "cfg.yaml")
-    _write(os.path.join(run, "config.yaml"), b"name: tiny\xff\n")
-    code, err = _cli(capsys, _train_main(), ["--config", cfg_path, "--resume", "auto"])
-    assert code == 2 and err.count("\n") == 1 and "config.yaml is not UTF-8 text (byte 10" in err, err
