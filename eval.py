@@ -23,15 +23,19 @@ held-out calibration split (data.calib_fraction > 0) or, when the run held none 
 random half of the evaluated split (reported on the other half). Sample counts are exact across
 processes. APS's random tie-breaking is seeded per run (its training seed and head).
 Selective prediction (evaluation/selective_report.py): risk-coverage AURC, E-AURC and the risk at
-fixed coverages, with confidence = max probability and, for sparse heads, also 1/support size.
+fixed coverages, with confidence = the probability of the predicted class (the top logit; for every
+head but perturbmax and Taylor softmax its max probability) and, for sparse heads, also 1/support size.
 Hopfield pooling (model.pool=hopfield): the pooling support, how many of the N patches each image's
 feature uses (weight > 0; evaluation/pool_support.py, from the same forward pass): mean, median and
 histogram in the JSON's "pooling", per image in the records (`pool_support`), and the first images'
 support maps in STEM.pool_maps.safetensors (drawn by the comparison report). Average pooling: none.
 Out-of-distribution detection (--ood-dataset NAME, any dataset this project loads, or `auto`: the
 built-in data's own OOD set, builtin10_ood for builtin10): AUROC and FPR at 95% TPR of max
-probability, entropy and (sparse heads) support size, the evaluated split being in-distribution
-(evaluation/ood_report.py). Writes JSON (--output), a CSV row and the per-example records
+probability, entropy and (sparse heads) support size, of the energy (--ood-temperature) and max
+logit, and of the feature-memory scores (Hopfield energies, retrieval support, SHE, kNN) against
+the training split's penultimate features (--ood-memory all | N | none; stored in the run directory
+as ood_memory.safetensors and reused while the weights match), the evaluated split being
+in-distribution (evaluation/ood_eval.py). Writes JSON (--output), a CSV row and the per-example records
 (evaluation/examples.py: label, pred, p_y, max prob, support size, FY loss) beside it, and prints a
 table.
 """
@@ -41,7 +45,10 @@ import os
 import sys
 import time
 
-import torch
+from common.startup import say_loading
+
+say_loading("eval.py")  # before the imports' seconds, so the command does not look hung
+import torch  # noqa: E402
 from accelerate import Accelerator
 
 import data
@@ -53,7 +60,7 @@ from engine.checkpoint import file_sha256
 from engine.cli import run_cli
 from engine.runlock import RunLock
 from engine.trained_run import add_run_arguments, aps_seed, open_from_args, parse_with_overrides
-from evaluation import conformal, ood_report, pool_support, report, selective_report
+from evaluation import conformal, ood_eval, ood_report, pool_support, report, selective_report
 from evaluation import metrics as M
 from evaluation.calibration_file import conformal_path, save_thresholds
 from evaluation.evaluate import evaluate
@@ -76,6 +83,12 @@ def parse_args(argv=None):
                         "imagefolder with --ood-root; auto = the built-in data's own OOD set)")
     p.add_argument("--ood-root", metavar="DIR", default=None,
                    help="data root of the OOD set (default: the run's data.root)")
+    p.add_argument("--ood-temperature", default=None, metavar="T",
+                   help="temperature of the energy OOD score T*logsumexp(z/T) (default 1)")
+    p.add_argument("--ood-memory", default=None, metavar="all|none|N",
+                   help="feature memory of the OOD scores: the training split's penultimate features (all, "
+                        "a seeded subsample of N, or none: no feature scores); stored in the run directory "
+                        "(default all)")
     p.add_argument("--output", help="metrics JSON path (a CSV row and STEM.examples.safetensors are "
                                     "written beside it)")
     p.add_argument("--quiet", action="store_true", help="no table on the terminal")
@@ -92,6 +105,7 @@ def _split_half(n, seed=0):
 
 def ood_data_config(cfg, args):
     """cfg.data for the OOD set of --ood-dataset/--ood-root (None when not asked); UserError if unknown."""
+    ood_eval.check_flags(args)  # --ood-temperature, --ood-memory
     if args.ood_dataset is None:
         if args.ood_root:
             raise UserError("--ood-root needs --ood-dataset NAME")
@@ -123,16 +137,6 @@ def feature_ood_config(cfg, args):
     return ood
 
 
-def ood_results(head, ood_cfg, ood_dataset, preds, evaluate_split):
-    """OOD detection: the evaluated split (in-distribution) vs the OOD set's val split."""
-    ood_preds = evaluate_split("val", ood_dataset, data_cfg=ood_cfg, ignore_labels=True)
-    with torch.no_grad():
-        probs_in, probs_out = head(preds.logits).float(), head(ood_preds.logits).float()
-    result = ood_report.run_summary(probs_in, probs_out, head.name, ood_cfg.dataset)
-    result["root"] = ood_cfg.root if data.dataset_spec(ood_cfg.dataset).files else None  # generated: no files
-    return result
-
-
 def prediction_set_results(head, cfg, args, preds, evaluate_split):
     """Calibrate on the calib split (or half of the evaluated one) and measure on the rest."""
     if args.calib == "none":
@@ -153,11 +157,11 @@ def prediction_set_results(head, cfg, args, preds, evaluate_split):
                     f"split, coverage measured on the other half")
         cal_idx, ev_idx = _split_half(preds.totals["n"])
         labels = preds.records["label"]
-        cal = {"logits": preds.logits[cal_idx], "labels": labels[cal_idx]}
-        ev = {"logits": preds.logits[ev_idx], "labels": labels[ev_idx]}
-    with torch.no_grad():
+        cal = {"logits": preds.logits[cal_idx], "labels": labels[cal_idx], "ids": cal_idx}
+        ev = {"logits": preds.logits[ev_idx], "labels": labels[ev_idx], "ids": ev_idx}
+    with torch.no_grad():  # a random head's noise keyed by each example's index in its split, as in the records
         for part in (cal, ev):
-            part["probs"] = head(part["logits"]).float()
+            part["probs"] = head(part["logits"], ids=part.pop("ids", None)).float()
     alpha = head.alpha_value()
     eps = tuple(args.eps) if args.eps else conformal.EPSILONS
     for e in eps:
@@ -214,21 +218,26 @@ def main(argv=None):
     rank, world = accelerator.process_index, accelerator.num_processes
     model.to(accelerator.device)
 
-    def evaluate_split(split, ds=None, data_cfg=None, ignore_labels=False):
+    def evaluate_split(split, ds=None, data_cfg=None, ignore_labels=False, keep_features=False):
         data_cfg = data_cfg or cfg.data
         ds = ds if ds is not None else data.build_dataset(data_cfg, split)
         loader = data.build_eval_loader(ds, data_cfg, rank=rank, world_size=world, device=accelerator.device)
-        return evaluate(model, loader, accelerator, keep_examples=True, ignore_labels=ignore_labels)
+        return evaluate(model, loader, accelerator, keep_examples=True, ignore_labels=ignore_labels,
+                        keep_features=keep_features)
 
     t0 = time.perf_counter()
-    preds = evaluate_split(args.split, dataset)
+    preds = evaluate_split(args.split, dataset, keep_features=ood_eval.wants_memory(ood_cfg, args.ood_memory))
     # data.skip_corrupt: undecodable images are dropped (counted per process, each its own shard)
     skipped = int(accelerator.reduce(torch.tensor([getattr(dataset, "skipped", 0)], device=accelerator.device),
                                      reduction="sum").item()) if world > 1 else int(getattr(dataset, "skipped", 0))
     if preds.totals["n"] + skipped != len(dataset) or preds.logits.shape[0] + skipped != len(dataset):  # exactness
         raise RuntimeError(f"gathered {preds.totals['n']} predictions for {len(dataset)} samples ({skipped} skipped)")
     ps = prediction_set_results(head, cfg, args, preds, evaluate_split)
-    ood = ood_results(head, ood_cfg, ood_dataset, preds, evaluate_split) if ood_cfg is not None else None
+    ood = ood_eval.ood_results(
+        head, cfg, ood_cfg, ood_dataset, preds, evaluate_split, temperature=args.ood_temperature,
+        memory_size=args.ood_memory, store_dir=args.checkpoint if os.path.isdir(args.checkpoint) else None,
+        weights_file=weights, weights_kind=kind, num_classes=num_classes,
+        is_main=accelerator.is_main_process, say=lambda m: print(m, file=sys.stderr)) if ood_cfg is not None else None
     if not accelerator.is_main_process:
         return 0
 
@@ -242,6 +251,7 @@ def main(argv=None):
         "wall_seconds": time.perf_counter() - t0,
     }
     result["skipped_images"] = skipped
+    result["learn_alpha"] = head.learn_alpha  # its alpha is where training moved it (report tables show it)
     if skipped and not preds.totals["n"]:
         print(f"warning: every image of the {args.split} split ({skipped}) was undecodable and skipped "
               f"(data.skip_corrupt): no image was evaluated, the metrics are null", file=sys.stderr)

@@ -11,7 +11,8 @@ model_ema.safetensors with --ema), one of its checkpoints, or a weights file wit
 opened as eval.py opens it (engine/trained_run.py). --images is a folder (searched recursively), a
 glob or a list file (one path per line). Each image goes through the run's eval transform (data/transforms.py: any shape and mode).
 Per image the output (CSV or JSONL, by the extension of --output) has: the path, the top-k classes
-and probabilities, the head's support (sparse heads: the classes with p > 0) and the conformal
+and probabilities (PROB_DIGITS significant digits; a sparse head lists only classes with p > 0, so
+fewer than k when its support is smaller), the head's support (sparse heads: the classes with p > 0) and the conformal
 prediction set at each ε that eval.py calibrated on this run (RUN_DIR/conformal.json, written by
 eval.py; built by evaluation/conformal.py, the code eval.py measures the sets with). Unreadable
 files are skipped, counted and listed in the output with status "unreadable".
@@ -27,7 +28,10 @@ import os
 import sys
 import time
 
-import torch
+from common.startup import say_loading
+
+say_loading("predict.py")  # before the imports' seconds, so the command does not look hung
+import torch  # noqa: E402
 from accelerate import Accelerator
 from accelerate.utils import gather_object
 from torch.utils.data import DataLoader
@@ -53,6 +57,7 @@ from models.heads import SPARSE_HEAD_NAMES
 OUTPUT_FORMATS = (".csv", ".jsonl")
 PRECISIONS = ("auto", "bf16", "fp32")
 LIST_SEP = ";"  # between class names inside one CSV cell (JSONL has real lists)
+PROB_DIGITS = 6  # significant digits of a listed probability (float32 holds about 7)
 
 
 def parse_args(argv=None):
@@ -213,15 +218,21 @@ def forward_images(model, paths, transform, cfg, accelerator, *, batch_size, num
 ROW_CHUNK = 4096  # rows per set computation: bounds the float64 temporaries of the conformal code
 
 
+def rounded(prob):
+    """A probability at PROB_DIGITS significant digits: float32's own precision, not repr's 17."""
+    return float(f"{prob:.{PROB_DIGITS}g}")
+
+
 def prediction_rows(head, logits, index, paths, names, topk, thresholds, aps_seed):
     """One dict per readable image: topk, support (sparse heads), conformal sets {method: {eps: [...]}}."""
     alpha = head.alpha_value()
     sparse = head.name in SPARSE_HEAD_NAMES
     rows = []
     for start in range(0, logits.shape[0], ROW_CHUNK):
-        z, idx = logits[start:start + ROW_CHUNK], index[start:start + ROW_CHUNK].tolist()
-        with torch.no_grad():
-            probs = head(z).float()  # as eval.py's prediction sets compute them: the head on float32 logits
+        ids = index[start:start + ROW_CHUNK]
+        z, idx = logits[start:start + ROW_CHUNK], ids.tolist()
+        with torch.no_grad():  # as eval.py's prediction sets compute them: the head on float32 logits,
+            probs = head(z, ids=ids).float()  # a random head's noise keyed by each image's index in the list
         order = probs.double().sort(dim=1, descending=True, stable=True).indices
         masks = {}
         for t in thresholds:
@@ -232,8 +243,9 @@ def prediction_rows(head, logits, index, paths, names, topk, thresholds, aps_see
                                                                     probs=probs, alpha=alpha, u=u)
         masks = {key: mask.tolist() for key, mask in masks.items()}  # Python lists: fast per-row reads
         for r, (i, ranked, p) in enumerate(zip(idx, order.tolist(), probs.tolist())):
+            listed = [c for c in ranked[:topk] if p[c] > 0] if sparse else ranked[:topk]  # a 0 is no candidate
             row = {"path": paths[i], "status": "ok",
-                   "topk": [{"class": names[c], "prob": p[c]} for c in ranked[:topk]]}
+                   "topk": [{"class": names[c], "prob": rounded(p[c])} for c in listed]}
             if sparse:
                 row["support"] = [names[c] for c in ranked if p[c] > 0]
             if masks:

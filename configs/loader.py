@@ -250,8 +250,21 @@ def suggest_key(full_key):
         same_section = candidate.startswith(section + ".") if section else "." not in candidate
         return max(whole, last), same_section
 
-    best = max(list(keys) + list(section_names()), key=score)
-    return best if score(best)[0] >= SUGGEST_CUTOFF else None
+    return closest(list(keys) + list(section_names()), score)
+
+
+def closest(candidates, score):
+    """The best-scoring candidate when it is close enough to suggest (its score's first element, a
+    difflib ratio, >= SUGGEST_CUTOFF), else None: the one rule for key and value typos alike."""
+    best = max(candidates, key=score, default=None)
+    return best if best is not None and score(best)[0] >= SUGGEST_CUTOFF else None
+
+
+def suggest_value(value, choices):
+    """'; did you mean 'sparsemax'?' for a value close to one of `choices` ('' when none is)."""
+    text = str(value)
+    hint = closest(choices, lambda c: (difflib.SequenceMatcher(None, text, str(c)).ratio(),))
+    return f"; did you mean '{hint}'?" if hint is not None else ""
 
 
 def _unknown_key(full, names, sources):
@@ -379,8 +392,12 @@ def _check_numbers(cfg):
 def _check(cfg):
     values = dict(_leaves(cfg))
     for key, choices in CHOICES.items():
-        if values[key] not in choices:
-            raise UserError(f"config key '{key}' must be one of {', '.join(choices)}; got {_show(values[key])}")
+        items = values[key] if isinstance(values[key], tuple) else (values[key],)  # a list: each of them
+        bad = [v for v in items if v not in choices]
+        if not items or bad:
+            raise UserError(f"config key '{key}' must be one of {', '.join(choices)}"
+                            f"{' (each)' if isinstance(values[key], tuple) else ''}; got {_show(values[key])}"
+                            f"{suggest_value(bad[0], choices) if bad else ''}")
     _check_numbers(cfg)
     check_head_settings(cfg.head)
     check_finetune_settings(cfg)
@@ -403,12 +420,34 @@ def check_head_settings(head):
         raise UserError(f"config key {err}") from None
 
 
+def _fold_tensorboard(data):
+    """train.tensorboard, the one tracker switch before train.log_with: true = auto (TensorBoard
+    when installed), false = none. Set together with a train.log_with that says otherwise: refused."""
+    train = data.get("train")
+    if not isinstance(train, dict) or "tensorboard" not in train:
+        return data
+    data["train"] = train = dict(train)
+    value = train.pop("tensorboard")
+    if not isinstance(value, bool):
+        raise UserError(f"config key 'train.tensorboard' must be true or false, got {_show(value)} (it is the old "
+                        f"switch of train.log_with; set train.log_with instead)")
+    if "log_with" not in train:
+        train["log_with"] = "auto" if value else "none"
+        return data
+    given = train["log_with"]
+    listed = [given] if isinstance(given, str) else list(given or ())
+    if value != (given == "auto" or "tensorboard" in listed):
+        raise UserError(f"train.tensorboard={str(value).lower()} contradicts train.log_with={_show(given)}; "
+                        f"train.tensorboard is the old switch: set train.log_with only")
+    return data
+
+
 def config_from_dict(data, default_name="run", sources=None):
     """Build and check a Config from a nested dict (a YAML file's, after overrides). `sources`:
     {dotted key: 'file:line'}, so that an unknown key or a wrong type names where it was written."""
     data = dict(data)
     data.setdefault("name", default_name)
-    cfg = _check(_build(Config, data, sources=sources))
+    cfg = _check(_build(Config, _fold_tensorboard(data), sources=sources))
     cfg.train.output_dir = cfg.train.output_dir.replace("{name}", cfg.name)
     return cfg
 

@@ -2,7 +2,7 @@
 
 A `DatasetSpec` holds a dataset's name and one-line doc, the splits it stores, how to read one
 (`build`) and its class names (`classes`: the class count is their number, never written
-apart), the transform recipe data.train_crop=auto means for it, whether a split is one uint8
+apart), the crop recipe data.train_crop=auto means for it (`train_crop`), whether a split is one uint8
 tensor in memory (`in_memory`: the device fast path), whether the DALI path reads it (`dali`:
 encoded image files), its out-of-distribution partner (`ood`: what `--ood-dataset auto` means),
 whether it reads data.root (`files`: False for generated data) and whether it is cached features
@@ -19,7 +19,9 @@ Adding a dataset: write its module with
         `subset(indices)` and `transform` (an `ArrayDataset`, data/arrays.py, when in_memory);
         `split` is one of its `splits`; the calib split, when not stored, is held out of train;
     class names: a function data_cfg -> [label index -> name];
-then add one `register(DatasetSpec(...))` below.
+then add one `register(DatasetSpec(...))` below. An out-of-distribution set is declared the same way
+and named as another's `ood` (OOD evaluation reads only its val split and ignores its labels, so
+its class names may be its partner's, as builtin10_ood's are).
 The schema's choices and help, the loaders, DALI, OOD and --help-config follow with no other edit;
 tests/test_dataset_registry.py checks exactly that on a copy of the tree.
 

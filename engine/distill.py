@@ -139,6 +139,16 @@ def _timm_teacher(name, weights, num_classes):
     return teacher, softmax, size
 
 
+def teacher_line(cfg, distiller):
+    """The run's teacher in one line: what it is, its file's hash, how its output enters the loss."""
+    tc = cfg.train
+    weights = f", weights {tc.teacher_weights}" if tc.teacher_weights else ""
+    digest = f", sha256 {tc.teacher_sha256[:12]}..." if tc.teacher_sha256 else ""
+    target = "its argmax as the label" if tc.distill == "hard" else f"its probabilities at temperature τ = {tc.distill_tau:g}"
+    return (f"teacher: {tc.teacher}{weights}{digest} ({type(distiller.teacher).__name__}, frozen); train.distill={tc.distill}: "
+            f"loss = {1 - tc.distill_alpha:g} × the head's loss + {tc.distill_alpha:g} × the loss towards {target}")
+
+
 def build_distiller(cfg, num_classes, accelerator):
     """The run's Distiller (None for train.distill=none); records the teacher file's sha256 in
     cfg.train.teacher_sha256 (a pinned one must match). Call before the resume fingerprint."""

@@ -49,6 +49,17 @@ def freeze_backbone(model):
     return model
 
 
+def freeze_line(model, mode):
+    """model.freeze=backbone: one line saying what trains and what is frozen; None otherwise."""
+    if mode != "backbone":
+        return None
+    params = list(model.named_parameters())
+    train = sum(p.numel() for _, p in params if p.requires_grad)
+    total = sum(p.numel() for _, p in params)
+    return (f"frozen: the backbone (model.freeze=backbone, a linear probe): {train:,} of {total:,} parameters train "
+            f"(the classifier and the output head's own state), the rest stay as loaded")
+
+
 def apply_freeze(model, mode):
     if mode == "backbone":
         freeze_backbone(model)

@@ -21,7 +21,8 @@ def single_process_warning(num_processes, env=None):
         return None
     return ("warning: accelerate launch was asked for several processes but started one (each epoch runs all "
             "its steps here); on a CPU machine or a single GPU add --multi_gpu: accelerate launch --multi_gpu "
-            "--num_processes N train.py ...")
+            "--num_processes N train.py ... (python -m accelerate.commands.launch ... where the accelerate command is "
+            "not on PATH, e.g. under pyenv before `pyenv rehash`)")
 
 
 def precision_line(configured, used, env=None):
@@ -35,23 +36,34 @@ def precision_line(configured, used, env=None):
     return line
 
 
-def tensorboard_warning(wanted, available):
-    """One line when train.tensorboard=true but TensorBoard is missing, so no tensorboard/ folder appears."""
-    if wanted and not available:
-        return ("warning: train.tensorboard=true but TensorBoard is not installed, so no tensorboard/ folder is "
-                "written (metrics.jsonl and epochs.csv still are): pip install tensorboard, or set "
-                "train.tensorboard=false")
-    return None
+def busy_cores_warning(device_type, threads, load=None, cores=None, env=None):
+    """One line when a CPU run starts on cores that are already busy (1-minute load above the core
+    count) with torch at its default threads (OMP_NUM_THREADS unset): its threads then fight the
+    other jobs for the cores. None otherwise."""
+    env = os.environ if env is None else env
+    if device_type != "cpu" or "OMP_NUM_THREADS" in env or threads <= 1:
+        return None
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except (AttributeError, OSError):  # not on this platform
+            return None
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if load <= cores:
+        return None
+    return (f"warning: the machine is already busy (load {load:.1f} on {cores} cores) and torch uses {threads} "
+            f"threads, which then compete with the other jobs (about 2x slower than one thread in the README's "
+            f"measurement, Training: CPU threads); start it with OMP_NUM_THREADS=1")
 
 
 def launch_lines(*, num_processes, device, configured_precision, used_precision, backend, backend_why,
-                 tensorboard_wanted, tensorboard_available, env=None):
+                 env=None, threads=1):
     """The run's first log lines: processes and device, precision, data backend, and any warning."""
     lines = [f"launch: {num_processes} process(es) on {device.type}; "
              + precision_line(configured_precision, used_precision, env),
              f"data backend: {backend} ({backend_why})"]
-    for warning in (single_process_warning(num_processes, env),
-                    tensorboard_warning(tensorboard_wanted, tensorboard_available)):
+    for warning in (single_process_warning(num_processes, env), busy_cores_warning(device.type, threads, env=env)):
         if warning:
             lines.append(warning)
     return lines

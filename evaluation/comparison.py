@@ -25,9 +25,9 @@ from common import rundir
 from common.io import atomic_write_text, read_json, write_json
 from models.registry import is_sparse
 
-from . import metrics, ood_report, paired, plots, pool_report, report, sanity, selective_report
+from . import metrics, ood_report, paired, plots, pool_report, report, sanity, selective_report, summary
 from .examples import load_examples
-from .statistics import signed_points
+from .statistics import sign_flip_p_value, signed_points, t_interval
 
 TRAIN_COLUMNS = [
     ("train_time_s", "train time (s)", "f1"),
@@ -115,6 +115,8 @@ def table_columns(variants):
     the per-run ECEs; summary_table adds the pooled ECE after it)."""
     methods, epsilons = _prediction_set_layout(variants)
     cols = [(k, ECE_MEAN_LABEL if k == "ece" else label, fmt) for k, label, fmt in report.METRIC_COLUMNS]
+    if any(r["result"].get("learn_alpha") for runs in variants.values() for r in runs):
+        cols.insert(0, report.ALPHA_COLUMN)  # mean ± s.d. here; each run's in learned_alpha_section
     pooled = any(r["result"].get("pooling") for runs in variants.values() for r in runs)  # model.pool=hopfield
     return cols + (report.POOL_COLUMNS if pooled else []) + report.prediction_set_columns(methods, epsilons) \
         + TRAIN_COLUMNS + report.SPEED_COLUMNS
@@ -140,7 +142,8 @@ def summary_table(variants):
     header = ["metric"] + names
     rows = [["seeds"] + [str(len(variants[v])) for v in names]]
     for key, label, fmt in table_columns(variants):
-        cells = [report.format_mean_std([r["flat"].get(key) for r in variants[v]], fmt) for v in names]
+        cells = [report.format_mean_std([r["flat"].get(key) for r in variants[v]
+                                         if key != "alpha" or r["result"].get("learn_alpha")], fmt) for v in names]
         rows.append([label] + cells)
         if key == "ece":
             rows.append([ECE_POOLED_LABEL] + [report.format_value(pooled_reliability(variants[v])["ece"], "f4")
@@ -180,8 +183,8 @@ def _plot_inputs(variants):
                 for pt in run["result"]["prediction_sets"]["methods"][method]["curve"]:
                     per_eps.setdefault(pt["eps"], []).append((pt["mean_set_size"], pt["coverage"]))
             cov_curves[(variant, method)] = [
-                (statistics.fmean(s for s, _ in pts), statistics.fmean(c for _, c in pts))
-                for pts in per_eps.values()]
+                (statistics.fmean(s for s, _ in pts), statistics.fmean(c for _, c in pts), eps)
+                for eps, pts in per_eps.items()]
         if is_sparse(runs[0]["result"]["head"]):  # a support worth plotting: exact zeros
             points[variant] = (statistics.fmean(r["result"]["support_mean"] for r in runs),
                                statistics.fmean(r["result"]["support_coverage"] for r in runs))
@@ -400,12 +403,13 @@ def ood_section(variants):
         oods = [r["result"]["ood"] for r in runs if r["result"].get("ood")]
         if not oods:
             continue
-        names.update(o["dataset"] for o in oods)
+        names.update(f"{o['source']} (cached features)" if o.get("source") else o["dataset"] for o in oods)
         hists[variant] = ood_report.pooled_histograms(oods)
         for score in oods[0]["scores"]:
             rows.append([variant, ood_report.SCORE_LABELS.get(score, score),
                          report.format_mean_std([o["scores"][score]["auroc"] for o in oods], "pct"),
-                         report.format_mean_std([o["scores"][score]["fpr_at_tpr"] for o in oods], "pct")])
+                         report.format_mean_std([o["scores"][score]["fpr_at_tpr"] for o in oods], "pct"),
+                         auroc_difference_text(oods, score)])
     if not rows:
         return [], hists, None
     name = ", ".join(sorted(names))
@@ -415,10 +419,31 @@ def ood_section(variants):
              f"(n={first['n_out']}). AUROC (higher is better; 50% = chance) and FPR at 95% TPR (the "
              "fraction of OOD images accepted when 95% of in-distribution images are; lower is better) "
              "for each score: max probability and entropy (Hendrycks & Gimpel, ICLR 2017) and, for "
-             "sparse heads, support size. Mean ± std over seeds; histograms pool the seeds.", "",
-             report.markdown_table(["variant", "score", "AUROC", "FPR@95%TPR"], rows), "",
+             "sparse heads, support size; energy and max logit; with a feature memory (eval.py "
+             "--ood-memory) the modern-Hopfield energy, its sparsemax / 1.5-entmax counterparts, the "
+             "retrieval support, SHE and kNN (evaluation/ood_scores.py). Mean ± std over seeds; "
+             "histograms pool the seeds. Δ AUROC vs max prob: the mean over seeds of each run's "
+             "difference to its own max-probability AUROC, with a 95% t-interval and the exact "
+             "sign-flip p over the seeds, so it includes seed-to-seed training noise (one seed: the "
+             "difference alone).", "",
+             report.markdown_table(["variant", "score", "AUROC", "FPR@95%TPR", "Δ AUROC vs max prob"], rows), "",
              f"![OOD score histograms]({plots.PLOT_FILES['ood']})", ""]
     return lines, hists, name
+
+
+def auroc_difference_text(oods, score, base="max_prob"):
+    """AUROC(score) − AUROC(base) per run (seed), summarised across the seeds (see ood_section)."""
+    if score == base:
+        return "—"
+    diffs = [o["scores"][score]["auroc"] - o["scores"][base]["auroc"] for o in oods
+             if score in o["scores"] and base in o["scores"]]
+    if not diffs:
+        return "n/a"
+    mean, _, low, high = t_interval(diffs)
+    if len(diffs) < 2:
+        return f"{signed_points(mean)} pt (1 seed)"
+    return (f"{signed_points(mean)} pt [{signed_points(low)}, {signed_points(high)}], "
+            f"p={sign_flip_p_value(diffs):.2g}")
 
 
 def degenerate_notes(variants):
@@ -437,6 +462,12 @@ def degenerate_notes(variants):
                              f"calibrated support is the top-1 class alone (its coverage is the top-1 "
                              f"accuracy), not a temperature-scaled support.")
     return notes
+
+
+def _learned_alpha_note(run):
+    """' (learned α 1.5644)' for a run whose head learned α, '' otherwise."""
+    alpha = run["flat"].get("alpha")
+    return f" (learned α {alpha:.4f})" if run["result"].get("learn_alpha") and alpha is not None else ""
 
 
 def write_report(variants, report_dir, title, command, weights="raw", notes=(), pairs=(), missing=()):
@@ -475,6 +506,7 @@ def write_report(variants, report_dir, title, command, weights="raw", notes=(), 
     calib = (first.get("prediction_sets") or {}).get("calibration") or {}
     lines = [
         f"# {title}", "",
+        *summary.section(summary.plain_words(variants, paired_res, mean_curves(variants))),
         f"Command: `{command}`", "",
         f"Dataset: {first['dataset']} ({first['split']} split, n={first['n']} per run), "
         f"model {first['model']}, {weights} weights. Cells are mean ± std over seeds; every number is "
@@ -506,7 +538,7 @@ def write_report(variants, report_dir, title, command, weights="raw", notes=(), 
     for key, label in (("accuracy", "Validation accuracy vs epoch"), ("support", "Support-size histograms"),
                        ("reliability", "Reliability diagrams"), ("coverage", "Coverage vs set size")):
         lines += [f"### {label}", "", f"![{label}]({plots.PLOT_FILES[key]})", ""]
-    lines += ["## Runs", ""] + [f"- {v}: " + ", ".join(f"`{r['run_dir']}`" for r in runs)
+    lines += ["## Runs", ""] + [f"- {v}: " + ", ".join(f"`{r['run_dir']}`" + _learned_alpha_note(r) for r in runs)
                                 for v, runs in variants.items()]
     if missing:
         lines += ["", "## Missing runs", "", "Planned but not finished (no results yet); the numbers above "

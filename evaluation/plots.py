@@ -38,52 +38,91 @@ def _save(fig, path):
         plt.close(fig)
 
 
+def same_as_earlier(series):
+    """{variant: the earlier variant whose data is identical} (e.g. entmax_bisect at its default
+    α = 1.5 and entmax15): such a line is drawn dashed over the other and its legend says so."""
+    seen, out = {}, {}
+    for variant, data in series.items():
+        key = repr(data)
+        if key in seen:
+            out[variant] = seen[key]
+        else:
+            seen[key] = variant
+    return out
+
+
 def plot_accuracy_curves(curves, path, weights="raw"):
     """curves: {variant: {"mean": [(epoch, mean top1, std top1), ...], "seeds": [[(epoch, top1), ...]
     per seed]}} (or just the "mean" list) -> validation top-1 vs epoch: each head's mean ± std over
     seeds, its seeds as thin lines (the learning speed, and the seed-to-seed spread behind it)."""
     fig, ax = plt.subplots(figsize=(6.5, 4.3))
+    means = {v: (e["mean"] if isinstance(e, dict) else e) for v, e in curves.items()}
+    twins = same_as_earlier(means)
+    evaluations = max((len(m) for m in means.values()), default=0)
     for i, (variant, entry) in enumerate(curves.items()):
         points, seeds = (entry["mean"], entry.get("seeds", [])) if isinstance(entry, dict) else (entry, [])
         if not points:
             continue
         color = f"C{i}"
+        twin = f" = {twins[variant]} (same numbers)" if variant in twins else ""
         for seed_curve in seeds:
             if seed_curve:
                 ep_s, top_s = zip(*seed_curve)
                 ax.plot(ep_s, [100 * t for t in top_s], color=color, lw=0.7, alpha=0.45)
         ep, mean, std = zip(*points)
-        ax.plot(ep, [100 * m for m in mean], marker="o", ms=4, lw=2, color=color,
-                label=f"{variant} (mean of {len(seeds)} seed{'s' if len(seeds) != 1 else ''})" if seeds else variant)
+        ax.plot(ep, [100 * m for m in mean], marker="o", ms=4, lw=2, color=color, ls="--" if twin else "-",
+                label=(f"{variant} (mean of {len(seeds)} seed{'s' if len(seeds) != 1 else ''})" if seeds else variant)
+                + twin)
         ax.fill_between(ep, [100 * (m - s) for m, s in zip(mean, std)],
                         [100 * (m + s) for m, s in zip(mean, std)], color=color, alpha=0.15)
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole numbers
     ax.set_xlabel("epoch")
     ax.set_ylabel(f"validation top-1 (%) [{weights} weights]")
-    ax.set_title("Validation accuracy per head: mean ± std over seeds (thin: each seed)", fontsize=10)
+    title = "Validation accuracy per head: mean ± std over seeds (thin: each seed)"
+    if evaluations <= 2:  # two points joined by a line are not a measured curve
+        title += f"\nonly {evaluations} evaluation{'s' if evaluations != 1 else ''} per run (one per epoch), joined by straight lines"
+    ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     _save(fig, path)
 
 
 def plot_support_histograms(hists, path):
-    """hists: {variant: counts per support size 1..K (summed over seeds)} -> fraction of samples."""
-    fig, ax = plt.subplots(figsize=(6, 4))
-    n_var = max(len(hists), 1)
-    width = 0.8 / n_var
-    for i, (variant, counts) in enumerate(hists.items()):
-        total = sum(counts) or 1
-        sizes = [s + 1 for s in range(len(counts))]
-        if len(counts) <= 30:  # grouped bars while they stay readable, step lines beyond
-            ax.bar([s - 0.4 + (i + 0.5) * width for s in sizes], [c / total for c in counts], width=width,
-                   label=variant)
+    """hists: {variant: counts per support size 1..K (summed over seeds)} -> fraction of samples.
+
+    A dense head (every sample's support is all K classes) is named in the title, not drawn: its one
+    bar at K would stretch the axis. The axis ends at the largest support a sparse head used, so
+    100 classes stay readable; each group of bars is centred on its integer, with a tick there."""
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    dense = [v for v, c in hists.items() if c and sum(c) and c[-1] == sum(c)]
+    sparse = {v: c for v, c in hists.items() if c and sum(c) and v not in dense}
+    twins = same_as_earlier(sparse)
+    top = max((max(s + 1 for s, n in enumerate(c) if n) for c in sparse.values()), default=1)
+    width = 0.8 / max(len(sparse), 1)
+    for i, (variant, counts) in enumerate(sparse.items()):
+        total = sum(counts)
+        sizes = list(range(1, top + 1))
+        label = variant + (f" = {twins[variant]} (same numbers)" if variant in twins else "")
+        if top <= 30:  # grouped bars while they stay readable, step lines beyond
+            ax.bar([s - 0.4 + (i + 0.5) * width for s in sizes], [counts[s - 1] / total for s in sizes],
+                   width=width, label=label, color=f"C{list(hists).index(variant)}",
+                   hatch="//" if variant in twins else None)
         else:
-            ax.step(sizes, [c / total for c in counts], where="mid", label=variant)
-    ax.set_xlabel("support size (classes with p > 0)")
+            ax.step(sizes, [counts[s - 1] / total for s in sizes], where="mid", label=label,
+                    color=f"C{list(hists).index(variant)}", ls="--" if variant in twins else "-")
+    if top <= 30:
+        ax.set_xticks(range(1, top + 1))
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    classes = len(next(iter(hists.values()), []) or [])
+    ax.set_xlabel(f"support size (classes with p > 0, of {classes})")
     ax.set_ylabel("fraction of samples")
-    ax.set_title("Support size of the output head")
-    ax.legend()
+    ax.set_title("Support size of the output head"
+                 + (f"\n{', '.join(dense)}: always all {classes} classes (dense), not drawn" if dense else ""),
+                 fontsize=10)
+    if sparse:
+        ax.legend()
     _save(fig, path)
 
 
@@ -141,8 +180,11 @@ def plot_reliability(diagrams, path):
 
 
 def plot_coverage_vs_set_size(curves, points, path, epsilons=(0.1, 0.05)):
-    """curves: {(variant, method): [(mean set size, coverage), ...]} over an ε sweep;
+    """curves: {(variant, method): [(mean set size, coverage, ε), ...]} over an ε sweep;
     points: {variant: (support size mean, support coverage)} for the uncalibrated sparse support.
+    The x axis ends past the largest set at the report's ε (smaller ε, whose sets reach all classes,
+    run off the right edge, as the axis label says); the sparse supports' points at the report's ε
+    are labelled with their ε, so overlapping markers say which they are.
 
     The sparse supports' own curves are drawn last, with large outlined markers: when calibration
     degenerates (T = 0 at every ε) the whole curve is one point, which would otherwise hide under
@@ -156,12 +198,17 @@ def plot_coverage_vs_set_size(curves, points, path, epsilons=(0.1, 0.05)):
         if not pts:
             continue
         color = colors.setdefault(variant, f"C{len(colors)}")
-        xs, ys = zip(*sorted(pts))
+        xs, ys = zip(*sorted((s, c) for s, c, _ in pts))
         support = method == "support"
         ax.plot(xs, [100 * y for y in ys], styles.get(method, "-"), marker=markers.get(method, "o"),
                 ms=7 if support else 3, mec="black" if support else color, mew=0.8 if support else 0.5,
                 color=color, zorder=4 if support else 2, label=f"{variant} / {method}"
-                + (" (one point: T = 0)" if support and len(set(pts)) == 1 else ""))
+                + (" (one point: T = 0)" if support and len({(s, c) for s, c, _ in pts}) == 1 else ""))
+        if support:
+            for s, c, eps in pts:
+                if any(math.isclose(eps, e) for e in epsilons):
+                    ax.annotate(f"ε={eps:g}", xy=(s, 100 * c), xytext=(6, -10 if eps == min(epsilons) else 4),
+                                textcoords="offset points", fontsize=7, color=color, zorder=7)
     for variant, (size, cov) in points.items():
         color = colors.setdefault(variant, f"C{len(colors)}")
         ax.plot([size], [100 * cov], marker="*", ms=14, color=color, mec="black", mew=0.8, linestyle="none",
@@ -172,7 +219,15 @@ def plot_coverage_vs_set_size(curves, points, path, epsilons=(0.1, 0.05)):
         ax.annotate(f"1−ε = {level:g}% (ε = {eps:g})", xy=(0, level), xycoords=("axes fraction", "data"),
                     xytext=(4, 2), textcoords="offset points", ha="left", va="bottom", fontsize=7, color="dimgray",
                     bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.8), zorder=6)
-    ax.set_xlabel("mean prediction-set size")
+    at_report = [s for pts in curves.values() for s, _, eps in pts if eps >= min(epsilons) - 1e-12]
+    at_report += [size for size, _ in points.values()]
+    widest = max((s for pts in curves.values() for s, _, _ in pts), default=0)
+    right = max(at_report, default=0)
+    if at_report and widest > 1.3 * right + 0.5:
+        ax.set_xlim(left=0, right=1.3 * right + 0.5)
+        ax.set_xlabel(f"mean prediction-set size (ε < {min(epsilons):g} beyond the right edge, up to {widest:.0f})")
+    else:
+        ax.set_xlabel("mean prediction-set size")
     ax.set_ylabel("empirical coverage (%)")
     ax.set_title("Conformal prediction sets: coverage vs size")
     ax.grid(alpha=0.3)

@@ -42,8 +42,8 @@ def map_rows(variants):
                 truth, pred = (_class_name(names, int(arrays[key][k])) for key in ("label", "pred"))
                 captions.append(f"#{int(arrays['index'][k])} {truth}"
                                 + ("" if pred == truth else f" → {pred}") + f"\n{used}/{pooling['num_patches']} patches")
-            rows.append({"title": f"{variant} s{run['seed']}\n({pooling['mapping']}; mean "
-                                  f"{pooling['support_mean']:.1f}/{pooling['num_patches']})",
+            rows.append({"title": f"head {variant}, seed {run['seed']}\npooling: {pooling['mapping']}, "
+                                  f"{pooling['support_mean']:.1f}/{pooling['num_patches']} patches",
                          "images": arrays["images"], "weights": arrays["weights"],
                          "grid": int(round(len(arrays["weights"][0][0]) ** 0.5)), "captions": captions})
     return rows

@@ -32,7 +32,7 @@ from .losses import entmax15_loss, entmax_bisect_loss, softmax_loss, sparsemax_l
 from .mapping_table import MAPPINGS, entmax_bisect_steps
 from .mappings import ALPHA_OF, softmax
 from .normmax import check_gamma_value, normmax, normmax_loss
-from .perturbmax import NOISES, check_noise, check_samples, check_sigma, perturbmax, perturbmax_loss
+from .perturbmax import LOGIT_SCALE, NOISES, check_noise, check_samples, check_sigma, perturbmax, perturbmax_loss
 from .taylor_softmax import check_order, taylor_softmax, taylor_softmax_loss
 from .topk_softmax import check_k, topk_softmax, topk_softmax_loss
 
@@ -67,7 +67,7 @@ class HeadSpec:
     doc: str
     check_settings: Optional[Callable[[dict], None]] = None  # cross-field checks of its settings
     check_classes: Optional[Callable[[dict, int], None]] = None  # checks against the class count
-    draws: bool = False  # random: its settings get "draw" = (seed, step) of its noise (OutputHead)
+    draws: bool = False  # random: its settings get "draw" = (seed, step[, row ids]) of its noise (OutputHead)
 
 
 HEADS: Dict[str, HeadSpec] = {}
@@ -244,14 +244,16 @@ register(HeadSpec(
     doc="additive-margin softmax on a cosine classifier (Wang et al. 2018)"))
 
 SIGMA = HParam("sigma", float, 1.0, check_sigma.range, check_sigma,
-               "perturbmax only: noise scale sigma > 0 (Gumbel, sigma = 1: softmax in expectation)")
+               "perturbmax only: noise scale sigma (Gumbel, sigma = 1: softmax in expectation), at least "
+               f"float32's resolution next to logits up to +-{LOGIT_SCALE:g}")
 SAMPLES = HParam("samples", int, 16, check_samples.range, check_samples, "perturbmax only: Monte-Carlo draws per row")
 NOISE = HParam("noise", str, "gumbel", " | ".join(NOISES), check_noise, "perturbmax only: noise distribution")
 
 
 def _perturbmax_args(s: dict) -> dict:
-    seed, step = s["draw"]
-    return dict(sigma=s["sigma"], samples=s["samples"], noise=s["noise"], seed=seed, step=step)
+    seed, step, *ids = s["draw"]  # (seed, step) in training; (seed, step, row ids) in evaluation
+    return dict(sigma=s["sigma"], samples=s["samples"], noise=s["noise"], seed=seed, step=step,
+                ids=ids[0] if ids else None)
 
 
 register(HeadSpec(

@@ -31,6 +31,7 @@ import argparse
 import contextlib
 import copy
 import os
+import warnings
 
 import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
@@ -197,6 +198,36 @@ def sidecar(cfg, model, classes, fmt: str, head_probabilities: bool, output: str
     }
 
 
+# Warnings torch gives every export of this model, none of which says something is wrong with it:
+# the tracer's about the input-size check (a constant in the trace: the exported model is for one
+# image size, which the sidecar records) and the deprecation notices of TorchScript and of the
+# TorchScript-based ONNX exporter (still what these mappings export with: their autograd
+# Functions are inlined for it). Anything else is shown as torch gives it.
+EXPECTED_WARNINGS = (
+    (torch.jit.TracerWarning, "Converting a tensor to a Python boolean"),
+    (DeprecationWarning, "You are using the legacy TorchScript-based ONNX export"),
+    (FutureWarning, "`torch.jit."),
+)
+EXPECTED_NOTE = ("note: torch's tracer and deprecation warnings for this export were expected and are not shown: the "
+                 "input-size check is fixed at trace time (the model is exported for {size} px, as the sidecar says) and "
+                 "TorchScript and its ONNX exporter still work in this torch ({version})")
+
+
+@contextlib.contextmanager
+def expected_warnings_filtered(size):
+    """Hold back EXPECTED_WARNINGS (one note line instead, when any came), pass every other warning on."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    expected = [w for w in caught if any(issubclass(w.category, cat) and str(w.message).startswith(text)
+                                         for cat, text in EXPECTED_WARNINGS)]
+    for w in caught:
+        if w not in expected:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    if expected:
+        print(EXPECTED_NOTE.format(size=size, version=torch.__version__))  # with the "wrote" line it precedes
+
+
 def export_timm_folder(args) -> str:
     """--format timm: the folder timm loads (scripts/export_timm.py), under the folder's lock."""
     if args.head_probabilities:
@@ -246,11 +277,11 @@ def export(args) -> str:
         raise UserError(f"head '{head.name}' cannot be exported as onnx with --head-probabilities: its Monte-Carlo "
                         f"draws come from a torch.Generator, which ONNX has no operator for; export the logits "
                         f"(drop --head-probabilities) or use --format torchscript")
-    module = build_exported(model, cfg, fmt, args.head_probabilities)
     folder = os.path.dirname(os.path.abspath(output))
     ensure_folder(folder)
 
-    with RunLock(folder, purpose="export"):  # one writer per folder (a run directory: not while it trains)
+    with RunLock(folder, purpose="export"), expected_warnings_filtered(cfg.data.image_size):  # one writer per folder
+        module = build_exported(model, cfg, fmt, args.head_probabilities)
         save_export(module, cfg, fmt, output, model.output_head.name)
         write_json(sidecar(cfg, model, classes, fmt, args.head_probabilities, output), output + ".json")
         atomic_write_text(class_map, class_map_text(classes))

@@ -10,8 +10,10 @@ for path in (os.path.join(ROOT, "scripts"), ROOT):
 
 import torch  # noqa: E402
 
-# Two cores: keep intra-op threads bounded so parallel test processes don't oversubscribe.
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# One intra-op thread per test process: pytest-xdist already runs one worker per core, and a second
+# torch thread per worker oversubscribes the cores; on a loaded machine its OpenMP spin-waits then
+# cost many times the work itself (a test that sets more threads restores them).
+torch.set_num_threads(1)
 
 import pytest  # noqa: E402
 

@@ -98,6 +98,21 @@ def test_unknown_key_suggests_closest(tmp_path, override, suggestion):
     assert "\n" not in msg and "unknown config key" in msg and f"did you mean '{suggestion}'" in msg
 
 
+@pytest.mark.parametrize("override,suggestion", [
+    ("head.name=sparsemx", "'sparsemax'"),
+    ("data.dataset=cifar01", "'cifar10'"),
+    ("optim.name=adamww", "'adamw'"),
+    ("head.name=banana", None),  # nothing close: no guess
+])
+def test_value_typo_suggests_the_closest_choice_as_key_typos_do(tmp_path, override, suggestion):
+    path = _write(tmp_path / "c.yaml", "{}\n")
+    with pytest.raises(UserError) as err:
+        load_config(path, [override])
+    msg = str(err.value)
+    assert "\n" not in msg and "must be one of" in msg
+    assert (f"did you mean {suggestion}?" in msg) if suggestion else "did you mean" not in msg
+
+
 def test_unknown_key_in_yaml_file(tmp_path):
     path = _write(tmp_path / "c.yaml", "modle:\n  name: resmlp_tiny\n")
     with pytest.raises(UserError, match="did you mean 'model"):

@@ -152,7 +152,7 @@ class _Killed(Exception):
 
 
 @pytest.mark.parametrize("mode", ["distill", "probe"])
-def test_killed_and_resumed_with_a_teacher_or_a_probe_ends_bit_identical(tmp_path, mode):
+def test_killed_and_resumed_with_a_teacher_or_a_probe_ends_bit_identical(tmp_path, mode, capsys):
     weights_file = tmp_path / "w.safetensors"
     _save_model(weights_file, seed=5)
     extra = ([f"train.teacher={weights_file}", "train.distill=soft", "train.distill_tau=2"] if mode == "distill" else
@@ -162,12 +162,42 @@ def test_killed_and_resumed_with_a_teacher_or_a_probe_ends_bit_identical(tmp_pat
               "train.ema_decay=0.9", *extra]
     ref, cut = str(tmp_path / "ref"), str(tmp_path / "cut")
     assert run_inprocess(tiny_cfg(ref, *recipe)) == 0
+    said = capsys.readouterr().out  # the run says what teaches it or what is frozen
+    if mode == "distill":
+        assert f"teacher: {weights_file}, sha256 " in said and "train.distill=soft: loss = 0.5 × the head's loss" in said
+    else:
+        assert "frozen: the backbone (model.freeze=backbone, a linear probe): " in said
     with pytest.raises(_Killed):
         run_inprocess(tiny_cfg(cut, *recipe), hooks=_StopAfter(12))  # last checkpoint: step 10
     assert run_inprocess(tiny_cfg(cut, *recipe), resume="auto") == 0
     for name in ("model.safetensors", "model_ema.safetensors"):
         a, b = load_file(os.path.join(ref, name)), load_file(os.path.join(cut, name))
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+    if mode == "probe":
+        _learned_alpha_is_reported(ref)
+
+
+def _learned_alpha_is_reported(run_dir):
+    """head.learn_alpha: the α the run ended with is in summary.json, epochs.csv and eval.json (and eval.py's
+    table), the same number wherever it is read from the raw weights."""
+    import csv
+    import json
+
+    import eval as eval_entry
+
+    learned = json.load(open(os.path.join(run_dir, "summary.json")))["learned_alpha"]
+    assert set(learned) == {"raw", "ema"} and all(1.0 < a < 2.0 for a in learned.values())
+    rows = list(csv.DictReader(open(os.path.join(run_dir, "epochs.csv"))))
+    assert float(rows[-1]["raw_alpha"]) == learned["raw"] and float(rows[-1]["ema_alpha"]) == learned["ema"]
+    out = os.path.join(run_dir, "alpha_eval.json")
+    reset_accelerate_state()
+    assert eval_entry.main(["--checkpoint", run_dir, "--output", out]) in (0, None)
+    result = json.load(open(out))
+    assert result["learn_alpha"] is True and abs(result["alpha"] - learned["raw"]) < 1e-6
+    from evaluation import report
+
+    row = next(line for line in report.eval_table(result).splitlines() if line.startswith("α (learned)"))
+    assert row.split()[-1] == f"{result['alpha']:.4f}"
 
 
 def test_bad_teachers_are_refused_in_one_line(tmp_path):

@@ -284,7 +284,9 @@ def test_eval_reads_the_ood_features(tmp_path, source, features):
     assert eval_py.main(["--checkpoint", cfg.train.output_dir, "--ood-dataset", "auto", "--output", out, "--quiet"]) == 0
     result = json.load(open(out))
     assert result["dataset"] == "features" and result["ood"]["dataset"] == "features"
+    assert result["ood"]["source"] == "builtin100_ood"  # what the plots and the report call it
     assert result["ood"]["n_in"] == result["ood"]["n_out"] == 64
+    assert result["ood"]["memory"]["n"] > 0 and "knn" in result["ood"]["scores"]  # the cached train features
     assert result["selective"] and result["prediction_sets"]["methods"]
 
 
@@ -300,7 +302,7 @@ def test_compare_heads_runs_the_plan_on_cached_features(tmp_path, features):
             "--runs-dir", str(runs), "--report-dir", str(report)]
     assert compare_heads.main(argv) == 0
     text = open(report / "report.md").read()
-    assert "entmax15" in text and "softmax" in text
+    assert "entmax15" in text and "softmax" in text and "OOD: builtin100_ood (cached features)" in text
     for name in ("runs.csv", "paired_statistics.json", "ood_histograms.png", "risk_coverage.png"):
         assert (report / name).is_file(), name
     result = json.load(open(runs / "entmax15-s1" / "eval.json"))

@@ -65,6 +65,11 @@ def test_every_head_trains_one_step_evaluates_and_reports_its_sparse_flag(name):
 
     run = _run_result(name, logits, y, head)
     records = {k: v.numpy() for k, v in metrics.example_records(logits, y, head).items()}
+    # the confidence (ECE, reliability, selective prediction, AURC) is the head's probability of the
+    # class it predicts, the top logit (first index on ties), for every head
+    pred = logits.argmax(1)
+    assert (records["pred"] == pred.numpy()).all()
+    assert (records["max_prob"] == probs.gather(1, pred.view(-1, 1)).squeeze(1).numpy()).all()
     assert ("support" in selective_report.confidences(records, name)) == spec.sparse
     assert ("support" in conformal.methods_for_head(name)) == spec.conformal_support
     points = comparison._plot_inputs({name: [run]})[-1]

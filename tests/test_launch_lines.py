@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import torch
 
 from data import explain_backend
-from engine.launch import launch_lines, precision_line, single_process_warning, tensorboard_warning
+from engine.launch import busy_cores_warning, launch_lines, precision_line, single_process_warning
 from test_train_helpers import ROOT, TRAIN_PY, subprocess_env, tiny_cfg, write_cfg
 
 # What `accelerate launch --num_processes 2` without --multi_gpu leaves a single process (simple launcher).
@@ -29,12 +29,6 @@ def test_precision_line_explains_the_launchers_contradicting_notice():
     assert "does not apply" not in precision_line("no", "no", {})
 
 
-def test_tensorboard_warning_names_both_fixes():
-    line = tensorboard_warning(True, False)
-    assert "pip install tensorboard" in line and "train.tensorboard=false" in line
-    assert tensorboard_warning(True, True) is None and tensorboard_warning(False, False) is None
-
-
 def test_backend_reason_for_each_auto_outcome():
     cfg = SimpleNamespace(backend="auto", dataset="builtin10")
     backend, why = explain_backend(cfg, "cpu")
@@ -47,13 +41,22 @@ def test_backend_reason_for_each_auto_outcome():
     assert explain_backend(cfg, "cpu") == ("pil", "data.backend=pil")
 
 
+def test_busy_cores_warning_only_on_busy_cores_at_default_threads():
+    line = busy_cores_warning("cpu", threads=2, load=5.3, cores=2, env={})
+    assert line.startswith("warning: the machine is already busy (load 5.3 on 2 cores) and torch uses 2 threads")
+    assert line.endswith("start it with OMP_NUM_THREADS=1") and "\n" not in line
+    assert busy_cores_warning("cpu", threads=2, load=1.9, cores=2, env={}) is None  # not busy
+    assert busy_cores_warning("cpu", threads=2, load=5.3, cores=2, env={"OMP_NUM_THREADS": "2"}) is None  # chosen
+    assert busy_cores_warning("cpu", threads=1, load=5.3, cores=2, env={}) is None  # one thread already
+    assert busy_cores_warning("cuda", threads=2, load=5.3, cores=2, env={}) is None  # the GPU does the work
+
+
 def test_lines_list_every_warning():
     lines = launch_lines(num_processes=1, device=torch.device("cpu"), configured_precision="bf16",
-                         used_precision="bf16", backend="pil", backend_why="data.backend=pil",
-                         tensorboard_wanted=True, tensorboard_available=False, env=ASKED_TWO_GOT_ONE)
+                         used_precision="bf16", backend="pil", backend_why="data.backend=pil", env=ASKED_TWO_GOT_ONE)
     assert lines[0].startswith("launch: 1 process(es) on cpu; precision: bf16")
     assert lines[1] == "data backend: pil (data.backend=pil)"
-    assert any("--multi_gpu" in line for line in lines) and any("pip install tensorboard" in line for line in lines)
+    assert any("--multi_gpu" in line for line in lines)
 
 
 def test_accelerate_launch_without_multi_gpu_warns(tmp_path):
@@ -64,3 +67,20 @@ def test_accelerate_launch_without_multi_gpu_warns(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     assert "started one" in p.stdout and "--multi_gpu" in p.stdout
     assert "launch: 1 process(es) on cpu" in p.stdout
+
+
+def test_the_loading_line_only_on_a_terminal_and_once_per_launch():
+    import io
+
+    from common.startup import say_loading
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    tty, pipe, rank1 = Terminal(), io.StringIO(), Terminal()
+    say_loading("train.py", tty, env={})
+    say_loading("train.py", pipe, env={})
+    say_loading("train.py", rank1, env={"LOCAL_RANK": "1"})
+    assert tty.getvalue() == "train.py: loading torch, timm and Accelerate (a few seconds)...\n"
+    assert pipe.getvalue() == rank1.getvalue() == ""

@@ -5,6 +5,7 @@ import json
 import math
 import os
 import subprocess
+import sys
 
 import pytest
 from PIL import Image
@@ -73,9 +74,10 @@ def test_probabilities_equal_eval_py(predictions, val_images):
         assert meta["split"] == "val" and sorted(rows) == list(range(len(records["label"]))) == list(range(101))
         for i, row in rows.items():
             probs = {t["class"]: t["prob"] for t in row["topk"]}
-            assert len(probs) == 10 and math.isclose(sum(probs.values()), 1.0, abs_tol=1e-5)
+            assert len(probs) == (len(row["support"]) if head == "sparsemax" else 10)  # sparse: no p = 0 listed
+            assert math.isclose(sum(probs.values()), 1.0, abs_tol=1e-5) and all(len(repr(p)) <= 13 for p in probs.values())
             assert row["topk"][0]["prob"] == pytest.approx(float(records["max_prob"][i]), abs=1e-5)
-            assert probs[names[int(records["label"][i])]] == pytest.approx(float(records["p_y"][i]), abs=1e-5)
+            assert probs.get(names[int(records["label"][i])], 0.0) == pytest.approx(float(records["p_y"][i]), abs=1e-5)
             assert row["topk"][0]["class"] == names[int(records["pred"][i])] or \
                 row["topk"][0]["prob"] == pytest.approx(row["topk"][1]["prob"], abs=1e-6)  # a tie for the top
             if head == "sparsemax":
@@ -206,7 +208,7 @@ def test_two_processes_give_the_rows_of_one(tmp_path, val_images, predictions):
     from test_eval import _free_port
 
     out = tmp_path / "two.jsonl"
-    cmd = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
            "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
            PREDICT, "--checkpoint", tiny_run_dir("sparsemax"), "--images", val_images[0], "--output", str(out),
            "--topk", "10", "--batch-size", "16"]
@@ -232,3 +234,26 @@ def test_the_small_calibration_warning_reaches_eval_the_thresholds_and_the_repor
     assert _load_json(os.path.join(tiny_run_dir(), "conformal.json"))["warning"] == result["warning"]
     report = open(os.path.join(root, "report", "report.md")).read()
     assert "- Note: prediction sets calibrated on only 64 samples" in report
+
+
+def test_the_readmes_python_snippet_gives_predict_pys_top_classes(tmp_path, predictions):
+    """The README's Python inference example, as written (its two paths swapped for a tiny run and a
+    grey image of an odd size), prints the non-zero classes predict.py ranks first."""
+    text = open(os.path.join(ROOT, "README.md")).read()
+    start = text.index("```python", text.index("The same from Python"))
+    code = text[start + len("```python"):text.index("```", start + 3)]
+    assert len(code.strip().splitlines()) <= 6
+    image = tmp_path / "grey.png"
+    Image.new("L", (45, 29), 90).save(image)
+    run = tiny_run_dir("sparsemax")
+    code = code.replace('"runs/quickstart"', repr(run)).replace('"photo.png"', repr(str(image)))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    printed = eval(proc.stdout)  # [(probability, class)], best first
+    out = tmp_path / "p.jsonl"
+    status, err = _predict(["--checkpoint", run, "--images", str(image), "--output", str(out), "--topk", "5"])
+    assert status == 0, err
+    row = json.loads(out.read_text())
+    assert {c: p for p, c in printed} == pytest.approx({t["class"]: t["prob"] for t in row["topk"]}, abs=1e-4)
+    assert all(p > 0 for p, _ in printed)

@@ -146,3 +146,39 @@ def test_ood_histograms_have_labels_one_legend_and_no_empty_panel(quickstart_lik
         else:  # softmax has no support-size score: the panel says why
             assert ax.get_title().startswith("softmax: support size") and "dense head" in ax.texts[0].get_text()
     assert os.path.getsize(tmp_path / "o.png") > 5000
+
+
+def test_support_histogram_bars_sit_on_integers_and_leave_dense_heads_out(monkeypatch, tmp_path):
+    figures = _captured_figures(monkeypatch)
+    many = [0] * 100
+    many[:4] = [50, 30, 15, 5]  # 100 classes, supports of 1-4: the axis ends at 4, not 100
+    hists = {"softmax": [0] * 99 + [100], "sparsemax": many, "entmax_bisect": list(many)}
+    plots.plot_support_histograms(hists, str(tmp_path / "s.png"))
+    ax = figures[-1].axes[0]
+    assert list(ax.get_xticks()) == [1, 2, 3, 4]
+    for bars in ax.containers:  # each size's group of bars is centred on its integer
+        centres = [b.get_x() + b.get_width() / 2 for b in bars]
+        assert all(abs(c - round(c)) <= 0.4 for c in centres)
+    assert "softmax: always all 100 classes (dense), not drawn" in ax.get_title()
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["sparsemax", "entmax_bisect = sparsemax (same numbers)"]  # drawn over, and said
+
+
+def test_coverage_plot_keeps_the_reports_epsilons_in_view_and_labels_them(monkeypatch, tmp_path):
+    figures = _captured_figures(monkeypatch)
+    sweep = [(0.2, 1.0, 0.80), (0.1, 1.3, 0.90), (0.05, 1.6, 0.95), (0.01, 10.0, 1.0)]  # (ε, size, coverage)
+    curves = {("softmax", "lac"): [(s, c, e) for e, s, c in sweep],
+              ("sparsemax", "support"): [(s + 0.1, c, e) for e, s, c in sweep]}
+    plots.plot_coverage_vs_set_size(curves, {"sparsemax": (2.1, 0.97)}, str(tmp_path / "c.png"))
+    ax = figures[-1].axes[0]
+    assert ax.get_xlim()[1] < 5 and "ε < 0.05 beyond the right edge, up to 10" in ax.get_xlabel()
+    assert sorted(t.get_text() for t in ax.texts if t.get_text().startswith("ε=")) == ["ε=0.05", "ε=0.1"]
+
+
+def test_accuracy_plot_says_when_it_joins_two_evaluations(monkeypatch, tmp_path):
+    figures = _captured_figures(monkeypatch)
+    two = {"mean": [(1, 0.5, 0.01), (2, 0.8, 0.02)], "seeds": [[(1, 0.5), (2, 0.8)]]}
+    plots.plot_accuracy_curves({"entmax15": two, "entmax_bisect-a1.5": dict(two)}, str(tmp_path / "a.png"))
+    ax = figures[-1].axes[0]
+    assert "only 2 evaluations per run (one per epoch)" in ax.get_title()
+    assert ax.get_legend().get_texts()[1].get_text().endswith("= entmax15 (same numbers)")
