@@ -21,14 +21,14 @@ import time
 
 import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
-import torch  # noqa: E402
-from accelerate.state import AcceleratorState, GradientState  # noqa: E402
-from safetensors.torch import save_file  # noqa: E402
+import torch
+from accelerate.state import AcceleratorState, GradientState
+from safetensors.torch import save_file
 
-import configs  # noqa: E402
-import train  # noqa: E402
-from configs.schema import HeadConfig, ModelConfig  # noqa: E402
-from models import create_classifier  # noqa: E402
+import configs
+import train
+from configs.schema import HeadConfig, ModelConfig
+from models import create_classifier
 
 
 def parse_args(argv=None):

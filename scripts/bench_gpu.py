@@ -28,17 +28,17 @@ import time
 
 from _root import ROOT  # the repository root, on sys.path (scripts/_root.py)
 
-import timm  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+import timm
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
 
-import models  # noqa: E402,F401  (registers resmlp_* with timm)
-from common import rundir  # noqa: E402
-from common.io import write_json  # noqa: E402
-from models.convert import convert_state_dict  # noqa: E402
+import models  # noqa: F401  (registers resmlp_* with timm)
+from common import rundir
+from common.io import write_json
+from models.convert import convert_state_dict
 
-from engine.children import ChildProcesses, StoppedBySignal  # noqa: E402
+from engine.children import ChildProcesses, StoppedBySignal
 
 # Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s, from the vendors' data sheets.
 PEAK_BF16_TFLOPS = {

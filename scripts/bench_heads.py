@@ -25,11 +25,11 @@ import time
 
 import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
-from models.mappings import threshold_path  # noqa: E402
-from models.registry import HEADS, check_settings  # noqa: E402
+from models.mappings import threshold_path
+from models.registry import HEADS, check_settings
 
 try:
     import entmax as entmax_pkg  # oracle only

@@ -33,17 +33,17 @@ import time
 
 from _root import ROOT  # the repository root, on sys.path (scripts/_root.py)
 
-import torch  # noqa: E402
+import torch
 
-import configs  # noqa: E402
-from common import rundir  # noqa: E402
-from common.errors import UserError  # noqa: E402
-from engine.children import ChildProcesses  # noqa: E402
-from engine.cli import run_cli  # noqa: E402
-from engine.optim import build_optimizer  # noqa: E402
-from evaluation import comparison, paired, report  # noqa: E402
-from models import create_classifier  # noqa: E402
-from models.hopfield_pool import POOL_MAPPINGS  # noqa: E402
+import configs
+from common import rundir
+from common.errors import UserError
+from engine.children import ChildProcesses
+from engine.cli import run_cli
+from engine.optim import build_optimizer
+from evaluation import comparison, paired, report
+from models import create_classifier
+from models.hopfield_pool import POOL_MAPPINGS
 
 ANCHOR = "avg"
 NUM_CLASSES = 10  # the built-in data's

@@ -19,12 +19,12 @@ from functools import partial
 
 import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from timm.models.mlp_mixer import Affine as TimmAffine, MlpMixer, ResBlock  # noqa: E402
+import torch
+import torch.nn.functional as F
+from timm.models.mlp_mixer import Affine as TimmAffine, MlpMixer, ResBlock
 
-from models.convert import convert_state_dict  # noqa: E402
-from models.resmlp import VARIANTS, create_resmlp  # noqa: E402
+from models.convert import convert_state_dict
+from models.resmlp import VARIANTS, create_resmlp
 
 FULL_CASES = (("resmlp_cifar_s12", 64), ("resmlp_s12", 16))
 QUICK_CASES = (("resmlp_cifar_s12", 32),)

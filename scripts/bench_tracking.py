@@ -15,7 +15,7 @@ import time
 
 import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
-import torch  # noqa: E402
+import torch
 
 
 def make_step(batch):

@@ -17,13 +17,13 @@ import time
 
 import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
-import torch  # noqa: E402
+import torch
 
-import configs  # noqa: E402
-from engine.cli import run_cli  # noqa: E402
-from engine.optim import build_optimizer  # noqa: E402
-from models import create_classifier  # noqa: E402
-from models.heads import HEAD_NAMES  # noqa: E402
+import configs
+from engine.cli import run_cli
+from engine.optim import build_optimizer
+from models import create_classifier
+from models.heads import HEAD_NAMES
 
 
 

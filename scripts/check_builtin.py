@@ -16,11 +16,11 @@ import time
 
 import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
-import data  # noqa: E402
-from configs.schema import DataConfig  # noqa: E402
+import data
+from configs.schema import DataConfig
 
 
 def make_model(num_classes):

@@ -35,21 +35,21 @@ import warnings
 
 import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
-import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
+import torch
+import torch.nn as nn
 
-from common import rundir  # noqa: E402
-from common.errors import UserError  # noqa: E402
-from common.io import atomic_write, atomic_write_text, ensure_folder, write_json  # noqa: E402
-from data.classes import class_map_text  # noqa: E402
-from data.transforms import eval_transform  # noqa: E402
-from engine.cli import run_cli  # noqa: E402
-from engine.runlock import RunLock  # noqa: E402
-from engine.trained_run import add_run_arguments, open_from_args, parse_with_overrides  # noqa: E402
-from models.mappings import threshold_path  # noqa: E402
-from models.registry import head_spec  # noqa: E402
+from common import rundir
+from common.errors import UserError
+from common.io import atomic_write, atomic_write_text, ensure_folder, write_json
+from data.classes import class_map_text
+from data.transforms import eval_transform
+from engine.cli import run_cli
+from engine.runlock import RunLock
+from engine.trained_run import add_run_arguments, open_from_args, parse_with_overrides
+from models.mappings import threshold_path
+from models.registry import head_spec
 
-import export_timm  # noqa: E402  (scripts/export_timm.py, beside this one)
+import export_timm  # (scripts/export_timm.py, beside this one)
 
 FILE_FORMATS = ("onnx", "torchscript")  # one file and its sidecar
 FORMATS = FILE_FORMATS + ("timm",)  # timm: a folder (scripts/export_timm.py)

@@ -36,27 +36,27 @@ import os
 
 import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from accelerate import Accelerator  # noqa: E402
+import numpy as np
+import torch
+from accelerate import Accelerator
 
-import data  # noqa: E402
-from common.errors import UserError  # noqa: E402
-from common.io import write_json  # noqa: E402
-from common.seeding import mix_seed_array  # noqa: E402
-from common.weights import read_safetensors_metadata, save_safetensors  # noqa: E402
-from configs.loader import config_to_dict  # noqa: E402
-from data import features as F  # noqa: E402
-from data.classes import save_class_names  # noqa: E402
-from data.loaders import TaskLoader  # noqa: E402
-from engine.cli import run_cli  # noqa: E402
-from engine.logging import progress_bar  # noqa: E402
-from engine.runlock import RunLock  # noqa: E402
-from engine.trained_run import add_run_arguments, open_from_args, parse_with_overrides  # noqa: E402
-from evaluation import ood_report  # noqa: E402
-from models import create_classifier  # noqa: E402
-from models.convert import read_state_dict  # noqa: E402
-from models.pretrained import (CLASSIFIER_PREFIX, OUTPUT_HEAD_PREFIX, file_sha256, fit_pretrained,  # noqa: E402
+import data
+from common.errors import UserError
+from common.io import write_json
+from common.seeding import mix_seed_array
+from common.weights import read_safetensors_metadata, save_safetensors
+from configs.loader import config_to_dict
+from data import features as F
+from data.classes import save_class_names
+from data.loaders import TaskLoader
+from engine.cli import run_cli
+from engine.logging import progress_bar
+from engine.runlock import RunLock
+from engine.trained_run import add_run_arguments, open_from_args, parse_with_overrides
+from evaluation import ood_report
+from models import create_classifier
+from models.convert import read_state_dict
+from models.pretrained import (CLASSIFIER_PREFIX, OUTPUT_HEAD_PREFIX, file_sha256, fit_pretrained,
                                renamed_state_dict, weights_patch_grid)
 
 DEFAULT_SHARD_SIZE = 8192
