@@ -12,7 +12,8 @@
    seeds, exact sign-flip p, two-level bootstrap, 80%-power minimum detectable difference, seeds
    needed), and given these trainings (bootstrap over validation images, McNemar).
 
-    python scripts/bench_hopfield.py [--config configs/quickstart_compare.yaml] [--mappings softmax sparsemax]
+    python scripts/bench_hopfield.py [--config configs/quickstart_compare.yaml] [--mappings softmax sparsemax ksubset]
+        [--pool-k 4]
         [--seeds 0 1 2] [--img-size 16] [--train-size 6000] [--val-size 1000] [--epochs 2]
         [--rounds 5] [--steps 4] [--runs-dir DIR] [--speed-only | --accuracy-only] [--quick] [key.sub=value ...]
 
@@ -44,6 +45,7 @@ from engine.optim import build_optimizer
 from evaluation import comparison, paired, report
 from models import create_classifier
 from models.hopfield_pool import POOL_MAPPINGS
+from models.mapping_table import MAPPINGS
 
 ANCHOR = "avg"
 NUM_CLASSES = 10  # the built-in data's
@@ -53,8 +55,16 @@ def variant_name(mapping):
     return ANCHOR if mapping is None else f"hopfield-{mapping}"
 
 
-def pool_overrides(mapping):
-    return ["model.pool=avg"] if mapping is None else ["model.pool=hopfield", f"model.pool_mapping={mapping}"]
+def pool_k_of(mapping, k):
+    """model.pool_k for the mappings that retrieve a k-subset (ksubset), None for the others."""
+    return k if mapping is not None and "k" in MAPPINGS[mapping].needs else None
+
+
+def pool_overrides(mapping, k):
+    if mapping is None:
+        return ["model.pool=avg"]
+    k = pool_k_of(mapping, k)
+    return ["model.pool=hopfield", f"model.pool_mapping={mapping}"] + ([f"model.pool_k={k}"] if k else [])
 
 
 def recipe_overrides(args):
@@ -79,7 +89,7 @@ def make_step(model, opt, x, y):
     return step
 
 
-def step_times(cfg, mappings, batch, rounds, steps):
+def step_times(cfg, mappings, batch, rounds, steps, pool_k):
     """{variant: [seconds per step]} over interleaved rounds, the same batch for every variant."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(batch, 3, cfg.data.image_size, cfg.data.image_size, generator=g)
@@ -87,7 +97,7 @@ def step_times(cfg, mappings, batch, rounds, steps):
     fns = {}
     for mapping in [None] + mappings:
         model_cfg = dataclasses.replace(cfg.model, pool="avg" if mapping is None else "hopfield",
-                                        pool_mapping=mapping or "softmax")
+                                        pool_mapping=mapping or "softmax", pool_k=pool_k_of(mapping, pool_k))
         torch.manual_seed(0)
         model = create_classifier(model_cfg, cfg.head, NUM_CLASSES, img_size=cfg.data.image_size).train()
         opt = build_optimizer(model, cfg.optim, global_batch=cfg.optim.lr_base_batch)
@@ -143,7 +153,7 @@ def accuracy_runs(args, mappings, runs_dir, children):
         for seed in args.seeds:
             run_dir = os.path.join(runs_dir, f"{name}-s{seed}")
             t0 = time.perf_counter()
-            out = train_and_evaluate(children, args.config, recipe_overrides(args) + pool_overrides(mapping)
+            out = train_and_evaluate(children, args.config, recipe_overrides(args) + pool_overrides(mapping, args.pool_k)
                                      + [f"train.seed={seed}"], run_dir)
             run = comparison.load_run(run_dir, os.path.basename(out), seed=seed)
             runs.setdefault(name, {})[seed] = run
@@ -190,8 +200,9 @@ def print_accuracy(runs):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default=os.path.join(configs.CONFIG_DIR, "quickstart_compare.yaml"))
-    p.add_argument("--mappings", nargs="+", default=["softmax", "sparsemax"],
+    p.add_argument("--mappings", nargs="+", default=["softmax", "sparsemax", "ksubset"],
                    help=f"hopfield pooling mappings to compare with avg: {' '.join(POOL_MAPPINGS)}")
+    p.add_argument("--pool-k", type=int, default=4, help="model.pool_k of ksubset pooling (patches retrieved)")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--img-size", type=int, default=16)
     p.add_argument("--train-size", type=int, default=6000)
@@ -226,7 +237,7 @@ def main(argv=None):
     if not args.accuracy_only:
         torch.set_flush_denormal(True)  # as train.py does
         batch = args.batch_size or cfg.data.batch_size
-        print_speed(step_times(cfg, args.mappings, batch, args.rounds, args.steps), cfg, batch, args.rounds,
+        print_speed(step_times(cfg, args.mappings, batch, args.rounds, args.steps, args.pool_k), cfg, batch, args.rounds,
                     args.steps)
         torch.set_flush_denormal(False)
     if not args.speed_only:
