@@ -262,6 +262,8 @@ def run_training(run, hooks=None):
     run.model.train()
     try:
         while run.state.epoch < run.cfg.optim.epochs:
+            if paused(run):
+                return 0
             if run_epoch(run, hooks):
                 return stopped_by_signal(run)
     except NonFiniteLoss as stop:
@@ -271,6 +273,17 @@ def run_training(run, hooks=None):
     if run.main_proc:
         write_summary(run)
     return 0
+
+
+def paused(run):
+    """train.pause_after=E: the run stops after epoch E, whose end saved a checkpoint, with no summary;
+    --resume auto continues it (compare_heads --tune trains a trial that way, E = each evaluation)."""
+    pause = run.cfg.train.pause_after
+    if pause is None or run.state.epoch < pause:
+        return False
+    run.say(f"paused after epoch {run.state.epoch} of {run.cfg.optim.epochs} (train.pause_after={pause}); "
+            f"--resume auto continues")
+    return True
 
 
 def run_epoch(run, hooks=None):
@@ -763,7 +776,7 @@ def build_run(cfg, resume, overwrite, accept_changes, accelerator, tracker_names
 
     with accelerator.main_process_first():  # downloads / dataset caches are written once
         train_set = data_lib.build_dataset(cfg.data, "train")
-        val_set = data_lib.build_dataset(cfg.data, "val")
+        val_set = data_lib.build_dataset(cfg.data, cfg.train.eval_split)  # tune: compare_heads --tune's trials
     val_loader = data_lib.build_eval_loader(val_set, cfg.data, rank=accelerator.process_index, world_size=world,
                                             device=device)
     mixup = data_lib.build_mixup(cfg.data, num_classes)

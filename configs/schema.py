@@ -8,12 +8,13 @@ of what is known about its key (`setting` writes it):
 - range: a numeric interval checked at load ("[0, 1)": [ ] closed, ( ) open, inf unbounded; a
   tuple's every element; every float must also be finite);
 - choices: the closed vocabulary of a str key;
+- search: the range compare_heads --tune samples the key from (common/search_space.py), inside `range`;
 - resume: what a resume may do with the key (engine/resume_policy.py): FREE (changes freely),
   FROZEN (never: another model, dataset, sample order or optimizer), OPTIMIZER (with
   --resume-with-changes, and the lr schedule is rebuilt); absent: changes with
   --resume-with-changes only.
 
-RANGES, CHOICES and RESUME_CLASS below are derived from the metadata; nothing else lists them.
+RANGES, CHOICES, SEARCH and RESUME_CLASS below are derived from the metadata; nothing else lists them.
 
 The image size has one key, data.image_size; the model is built at it (models.create_classifier's
 img_size), with no copy in the model section.
@@ -22,6 +23,7 @@ from dataclasses import MISSING, dataclass, field, fields, is_dataclass, make_da
 from typing import Optional, Tuple, Union, get_type_hints
 
 from common.intervals import parse_interval
+from common.search_space import parse_search
 from data.names import BACKENDS
 from data.registry import dataset_names, describe_datasets
 from data.transforms import INTERPOLATIONS, TRAIN_CROPS
@@ -97,6 +99,9 @@ class DataConfig:
     skip_corrupt: bool = setting(False, "skip undecodable images (counted) instead of stopping")
     calib_fraction: float = setting(0.0, "fraction of TRAIN held out (deterministically) as the calib split "
                                     "for prediction sets", range="[0, 1)", resume=FROZEN)
+    tune_fraction: float = setting(0.0, "fraction of TRAIN (after the calib hold-out) held out (deterministically) "
+                                   "as the tune split, what compare_heads --tune selects settings on",
+                                   range="[0, 1)", resume=FROZEN)
     builtin_train_size: int = setting(20000, "built-in dataset: training images", range="[1, inf)", resume=FROZEN)
     builtin_val_size: int = setting(2000, "built-in dataset: validation images", range="[1, inf)")
     builtin_seed: int = setting(0, "built-in dataset: generator seed", resume=FROZEN)
@@ -176,11 +181,11 @@ class OptimConfig:
     # Linear scaling rule (Goyal et al. 2017): the lr actually used is
     # lr * global_batch / lr_base_batch, global_batch = batch_size * processes * grad_accum.
     lr: float = setting(5e-3, "peak learning rate at a global batch of lr_base_batch (scaled linearly)",
-                        range="(0, inf)", resume=OPTIMIZER)
+                        range="(0, inf)", search="log [1e-4, 0.1]", resume=OPTIMIZER)
     lr_base_batch: int = setting(2048, "global batch at which lr applies unscaled", range="[1, inf)",
                                  resume=OPTIMIZER)
     weight_decay: float = setting(0.2, "weight decay (not on biases, Affine/norm parameters, LayerScale, alpha)",
-                                  range="[0, inf)", resume=OPTIMIZER)
+                                  range="[0, inf)", search="log [1e-4, 1]", resume=OPTIMIZER)
     betas: Tuple[float, float] = setting((0.9, 0.999), "Adam/LAMB betas", range="[0, 1)", resume=OPTIMIZER)
     momentum: float = setting(0.9, "sgd only: momentum", range="[0, 1)", resume=OPTIMIZER)
     clip_grad: Optional[float] = setting(None, "max global gradient norm; null: no clipping", range="(0, inf)")
@@ -203,6 +208,11 @@ class TrainConfig:
     mixed_precision: str = setting("no", "autocast precision (fp16: CUDA only)", choices=("no", "bf16", "fp16"))
     grad_accum: int = setting(1, "micro-batches per optimizer update", range="[1, inf)")
     eval_every: int = setting(1, "evaluate every N epochs (and after the last one)", range="[1, inf)", resume=FREE)
+    eval_split: str = setting("val", "the split the per-epoch evaluations use: val, or tune (data.tune_fraction's "
+                              "hold-out of train; compare_heads --tune's trials select on it)", choices=("val", "tune"))
+    pause_after: Optional[int] = setting(None, "stop after this many epochs with the epoch's checkpoint and exit 0, "
+                                         "without a summary (--resume auto continues); null: train every epoch",
+                                         range="[1, inf)", resume=FREE)
     log_every: int = setting(10, "log every N optimizer updates", range="[1, inf)", resume=FREE)
     save_every: int = setting(500, "checkpoint every N optimizer updates (and at each epoch end)",
                               range="[1, inf)", resume=FREE)
@@ -286,6 +296,13 @@ def _metadata_table(name):
 RANGES = _metadata_table("range")
 for _interval in RANGES.values():
     parse_interval(_interval)
+# compare_heads --tune's search ranges of schema keys (common/search_space.py), e.g. {"optim.lr": "log [1e-4, 0.1]"};
+# the heads' own are declared in models/registry.py.
+SEARCH = _metadata_table("search")
+for _key, _search in SEARCH.items():  # a search range inside the key's own range
+    _ends = parse_search(_search)
+    if _ends.low not in parse_interval(RANGES[_key]) or _ends.high not in parse_interval(RANGES[_key]):
+        raise ValueError(f"{_key}: search range {_search!r} reaches outside its range {RANGES[_key]!r}")
 # Closed vocabularies checked at load time, e.g. {"model.norm": NORMS}.
 CHOICES = _metadata_table("choices")
 # What a resume may do with each key: FREE, FROZEN, OPTIMIZER, or None (with --resume-with-changes).
