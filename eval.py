@@ -30,8 +30,11 @@ histogram in the JSON's "pooling", per image in the records (`pool_support`), an
 support maps in STEM.pool_maps.safetensors (drawn by the comparison report). Average pooling: none.
 Out-of-distribution detection (--ood-dataset NAME, any dataset this project loads, or `auto`: the
 built-in data's own OOD set, builtin10_ood for builtin10): AUROC and FPR at 95% TPR of max
-probability, entropy and (sparse heads) support size, the evaluated split being in-distribution
-(evaluation/ood_report.py). Writes JSON (--output), a CSV row and the per-example records
+probability, entropy and (sparse heads) support size, of the energy (--ood-temperature) and max
+logit, and of the feature-memory scores (Hopfield energies, retrieval support, SHE, kNN) against
+the training split's penultimate features (--ood-memory all | N | none; stored in the run directory
+as ood_memory.safetensors and reused while the weights match), the evaluated split being
+in-distribution (evaluation/ood_eval.py). Writes JSON (--output), a CSV row and the per-example records
 (evaluation/examples.py: label, pred, p_y, max prob, support size, FY loss) beside it, and prints a
 table.
 """
@@ -56,7 +59,7 @@ from engine.checkpoint import file_sha256
 from engine.cli import run_cli
 from engine.runlock import RunLock
 from engine.trained_run import add_run_arguments, aps_seed, open_from_args, parse_with_overrides
-from evaluation import conformal, ood_report, pool_support, report, selective_report
+from evaluation import conformal, ood_eval, ood_report, pool_support, report, selective_report
 from evaluation import metrics as M
 from evaluation.calibration_file import conformal_path, save_thresholds
 from evaluation.evaluate import evaluate
@@ -79,6 +82,12 @@ def parse_args(argv=None):
                         "imagefolder with --ood-root; auto = the built-in data's own OOD set)")
     p.add_argument("--ood-root", metavar="DIR", default=None,
                    help="data root of the OOD set (default: the run's data.root)")
+    p.add_argument("--ood-temperature", default=None, metavar="T",
+                   help="temperature of the energy OOD score T*logsumexp(z/T) (default 1)")
+    p.add_argument("--ood-memory", default=None, metavar="all|none|N",
+                   help="feature memory of the OOD scores: the training split's penultimate features (all, "
+                        "a seeded subsample of N, or none: no feature scores); stored in the run directory "
+                        "(default all)")
     p.add_argument("--output", help="metrics JSON path (a CSV row and STEM.examples.safetensors are "
                                     "written beside it)")
     p.add_argument("--quiet", action="store_true", help="no table on the terminal")
@@ -95,6 +104,7 @@ def _split_half(n, seed=0):
 
 def ood_data_config(cfg, args):
     """cfg.data for the OOD set of --ood-dataset/--ood-root (None when not asked); UserError if unknown."""
+    ood_eval.check_flags(args)  # --ood-temperature, --ood-memory
     if args.ood_dataset is None:
         if args.ood_root:
             raise UserError("--ood-root needs --ood-dataset NAME")
@@ -124,18 +134,6 @@ def feature_ood_config(cfg, args):
     ood = copy.deepcopy(cfg.data)
     ood.root, ood.calib_fraction = root, 0.0
     return ood
-
-
-def ood_results(head, ood_cfg, ood_dataset, preds, evaluate_split):
-    """OOD detection: the evaluated split (in-distribution) vs the OOD set's val split."""
-    ood_preds = evaluate_split("val", ood_dataset, data_cfg=ood_cfg, ignore_labels=True)
-    with torch.no_grad():
-        probs_in, probs_out = head(preds.logits).float(), head(ood_preds.logits).float()
-    result = ood_report.run_summary(probs_in, probs_out, head.name, ood_cfg.dataset)
-    result["root"] = ood_cfg.root if data.dataset_spec(ood_cfg.dataset).files else None  # generated: no files
-    if data.is_features(ood_cfg):  # name the images the OOD features came from, not just "features"
-        result["source"] = data.features.read_meta(ood_cfg.root).get("dataset")
-    return result
 
 
 def prediction_set_results(head, cfg, args, preds, evaluate_split):
@@ -219,21 +217,26 @@ def main(argv=None):
     rank, world = accelerator.process_index, accelerator.num_processes
     model.to(accelerator.device)
 
-    def evaluate_split(split, ds=None, data_cfg=None, ignore_labels=False):
+    def evaluate_split(split, ds=None, data_cfg=None, ignore_labels=False, keep_features=False):
         data_cfg = data_cfg or cfg.data
         ds = ds if ds is not None else data.build_dataset(data_cfg, split)
         loader = data.build_eval_loader(ds, data_cfg, rank=rank, world_size=world, device=accelerator.device)
-        return evaluate(model, loader, accelerator, keep_examples=True, ignore_labels=ignore_labels)
+        return evaluate(model, loader, accelerator, keep_examples=True, ignore_labels=ignore_labels,
+                        keep_features=keep_features)
 
     t0 = time.perf_counter()
-    preds = evaluate_split(args.split, dataset)
+    preds = evaluate_split(args.split, dataset, keep_features=ood_eval.wants_memory(ood_cfg, args.ood_memory))
     # data.skip_corrupt: undecodable images are dropped (counted per process, each its own shard)
     skipped = int(accelerator.reduce(torch.tensor([getattr(dataset, "skipped", 0)], device=accelerator.device),
                                      reduction="sum").item()) if world > 1 else int(getattr(dataset, "skipped", 0))
     if preds.totals["n"] + skipped != len(dataset) or preds.logits.shape[0] + skipped != len(dataset):  # exactness
         raise RuntimeError(f"gathered {preds.totals['n']} predictions for {len(dataset)} samples ({skipped} skipped)")
     ps = prediction_set_results(head, cfg, args, preds, evaluate_split)
-    ood = ood_results(head, ood_cfg, ood_dataset, preds, evaluate_split) if ood_cfg is not None else None
+    ood = ood_eval.ood_results(
+        head, cfg, ood_cfg, ood_dataset, preds, evaluate_split, temperature=args.ood_temperature,
+        memory_size=args.ood_memory, store_dir=args.checkpoint if os.path.isdir(args.checkpoint) else None,
+        weights_file=weights, weights_kind=kind, num_classes=num_classes,
+        is_main=accelerator.is_main_process, say=lambda m: print(m, file=sys.stderr)) if ood_cfg is not None else None
     if not accelerator.is_main_process:
         return 0
 

@@ -79,7 +79,7 @@ say_loading("train.py")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
-from accelerate.utils import gather_object  # noqa: E402
+from accelerate.utils import ProjectConfiguration, gather_object  # noqa: E402
 from timm.utils import ModelEmaV3  # noqa: E402
 
 import configs  # noqa: E402
@@ -97,7 +97,8 @@ from engine.feature_probe import build_feature_probe, resolve_features  # noqa: 
 from engine.finetune import load_pretrained_weights, resolve_pretrained, summary_fields  # noqa: E402
 from engine.freeze import apply_freeze, freeze_line  # noqa: E402
 from engine.launch import launch_lines  # noqa: E402
-from engine.logging import EpochCSV, MetricsLog, console, format_eval, progress_bar, tensorboard_available  # noqa: E402
+from engine import trackers  # noqa: E402
+from engine.logging import EpochCSV, MetricsLog, console, format_eval, progress_bar  # noqa: E402
 from engine.optim import build_optimizer, build_scheduler  # noqa: E402
 from engine.preemption import PreemptionGuard, gloo_reduce_max  # noqa: E402
 from engine.rng import capture_rng_state, reseed, restore_rng_state  # noqa: E402
@@ -171,7 +172,7 @@ class Run:
     """Everything one training run holds; built once by `setup`."""
     cfg: Any
     accelerator: Any
-    use_tb: bool
+    trackers: list  # train.log_with resolved: the Accelerate trackers logged to (engine/trackers.py)
     fingerprint: dict  # engine.resume_policy.resume_fingerprint: the whole resolved config
     global_batch: int
     updates_per_epoch: int
@@ -470,7 +471,7 @@ def log_step(run):
         row = {"kind": "train", "step": step, "epoch": state.epoch + 1,
                "loss": loss_t.item(), "lr": lr, "img_per_s": ips, "skipped": state.skipped}
         run.metrics.write(**row)
-        if run.use_tb:
+        if run.trackers:
             run.accelerator.log({"train/loss": row["loss"], "train/lr": lr, "train/img_per_s": ips}, step=step)
         run.bar.set_postfix(loss=f"{row['loss']:.4f}", lr=f"{lr:.2e}", img_s=f"{ips:.0f}", refresh=False)
     run.bar.update(1)
@@ -552,7 +553,7 @@ def evaluate_epoch(run, row):
         run.metrics.write(kind="eval", step=state.step, epoch=state.epoch, weights=weights, **m)
         row.update({f"{weights}_{k}": v for k, v in m.items()})
         text += f"  | {weights}: {format_eval(m)}"
-        if run.use_tb:
+        if run.trackers:
             run.accelerator.log({f"val_{weights}/{k}": v for k, v in m.items() if k != "n"}, step=state.step)
     state.last_eval = evals
     if not evals["raw"]["n"]:
@@ -737,18 +738,18 @@ def setup(cfg, resume, overwrite, accept_changes=False):
     # to zero costs nothing (a census of one training step per head found none; the sparse-head
     # slowdowns first blamed on them came from other jobs sharing the cores). Deterministic either way.
     torch.set_flush_denormal(True)
-    accelerator, use_tb = build_accelerator(cfg)
+    accelerator, tracker_names = build_accelerator(cfg)
     main_proc = accelerator.is_main_process
     lock = RunLock(cfg.train.output_dir, purpose="training", enabled=main_proc,
                    warn=lambda msg: console(msg, main_proc))
     try:
-        return build_run(cfg, resume, overwrite, accept_changes, accelerator, use_tb, lock)
+        return build_run(cfg, resume, overwrite, accept_changes, accelerator, tracker_names, lock)
     except BaseException:
         lock.release()
         raise
 
 
-def build_run(cfg, resume, overwrite, accept_changes, accelerator, use_tb, lock):
+def build_run(cfg, resume, overwrite, accept_changes, accelerator, tracker_names, lock):
     world, device, main_proc = accelerator.num_processes, accelerator.device, accelerator.is_main_process
     global_batch = cfg.data.batch_size * world * cfg.train.grad_accum
     num_classes = data_lib.num_classes(cfg.data)
@@ -761,7 +762,6 @@ def build_run(cfg, resume, overwrite, accept_changes, accelerator, use_tb, lock)
     backend, backend_why = data_lib.explain_backend(cfg.data, device)
     for line in launch_lines(num_processes=world, device=device, configured_precision=cfg.train.mixed_precision,
                              used_precision=accelerator.mixed_precision, backend=backend, backend_why=backend_why,
-                             tensorboard_wanted=cfg.train.tensorboard, tensorboard_available=tensorboard_available(),
                              threads=torch.get_num_threads()):
         console(line, main_proc)
 
@@ -790,7 +790,7 @@ def build_run(cfg, resume, overwrite, accept_changes, accelerator, use_tb, lock)
     model, optimizer = accelerator.prepare(raw_model, optimizer)
     label_smoothing = 0.0 if mixup is not None else cfg.data.label_smoothing
     run = Run(
-        cfg=cfg, accelerator=accelerator, use_tb=use_tb, fingerprint=fp, global_batch=global_batch,
+        cfg=cfg, accelerator=accelerator, trackers=tracker_names, fingerprint=fp, global_batch=global_batch,
         updates_per_epoch=updates_per_epoch, train_set=train_set, val_loader=val_loader, mixup=mixup,
         # Mixup/CutMix already fold label smoothing into their soft targets: never apply it twice.
         label_smoothing=label_smoothing, raw_model=raw_model, model=model,
@@ -806,8 +806,8 @@ def build_run(cfg, resume, overwrite, accept_changes, accelerator, use_tb, lock)
     run.epoch_loss = torch.zeros(2, dtype=torch.float64, device=device)
     if ckpt is not None:
         restore(run, ckpt, saved, changes, fresh_hparams)
-    if use_tb:
-        accelerator.init_trackers("tensorboard")
+    trackers.start(accelerator, tracker_names, cfg, trackers.flat_params(configs.config_to_dict(cfg)),
+                   resuming=ckpt is not None)
     run.time_base, run.log_images = run.state.train_time_s, run.state.images
     run.session_images = run.state.images
     run.session_t0 = run.log_t = time.perf_counter()
@@ -849,17 +849,19 @@ def build_accelerator(cfg):
     if cfg.train.sync_debug and cfg.train.nonfinite == "skip":
         raise UserError("train.sync_debug=true cannot be combined with train.nonfinite=skip, which reads one flag "
                         "per update by design; use train.nonfinite=stop")
-    use_tb = cfg.train.tensorboard and tensorboard_available()
+    tracker_names = trackers.tracker_names(cfg.train.log_with)  # a missing package: one line, exit 2
     # Accelerate only sets up gloo multi-process training on CPU when asked for the CPU explicitly.
     cpu_multi_process = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
     accelerator = Accelerator(
         cpu=cpu_multi_process,
         mixed_precision=cfg.train.mixed_precision,
         gradient_accumulation_steps=cfg.train.grad_accum,
-        log_with="tensorboard" if use_tb else None,
-        project_dir=cfg.train.output_dir,
+        log_with=tracker_names or None,
+        # TensorBoard writes to LOGGING_DIR/<run name>: RUN_DIR/tensorboard/<name>
+        project_config=ProjectConfiguration(project_dir=cfg.train.output_dir,
+                                            logging_dir=trackers.tensorboard_dir(cfg.train.output_dir)),
     )
-    return accelerator, use_tb
+    return accelerator, tracker_names
 
 
 if __name__ == "__main__":

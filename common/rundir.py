@@ -10,7 +10,8 @@
         model.safetensors        exported raw weights, after every epoch
         model_ema.safetensors    exported EMA weights (train.ema)
         summary.json             written last by a finished training
-        tensorboard/             TensorBoard logs (Accelerate's project dir)
+        tensorboard/<name>/      TensorBoard logs through Accelerate (train.log_with, engine/trackers.py)
+        mlflow.db, trackers.json MLflow's local store when MLFLOW_TRACKING_URI is unset; the MLflow run id
         eval.json, eval_ema.json eval results scripts/compare_heads.py asks eval.py for (with the
                                  .csv row and .examples.safetensors records beside, see below)
         compare_request.json     the settings compare_heads trained the run with
@@ -39,6 +40,7 @@ WEIGHTS = "model.safetensors"
 EMA_WEIGHTS = "model_ema.safetensors"
 SUMMARY = "summary.json"
 TENSORBOARD = "tensorboard"
+TRACKERS = "trackers.json"  # the MLflow run a resumed training goes on logging into (engine/trackers.py)
 CHECKPOINTS = "checkpoints"
 EVAL_RESULT = "eval.json"
 EVAL_EMA_RESULT = "eval_ema.json"
@@ -56,6 +58,7 @@ SCHEDULER = "scheduler.pt"
 SCALER = "scaler.pt"
 
 # ----------------------------------------------------------------------------- eval outputs
+OOD_MEMORY = {"raw": "ood_memory.safetensors", "ema": "ood_memory_ema.safetensors"}  # eval.py's feature memory
 EVAL_CSV_SUFFIX = ".csv"
 EXAMPLES_SUFFIX = ".examples.safetensors"
 POOL_MAPS_SUFFIX = ".pool_maps.safetensors"  # model.pool=hopfield: the first images' pooling weights
@@ -72,6 +75,11 @@ def rng_file(rank):
 
 def checkpoints_dir(run_dir):
     return os.path.join(run_dir, CHECKPOINTS)
+
+
+def ood_memory_name(weights_kind):
+    """The OOD feature memory of a run's raw or EMA weights (evaluation/feature_memory.py)."""
+    return OOD_MEMORY[weights_kind]
 
 
 def eval_result_name(ema=False):

@@ -400,9 +400,12 @@ def _check_numbers(cfg):
 def _check(cfg):
     values = dict(_leaves(cfg))
     for key, choices in CHOICES.items():
-        if values[key] not in choices:
-            raise UserError(f"config key '{key}' must be one of {', '.join(choices)}; got {_show(values[key])}"
-                            f"{suggest_value(values[key], choices)}")
+        items = values[key] if isinstance(values[key], tuple) else (values[key],)  # a list: each of them
+        bad = [v for v in items if v not in choices]
+        if not items or bad:
+            raise UserError(f"config key '{key}' must be one of {', '.join(choices)}"
+                            f"{' (each)' if isinstance(values[key], tuple) else ''}; got {_show(values[key])}"
+                            f"{suggest_value(bad[0], choices) if bad else ''}")
     _check_numbers(cfg)
     check_head_settings(cfg.head)
     check_finetune_settings(cfg)
@@ -448,6 +451,28 @@ def _fold_aliases(data):
     return data
 
 
+def _fold_tensorboard(data):
+    """train.tensorboard, the one tracker switch before train.log_with: true = auto (TensorBoard
+    when installed), false = none. Set together with a train.log_with that says otherwise: refused."""
+    train = data.get("train")
+    if not isinstance(train, dict) or "tensorboard" not in train:
+        return data
+    data["train"] = train = dict(train)
+    value = train.pop("tensorboard")
+    if not isinstance(value, bool):
+        raise UserError(f"config key 'train.tensorboard' must be true or false, got {_show(value)} (it is the old "
+                        f"switch of train.log_with; set train.log_with instead)")
+    if "log_with" not in train:
+        train["log_with"] = "auto" if value else "none"
+        return data
+    given = train["log_with"]
+    listed = [given] if isinstance(given, str) else list(given or ())
+    if value != (given == "auto" or "tensorboard" in listed):
+        raise UserError(f"train.tensorboard={str(value).lower()} contradicts train.log_with={_show(given)}; "
+                        f"train.tensorboard is the old switch: set train.log_with only")
+    return data
+
+
 def _is_legacy_history(value):
     """The `history` list train.py wrote into config.yaml before it moved to its own file."""
     return isinstance(value, list) and all(isinstance(e, dict) and "changes" in e for e in value)
@@ -461,7 +486,7 @@ def config_from_dict(data, default_name="run", sources=None):
         if key in data and _is_legacy_history(data[key]):
             del data[key]
     data.setdefault("name", default_name)
-    cfg = _check(_build(Config, _fold_aliases(data), sources=sources))
+    cfg = _check(_build(Config, _fold_tensorboard(_fold_aliases(data)), sources=sources))
     cfg.train.output_dir = cfg.train.output_dir.replace("{name}", cfg.name)
     return cfg
 

@@ -20,7 +20,7 @@ builder reads) is derived from it; older configs and run directories that set `m
 still load: the loader reads it as data.image_size (a one-line error when both are set and differ).
 """
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass, make_dataclass
-from typing import Optional, Tuple, get_type_hints
+from typing import Optional, Tuple, Union, get_type_hints
 
 from common.intervals import parse_interval
 from data.names import BACKENDS
@@ -31,6 +31,8 @@ from models.registry import HEAD_NAMES, HPARAMS
 from models.resmlp import MODEL_NAMES, NORMS
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
+# Accelerate's tracker names (each needs the package of the same name; engine/trackers.py)
+TRACKER_NAMES = ("tensorboard", "wandb", "mlflow", "aim", "comet_ml", "clearml", "dvclive")
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 # resume classes (field metadata "resume"; see the module docstring)
@@ -225,8 +227,11 @@ class TrainConfig:
     # CUDA only: torch.cuda.set_sync_debug_mode("error") around every update that is not a log step
     # (after the warm-up updates), so a host sync in the training step fails loudly.
     sync_debug: bool = setting(False, "CUDA only: fail on any host sync inside a training step")
-    tensorboard: bool = setting(True, "TensorBoard logs through Accelerate's trackers, when installed",
-                                resume=FREE)
+    # Experiment trackers through Accelerate (engine/trackers.py). `train.tensorboard` (true/false),
+    # the switch before this key, is still read: true = auto, false = none.
+    log_with: Union[str, Tuple[str, ...]] = setting(
+        "auto", "experiment trackers through Accelerate: auto (TensorBoard when installed), none, a tracker, "
+        "or a list of them", choices=("auto", "none") + TRACKER_NAMES, resume=FREE)
     progress: bool = setting(True, "tqdm progress bar on the main process, when stdout is a terminal", resume=FREE)
     allow_empty_eval: bool = setting(False, "go on when an evaluation found no image (every val image undecodable "
                                      "under data.skip_corrupt); false: stop with exit 2 after that epoch's "

@@ -36,15 +36,6 @@ def precision_line(configured, used, env=None):
     return line
 
 
-def tensorboard_warning(wanted, available):
-    """One line when train.tensorboard=true but TensorBoard is missing, so no tensorboard/ folder appears."""
-    if wanted and not available:
-        return ("warning: train.tensorboard=true but TensorBoard is not installed, so no tensorboard/ folder is "
-                "written (metrics.jsonl and epochs.csv still are): pip install tensorboard, or set "
-                "train.tensorboard=false")
-    return None
-
-
 def busy_cores_warning(device_type, threads, load=None, cores=None, env=None):
     """One line when a CPU run starts on cores that are already busy (1-minute load above the core
     count) with torch at its default threads (OMP_NUM_THREADS unset): its threads then fight the
@@ -67,14 +58,12 @@ def busy_cores_warning(device_type, threads, load=None, cores=None, env=None):
 
 
 def launch_lines(*, num_processes, device, configured_precision, used_precision, backend, backend_why,
-                 tensorboard_wanted, tensorboard_available, env=None, threads=1):
+                 env=None, threads=1):
     """The run's first log lines: processes and device, precision, data backend, and any warning."""
     lines = [f"launch: {num_processes} process(es) on {device.type}; "
              + precision_line(configured_precision, used_precision, env),
              f"data backend: {backend} ({backend_why})"]
-    for warning in (single_process_warning(num_processes, env),
-                    tensorboard_warning(tensorboard_wanted, tensorboard_available),
-                    busy_cores_warning(device.type, threads, env=env)):
+    for warning in (single_process_warning(num_processes, env), busy_cores_warning(device.type, threads, env=env)):
         if warning:
             lines.append(warning)
     return lines

@@ -93,17 +93,6 @@ class EpochCSV:
         _rewrite(self.path, [buf.getvalue()])
 
 
-def tensorboard_available():
-    try:
-        import tensorboard  # noqa: F401
-    except ImportError:
-        try:
-            import tensorboardX  # noqa: F401
-        except ImportError:
-            return False
-    return True
-
-
 def progress_bar(total, initial=0, enabled=True, unit="step"):
     """The training bar on stdout, on a terminal only (tqdm's disable=None). Redirected to a file (a
     compare_heads log, a batch job), every console line written through `tqdm.write` would print the

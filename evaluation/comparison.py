@@ -27,7 +27,7 @@ from models.registry import is_sparse
 
 from . import metrics, ood_report, paired, plots, pool_report, report, sanity, selective_report, summary
 from .examples import load_examples
-from .statistics import signed_points
+from .statistics import sign_flip_p_value, signed_points, t_interval
 
 TRAIN_COLUMNS = [
     ("train_time_s", "train time (s)", "f1"),
@@ -408,7 +408,8 @@ def ood_section(variants):
         for score in oods[0]["scores"]:
             rows.append([variant, ood_report.SCORE_LABELS.get(score, score),
                          report.format_mean_std([o["scores"][score]["auroc"] for o in oods], "pct"),
-                         report.format_mean_std([o["scores"][score]["fpr_at_tpr"] for o in oods], "pct")])
+                         report.format_mean_std([o["scores"][score]["fpr_at_tpr"] for o in oods], "pct"),
+                         auroc_difference_text(oods, score)])
     if not rows:
         return [], hists, None
     name = ", ".join(sorted(names))
@@ -418,10 +419,31 @@ def ood_section(variants):
              f"(n={first['n_out']}). AUROC (higher is better; 50% = chance) and FPR at 95% TPR (the "
              "fraction of OOD images accepted when 95% of in-distribution images are; lower is better) "
              "for each score: max probability and entropy (Hendrycks & Gimpel, ICLR 2017) and, for "
-             "sparse heads, support size. Mean ± std over seeds; histograms pool the seeds.", "",
-             report.markdown_table(["variant", "score", "AUROC", "FPR@95%TPR"], rows), "",
+             "sparse heads, support size; energy and max logit; with a feature memory (eval.py "
+             "--ood-memory) the modern-Hopfield energy, its sparsemax / 1.5-entmax counterparts, the "
+             "retrieval support, SHE and kNN (evaluation/ood_scores.py). Mean ± std over seeds; "
+             "histograms pool the seeds. Δ AUROC vs max prob: the mean over seeds of each run's "
+             "difference to its own max-probability AUROC, with a 95% t-interval and the exact "
+             "sign-flip p over the seeds, so it includes seed-to-seed training noise (one seed: the "
+             "difference alone).", "",
+             report.markdown_table(["variant", "score", "AUROC", "FPR@95%TPR", "Δ AUROC vs max prob"], rows), "",
              f"![OOD score histograms]({plots.PLOT_FILES['ood']})", ""]
     return lines, hists, name
+
+
+def auroc_difference_text(oods, score, base="max_prob"):
+    """AUROC(score) − AUROC(base) per run (seed), summarised across the seeds (see ood_section)."""
+    if score == base:
+        return "—"
+    diffs = [o["scores"][score]["auroc"] - o["scores"][base]["auroc"] for o in oods
+             if score in o["scores"] and base in o["scores"]]
+    if not diffs:
+        return "n/a"
+    mean, _, low, high = t_interval(diffs)
+    if len(diffs) < 2:
+        return f"{signed_points(mean)} pt (1 seed)"
+    return (f"{signed_points(mean)} pt [{signed_points(low)}, {signed_points(high)}], "
+            f"p={sign_flip_p_value(diffs):.2g}")
 
 
 def degenerate_notes(variants):

@@ -11,6 +11,9 @@ Hopfield pooling (model.pool=hopfield): with keep_examples, a forward hook on th
 (evaluation/pool_support.py) adds each image's pooling support (patches with weight > 0) to its
 records as `pool_support`, in the same forward pass, and keeps the first images' support maps.
 
+Penultimate features (keep_features, for eval.py's feature-memory OOD scores): a forward pre-hook on
+the classifier (evaluation/feature_memory.py FeatureProbe) keeps its input, in the same forward pass.
+
 Precision: the forward runs in float32 with autocast off, whatever train.mixed_precision is, so
 training's eval and eval.py give the same numbers on the same weights. Accelerate wraps a prepared
 model's forward in autocast and keeps the plain one as `_original_forward` (what its own
@@ -24,6 +27,7 @@ from typing import Optional
 
 import torch
 
+from .feature_memory import FeatureProbe
 from .gather import gather_in_order
 from .metrics import example_records, means_from_sums, record_sums
 from .pool_support import POOL_SUPPORT_FIELD, PoolingProbe, has_hopfield_pool
@@ -38,6 +42,7 @@ class Evaluation:
     logits: Optional[torch.Tensor] = None  # keep_examples: float32 (N, K), CPU, dataset order
     pooling: Optional[dict] = None  # keep_examples + hopfield pooling: {"num_patches", "heads", "mapping",
     #   "maps": PoolingProbe.maps() of this process's first images, "positions" in its shard}
+    features: Optional[torch.Tensor] = None  # keep_features: float32 (N, d) penultimate features, CPU, dataset order
 
 
 def plain_forward(module):
@@ -46,7 +51,7 @@ def plain_forward(module):
 
 
 @torch.no_grad()
-def evaluate(module, loader, accelerator=None, keep_examples=False, ignore_labels=False):
+def evaluate(module, loader, accelerator=None, keep_examples=False, ignore_labels=False, keep_features=False):
     """Evaluate the unwrapped classifier `module` (with its `output_head`) over the loader's split.
 
     ignore_labels: the split's labels mean nothing to this model (an out-of-distribution set, whose
@@ -60,10 +65,11 @@ def evaluate(module, loader, accelerator=None, keep_examples=False, ignore_label
     sums = torch.zeros(5, dtype=torch.float64, device=device)
     kept = []
     probe = PoolingProbe(module) if keep_examples and has_hopfield_pool(module) else None
+    feature_probe = FeatureProbe(module) if keep_features else None
     if accelerator is not None:
         accelerator.wait_for_everyone()
     start = time.perf_counter()
-    with probe if probe is not None else contextlib.nullcontext():
+    with probe if probe is not None else contextlib.nullcontext(), feature_probe or contextlib.nullcontext():
         for images, labels in loader:
             images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
             if ignore_labels:
@@ -76,6 +82,8 @@ def evaluate(module, loader, accelerator=None, keep_examples=False, ignore_label
                 records[POOL_SUPPORT_FIELD] = probe.take(images)
             if keep_examples:
                 kept.append(({k: v.cpu() for k, v in records.items()}, logits.cpu()))
+            if feature_probe is not None:
+                feature_probe.take()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     if accelerator is not None:
@@ -92,6 +100,8 @@ def evaluate(module, loader, accelerator=None, keep_examples=False, ignore_label
     result = Evaluation(totals, seconds, totals["n"] / seconds if seconds > 0 else float("nan"))
     if keep_examples:
         result.records, result.logits = _gather_examples(kept, head, module, accelerator, probe is not None)
+    if feature_probe is not None:
+        result.features = gather_in_order(feature_probe.features(module.num_features), accelerator)
     if probe is not None:
         result.pooling = {"num_patches": module.num_patches, "heads": probe.heads, "mapping": probe.mapping,
                           "maps": probe.maps()}

@@ -15,7 +15,10 @@ from models.registry import is_sparse
 
 from .ood import ood_detection, ood_scores
 
-SCORE_LABELS = {"max_prob": "max probability", "neg_entropy": "entropy", "neg_support": "support size"}
+SCORE_LABELS = {"max_prob": "max probability", "neg_entropy": "entropy", "neg_support": "support size",
+                "energy": "energy", "max_logit": "max logit", "hopfield_softmax": "Hopfield energy",
+                "hopfield_sparsemax": "Hopfield sparsemax", "hopfield_entmax15": "Hopfield 1.5-entmax",
+                "hopfield_support": "retrieval support", "she": "SHE", "knn": "kNN"}
 HIST_BINS = 20
 
 
@@ -63,11 +66,14 @@ def _histograms(scores_in, scores_out, num_classes):
     return hists
 
 
-def run_summary(probs_in, probs_out, head_name, dataset, tpr=0.95):
+def run_summary(probs_in, probs_out, head_name, dataset, extra_in=None, extra_out=None, tpr=0.95):
     """JSON-ready OOD results of one evaluation from the head's probabilities (N, K) on the
-    in-distribution split and on the OOD set."""
+    in-distribution split and on the OOD set, plus any other scores ({name: (N,)}, e.g. from the
+    logits and the feature memory, evaluation/ood_scores.py) in extra_in / extra_out."""
     sparse = is_sparse(head_name)
     scores_in, scores_out = ood_scores(probs_in, sparse=sparse), ood_scores(probs_out, sparse=sparse)
+    scores_in.update(extra_in or {})
+    scores_out.update(extra_out or {})
     detection = ood_detection(scores_in, scores_out, tpr=tpr)
     return {"dataset": dataset, "n_in": int(probs_in.shape[0]), "n_out": int(probs_out.shape[0]), "tpr": tpr,
             "scores": {name: {"auroc": d["auroc"], "fpr_at_tpr": d["fpr_at_tpr"]} for name, d in detection.items()},

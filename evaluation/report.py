@@ -9,6 +9,8 @@ import statistics
 
 from common.io import atomic_write_text
 
+from .ood_report import SCORE_LABELS
+
 # Scalar metrics in display order: (key in the flattened dict, label, format).
 METRIC_COLUMNS = [
     ("top1", "top-1 acc", "pct"),
@@ -43,9 +45,6 @@ SELECTIVE_COLUMNS = [
     ("sel_support_aurc", "AURC (1/support)", "f4"),
     ("sel_support_e_aurc", "E-AURC (1/support)", "f4"),
 ]
-OOD_SCORE_NAMES = {"max_prob": "max prob", "neg_entropy": "entropy", "neg_support": "support size"}
-
-
 def prediction_set_columns(methods, epsilons):
     """Flattened keys of prediction-set results: ps_<method>_eps<ε>_{coverage,size,empty,threshold}.
 
@@ -189,9 +188,13 @@ def eval_columns(result):
 
 def ood_table(ood):
     """Terminal table of one eval result's OOD detection block."""
-    rows = [(OOD_SCORE_NAMES.get(name, name), format_value(r["auroc"], "pct"), format_value(r["fpr_at_tpr"], "pct"))
+    rows = [(SCORE_LABELS.get(name, name), format_value(r["auroc"], "pct"), format_value(r["fpr_at_tpr"], "pct"))
             for name, r in ood["scores"].items()]
     title = f"OOD detection: in-distribution n={ood['n_in']} vs {ood['dataset']} n={ood['n_out']}"
+    memory = ood.get("memory")
+    if memory:
+        title += (f"; feature memory: {memory['n']} training images ({memory['source']}, "
+                  f"{memory['seconds']:.1f} s; scores {memory['score_seconds']:.1f} s)")
     return title + "\n" + text_table(("score", "AUROC", f"FPR@{100 * ood['tpr']:g}%TPR"), rows)
 
 

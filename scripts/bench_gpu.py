@@ -165,7 +165,7 @@ def bench_training(children, out, seconds, ips_guess, timeout):
             "model.name=resmlp_cifar_s12", "data.batch_size=256", "data.eval_batch_size=1000",
             f"data.builtin_train_size={train_size}", f"optim.epochs={epochs}", "optim.warmup_epochs=0.2",
             "optim.lr_base_batch=256", "train.mixed_precision=bf16", "train.progress=false",
-            "train.tensorboard=false", "train.save_every=100000", "train.log_every=50",
+            "train.log_with=none", "train.save_every=100000", "train.log_every=50",
             "train.sync_debug=true", f"train.output_dir={run_dir}"]
     rc, wall = run_script(children, args, timeout, os.path.join(out, "train_sync_debug.log"))
     summary = read_json(os.path.join(run_dir, rundir.SUMMARY)) or {}

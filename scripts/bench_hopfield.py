@@ -65,7 +65,7 @@ def recipe_overrides(args):
     return [f"data.image_size={args.img_size}", f"data.builtin_train_size={args.train_size}",
             f"data.builtin_val_size={args.val_size}", "data.calib_fraction=0", f"optim.epochs={args.epochs}",
             "data.batch_size=32", "optim.lr_base_batch=32", "train.mixed_precision=no", "train.ema=false",
-            "train.progress=false", "train.tensorboard=false"] + args.overrides
+            "train.progress=false", "train.log_with=none"] + args.overrides
 
 
 # ------------------------------------------------------------------------------------- step overhead

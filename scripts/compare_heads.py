@@ -29,6 +29,9 @@ Modes:
                  (--resume auto, checkpoint + requeue on preemption), then eval.py evaluates it;
   --report-only  aggregates the finished runs and names the missing ones;
   --dry-run      lists what would run and where the report would go.
+MLflow (when installed; --no-mlflow: not): after the report, every finished run (its config, tags head / seed /
+variant, per-epoch curve and final metrics) and the report's files go into one MLflow experiment named after
+the runs folder, in MLFLOW_TRACKING_URI or else the offline store RUNS_DIR/mlflow.db (scripts/compare_tracking.py).
 After each run a progress line says how many of the plan's runs are finished and about how long the
 rest will take at the pace so far (scripts/compare_progress.py).
 Cached features (--features DIR, a folder of scripts/extract_features.py): the same plan, each run a linear
@@ -78,7 +81,7 @@ from engine.children import ChildProcesses  # noqa: E402
 from engine.cli import run_cli  # noqa: E402
 from common import rundir  # noqa: E402
 from common.errors import UserError  # noqa: E402
-from common.io import atomic_write_text, json_text, write_json  # noqa: E402
+from common.io import atomic_write_text, json_text, read_json, write_json  # noqa: E402
 from engine.runlock import RunLock  # noqa: E402
 from models.registry import HEAD_NAMES, check_settings  # noqa: E402
 
@@ -136,6 +139,9 @@ def parse_args(argv=None):
     p.add_argument("--launcher", default=None,
                    help='command prefix for train.py and eval.py, e.g. "accelerate launch --num_processes 2"')
     p.add_argument("--jobs", type=int, default=1, help="runs at once (each pinned to its GPUs or CPU threads)")
+    p.add_argument("--no-mlflow", action="store_true",
+                   help="do not log the comparison to MLflow (default when mlflow is installed: one experiment, "
+                        "in MLFLOW_TRACKING_URI or RUNS_DIR/mlflow.db; scripts/compare_tracking.py)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="list what would run, run nothing")
     mode.add_argument("--emit-slurm", metavar="FILE", default=None,
@@ -656,6 +662,7 @@ def main(argv=None):
         trained_now, evaluated_now = run_todo(todo, commands, requests, args.jobs, children, progress)
     path, missing = write_comparison_report(plan, commands, args, pairs, stem, _command_line(argv),
                                             report_dir, runs_dir)
+    log_to_mlflow(plan, commands, args, runs_dir, report_dir)
     print(f"{trained_now} training run(s) and {evaluated_now} evaluation(s) done now in "
           f"{time.perf_counter() - start:.0f}s; {len(plan) - len(missing)} of {len(plan)} run(s) in {runs_dir}")
     print(f"report: {path}")
@@ -701,6 +708,30 @@ def run_todo(todo, commands, requests, jobs, children, progress=None):
         if progress:
             print(progress.line(), flush=True)
     return trained_now, evaluated_now
+
+
+def log_to_mlflow(plan, commands, args, runs_dir, report_dir, trial=None):
+    """The finished runs and the report in one MLflow experiment (scripts/compare_tracking.py), unless
+    --no-mlflow; `trial`: the tune trial the comparison belongs to, as a tag."""
+    import compare_tracking
+    from evaluation.report import flatten_metrics
+
+    if args.no_mlflow:
+        return
+    if not compare_tracking.available():
+        print("note: mlflow is not installed, so the comparison is not logged to MLflow "
+              "(pip install mlflow, or pass --no-mlflow)")
+        return
+    settings = {name: (head, norm, alpha) for name, _, norm, head, alpha in _variants(args)}
+    runs = []
+    for name, seed, run_dir, _ in plan:
+        if all(run_status(run_dir, commands)):
+            head, norm, alpha = settings[name]
+            tags = {"head": head, "seed": seed, "variant": name, "norm": norm, "alpha": alpha, "tune_trial": trial}
+            runs.append((run_dir, flatten_metrics(read_json(os.path.join(run_dir, commands.eval_file))), tags))
+    uri, experiment = compare_tracking.log_comparison(runs, runs_dir, report_dir)
+    print(f"mlflow: {len(runs)} run(s) and the report in experiment '{experiment}'; see them with: "
+          f"mlflow ui --backend-store-uri {uri}")
 
 
 def write_comparison_report(plan, commands, args, pairs, stem, command, report_dir, runs_dir):

@@ -262,6 +262,16 @@ def test_report_has_paired_statistics_selective_and_ood_sections():
         row = next(line for line in md.splitlines() if line.startswith(f"| {head} | {label} |"))
         assert row.split("|")[3].strip() == f"{100 * evals[head]['ood']['scores'][key]['auroc']:.2f}%"
     assert not any(line.startswith("| softmax | support size |") for line in md.splitlines())
+    # the logit and feature-memory scores beside them, each with its difference to max probability
+    ood_md = md.split("## Out-of-distribution detection")[1].split("\n## ")[0]
+    assert "Δ AUROC vs max prob" in ood_md
+    row = next(line for line in ood_md.splitlines() if line.startswith("| sparsemax | kNN |")).split("|")
+    diff = evals["sparsemax"]["ood"]["scores"]["knn"]["auroc"] - evals["sparsemax"]["ood"]["scores"]["max_prob"]["auroc"]
+    from evaluation.statistics import signed_points
+
+    assert row[5].strip() == f"{signed_points(diff)} pt (1 seed)"
+    assert next(line for line in ood_md.splitlines()
+                if line.startswith("| softmax | max probability |")).split("|")[5].strip() == "—"
     assert "Train times and img/s depend on what else the machine was running" in md
 
 

@@ -239,8 +239,12 @@ def test_ood_detection_and_selective_prediction_in_eval_json():
         result = _load(os.path.join(run, "eval.json"))
         ood = result["ood"]
         assert ood["dataset"] == "builtin10_ood" and ood["n_in"] == 101 and ood["n_out"] == 101 and ood["tpr"] == 0.95
+        from evaluation.ood_scores import LOGIT_SCORES, MEMORY_SCORES
+
         expected = {"max_prob", "neg_entropy"} | ({"neg_support"} if head == "sparsemax" else set())
-        assert set(ood["scores"]) == expected
+        assert set(ood["scores"]) == expected | set(LOGIT_SCORES) | set(MEMORY_SCORES)
+        assert ood["memory"]["n"] == 192 and ood["memory"]["size"] == "all"  # the train split (256, 64 held out)
+        assert os.path.isfile(os.path.join(run, "ood_memory.safetensors")) and ood["temperature"] == 1.0
         for score in ood["scores"].values():
             assert 0.0 <= score["auroc"] <= 1.0 and 0.0 <= score["fpr_at_tpr"] <= 1.0
         for hist in ood["histograms"].values():
@@ -280,8 +284,49 @@ def test_aps_seed_differs_per_run():
     assert aps_seed(configs.load_run_config(tiny_run_dir("softmax"), ["train.seed=1"])) != seeds["softmax"]
 
 
+def test_ood_memory_is_built_once_and_never_used_for_other_weights(tmp_path, capsys):
+    """A seeded subsample memory is stored in the run, reused by the next evaluation, and rebuilt
+    (not used) once the weights change; --ood-memory none turns the feature scores off."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    import eval as eval_entry
+    from evaluation import feature_memory
+
+    run = str(tmp_path / "run")
+    shutil.copytree(tiny_run_dir("softmax"), run)
+    os.remove(os.path.join(run, "ood_memory.safetensors"))
+    argv = ["--checkpoint", run, "--ood-dataset", "auto", "--calib", "none", "--quiet", "--ood-memory", "20"]
+
+    def ood(*extra):
+        assert eval_entry.main(argv + ["--output", str(tmp_path / "e.json"), *extra]) == 0
+        return _load(tmp_path / "e.json")["ood"]
+
+    first = ood("--ood-temperature", "0.5")
+    assert first["memory"]["n"] == 20 and first["memory"]["source"] == "built" and first["temperature"] == 0.5
+    path = os.path.join(run, "ood_memory.safetensors")
+    stored = load_file(path)
+    second = ood("--ood-temperature", "0.5")
+    assert second["memory"]["source"] == "stored" and second["scores"] == first["scores"]
+    weights = load_file(os.path.join(run, "model.safetensors"))
+    weights["head.bias"] = weights["head.bias"] + 1.0  # other weights, same shapes
+    save_file(weights, os.path.join(run, "model.safetensors"))
+    capsys.readouterr()
+    third = ood()
+    assert third["memory"]["source"] == "built" and "other weights" in capsys.readouterr().err
+    assert feature_memory.load(path, "0" * 64, {})[0] is None
+    assert torch.equal(load_file(path)["features"], stored["features"])  # the backbone did not change
+    none = ood("--ood-memory", "none")
+    assert none["memory"] is None and "knn" not in none["scores"] and "energy" in none["scores"]
+
+
 def test_ood_user_errors_are_one_line(capsys):
     run = tiny_run_dir("sparsemax")
+    for flag, value in (("--ood-temperature", "2"), ("--ood-memory", "10")):
+        assert f"{flag} needs --ood-dataset" in _cli_error(capsys, ["--checkpoint", run, flag, value])
+    assert "--ood-memory must be" in _cli_error(capsys, ["--checkpoint", run, "--ood-dataset", "auto",
+                                                         "--ood-memory", "lots"])
     assert "unknown --ood-dataset 'builtin1O_ood'" in _cli_error(capsys, ["--checkpoint", run, "--ood-dataset",
                                                                            "builtin1O_ood"])
     assert "--ood-root needs --ood-dataset" in _cli_error(capsys, ["--checkpoint", run, "--ood-root", "x"])

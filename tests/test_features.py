@@ -286,6 +286,7 @@ def test_eval_reads_the_ood_features(tmp_path, source, features):
     assert result["dataset"] == "features" and result["ood"]["dataset"] == "features"
     assert result["ood"]["source"] == "builtin100_ood"  # what the plots and the report call it
     assert result["ood"]["n_in"] == result["ood"]["n_out"] == 64
+    assert result["ood"]["memory"]["n"] > 0 and "knn" in result["ood"]["scores"]  # the cached train features
     assert result["selective"] and result["prediction_sets"]["methods"]
 
 

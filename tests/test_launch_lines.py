@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import torch
 
 from data import explain_backend
-from engine.launch import busy_cores_warning, launch_lines, precision_line, single_process_warning, tensorboard_warning
+from engine.launch import busy_cores_warning, launch_lines, precision_line, single_process_warning
 from test_train_helpers import ROOT, TRAIN_PY, subprocess_env, tiny_cfg, write_cfg
 
 # What `accelerate launch --num_processes 2` without --multi_gpu leaves a single process (simple launcher).
@@ -27,12 +27,6 @@ def test_precision_line_explains_the_launchers_contradicting_notice():
     assert line.startswith("precision: bf16") and "does not apply" in line
     assert "does not apply" not in precision_line("bf16", "bf16", {"ACCELERATE_MIXED_PRECISION": "bf16"})
     assert "does not apply" not in precision_line("no", "no", {})
-
-
-def test_tensorboard_warning_names_both_fixes():
-    line = tensorboard_warning(True, False)
-    assert "pip install tensorboard" in line and "train.tensorboard=false" in line
-    assert tensorboard_warning(True, True) is None and tensorboard_warning(False, False) is None
 
 
 def test_backend_reason_for_each_auto_outcome():
@@ -59,11 +53,10 @@ def test_busy_cores_warning_only_on_busy_cores_at_default_threads():
 
 def test_lines_list_every_warning():
     lines = launch_lines(num_processes=1, device=torch.device("cpu"), configured_precision="bf16",
-                         used_precision="bf16", backend="pil", backend_why="data.backend=pil",
-                         tensorboard_wanted=True, tensorboard_available=False, env=ASKED_TWO_GOT_ONE)
+                         used_precision="bf16", backend="pil", backend_why="data.backend=pil", env=ASKED_TWO_GOT_ONE)
     assert lines[0].startswith("launch: 1 process(es) on cpu; precision: bf16")
     assert lines[1] == "data backend: pil (data.backend=pil)"
-    assert any("--multi_gpu" in line for line in lines) and any("pip install tensorboard" in line for line in lines)
+    assert any("--multi_gpu" in line for line in lines)
 
 
 def test_accelerate_launch_without_multi_gpu_warns(tmp_path):

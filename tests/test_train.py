@@ -21,7 +21,7 @@ EVAL_KEYS = {"kind", "step", "epoch", "weights", "top1", "top5", "loss", "suppor
 
 def test_short_run_learns_and_writes_wellformed_run_dir(tmp_path):
     run = str(tmp_path / "run")
-    cfg = tiny_cfg(run, "optim.epochs=8", "train.eval_every=4", "train.tensorboard=true", *NO_AUG,
+    cfg = tiny_cfg(run, "optim.epochs=8", "train.eval_every=4", "train.log_with=tensorboard", *NO_AUG,
                    "optim.lr=2e-2", "optim.weight_decay=0.0", "head.name=entmax15")
     assert run_inprocess(cfg) == 0
     for name in ("config.yaml", "metrics.jsonl", "epochs.csv", "model.safetensors", "model_ema.safetensors",

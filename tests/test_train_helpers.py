@@ -17,7 +17,7 @@ TINY = {
     "data": {"dataset": "builtin10", "image_size": 16, "builtin_train_size": 256, "builtin_val_size": 100, "batch_size": 32,
              "eval_batch_size": 64, "num_workers": 0},
     "optim": {"name": "lamb", "lr": 5e-3, "lr_base_batch": 32, "weight_decay": 0.05, "epochs": 2, "warmup_epochs": 0.5},
-    "train": {"log_every": 1, "save_every": 5, "ema_decay": 0.9, "tensorboard": False, "progress": False},
+    "train": {"log_every": 1, "save_every": 5, "ema_decay": 0.9, "log_with": "none", "progress": False},
 }
 NO_AUG = ["data.hflip=0.0", "data.crop_padding=0", "data.mixup=0.0", "data.cutmix=0.0", "model.drop_path=0.0"]
 
