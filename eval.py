@@ -23,7 +23,8 @@ held-out calibration split (data.calib_fraction > 0) or, when the run held none 
 random half of the evaluated split (reported on the other half). Sample counts are exact across
 processes. APS's random tie-breaking is seeded per run (its training seed and head).
 Selective prediction (evaluation/selective_report.py): risk-coverage AURC, E-AURC and the risk at
-fixed coverages, with confidence = max probability and, for sparse heads, also 1/support size.
+fixed coverages, with confidence = the probability of the predicted class (the top logit; for every
+head but perturbmax and Taylor softmax its max probability) and, for sparse heads, also 1/support size.
 Hopfield pooling (model.pool=hopfield): the pooling support, how many of the N patches each image's
 feature uses (weight > 0; evaluation/pool_support.py, from the same forward pass): mean, median and
 histogram in the JSON's "pooling", per image in the records (`pool_support`), and the first images'
@@ -72,7 +73,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n")[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_arguments(p, data_flags=True, batch_help="per-process eval batch size")
-    p.add_argument("--split", default="val", choices=("val", "calib", "train"))
+    p.add_argument("--split", default="val", choices=("val", "calib", "train", "tune"))
     p.add_argument("--calib", default="auto", choices=CALIB_SOURCES,
                    help="prediction-set calibration data: auto = the calib split when the run held one "
                         "out (data.calib_fraction > 0), else half of the evaluated split; none = skip")
@@ -156,11 +157,11 @@ def prediction_set_results(head, cfg, args, preds, evaluate_split):
                     f"split, coverage measured on the other half")
         cal_idx, ev_idx = _split_half(preds.totals["n"])
         labels = preds.records["label"]
-        cal = {"logits": preds.logits[cal_idx], "labels": labels[cal_idx]}
-        ev = {"logits": preds.logits[ev_idx], "labels": labels[ev_idx]}
-    with torch.no_grad():
+        cal = {"logits": preds.logits[cal_idx], "labels": labels[cal_idx], "ids": cal_idx}
+        ev = {"logits": preds.logits[ev_idx], "labels": labels[ev_idx], "ids": ev_idx}
+    with torch.no_grad():  # a random head's noise keyed by each example's index in its split, as in the records
         for part in (cal, ev):
-            part["probs"] = head(part["logits"]).float()
+            part["probs"] = head(part["logits"], ids=part.pop("ids", None)).float()
     alpha = head.alpha_value()
     eps = tuple(args.eps) if args.eps else conformal.EPSILONS
     for e in eps:

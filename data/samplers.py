@@ -64,3 +64,10 @@ def eval_batches(n, *, rank, world_size, batch_size):
     """Rank r gets r::world_size in dataset order, no padding, last batch may be short."""
     idx = np.arange(rank, n, world_size, dtype=np.int64)
     return [(idx[i:i + batch_size], None) for i in range(0, len(idx), batch_size)]
+
+
+def eval_example_ids(start, count, rank, world_size, device="cpu"):
+    """Dataset indices (int64 tensor on `device`) of examples start .. start+count of rank r's
+    eval_batches (r::world_size). Undecodable images dropped by data.skip_corrupt shift the later
+    ones, as they shift the gathered per-example order."""
+    return torch.arange(start, start + count, dtype=torch.int64, device=device) * world_size + rank

@@ -3,7 +3,9 @@
 Each batch's logits become per-example records (`metrics.example_records`); their float64 sums
 (top-1 and top-5 hits, loss, support size, count) accumulate on the device with no host read and
 are added over ranks with `accelerator.reduce`, so counts are exact (each rank evaluates its own
-shard: `data.build_eval_loader` gives rank r the indices r::world_size, no padding). eval.py also
+shard: `data.build_eval_loader` gives rank r the indices r::world_size, no padding; each batch's
+dataset indices go to the head, whose random noise (perturbmax) follows the example, not its place
+in the batch: the same numbers at any batch size and process count). eval.py also
 keeps the records and logits, gathered over ranks in dataset order, for the metrics that need the
 whole split (ECE, per-class accuracy, prediction sets) and for the per-example file.
 
@@ -26,6 +28,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+
+from data.samplers import eval_example_ids
 
 from .feature_memory import FeatureProbe
 from .gather import gather_in_order
@@ -64,6 +68,8 @@ def evaluate(module, loader, accelerator=None, keep_examples=False, ignore_label
     module.eval()
     sums = torch.zeros(5, dtype=torch.float64, device=device)
     kept = []
+    rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator is not None else (0, 1)
+    seen = 0  # examples of this rank so far (host count from the batch shapes: no device read)
     probe = PoolingProbe(module) if keep_examples and has_hopfield_pool(module) else None
     feature_probe = FeatureProbe(module) if keep_features else None
     if accelerator is not None:
@@ -76,7 +82,9 @@ def evaluate(module, loader, accelerator=None, keep_examples=False, ignore_label
                 labels = torch.zeros_like(labels)
             with torch.autocast(device_type=device.type, enabled=False):
                 logits = forward(images).float()
-            records = example_records(logits, labels, head)
+            ids = eval_example_ids(seen, labels.shape[0], rank, world, device)
+            seen += labels.shape[0]
+            records = example_records(logits, labels, head, ids=ids)
             sums += record_sums(records)
             if probe is not None:
                 records[POOL_SUPPORT_FIELD] = probe.take(images)

@@ -6,7 +6,8 @@ same order for every checkpoint evaluated on it, so files of two heads pair samp
     label         int64    true class
     pred          int64    predicted class (top-1 by logit)
     p_y           float32  the head's probability of the true class (0 is possible for sparse heads)
-    max_prob      float32  the head's largest probability (the confidence that ECE bins)
+    max_prob      float32  the confidence: the head's probability of pred (its largest, except for perturbmax's
+                           draws and Taylor softmax: evaluation/metrics.example_records)
     support_size  int64    classes with probability > 0
     loss          float32  the head's Fenchel-Young loss of the true class
     top5_hit      bool     true class among the 5 highest logits

@@ -111,20 +111,31 @@ def class_accuracy(pred, labels, num_classes):
 RECORD_FIELDS = ("label", "pred", "p_y", "max_prob", "support_size", "loss", "top5_hit")
 
 
-def example_records(logits, labels, head):
+def example_records(logits, labels, head, ids=None):
     """Per-example outcome of float logits (N, K) and int64 labels (N,) under `head`, on their device:
-    label, pred (top-1 class by logit), p_y and max_prob (the head's probabilities), support_size
-    (classes with p > 0), loss (the head's Fenchel-Young loss of the hard label), top5_hit."""
+    label, pred (the predicted class: the top logit, the lowest index among tied ones), p_y and
+    max_prob (the head's probabilities of the label and of pred: the confidence, one definition for
+    every head), support_size (classes with p > 0), loss (the head's Fenchel-Young loss of the hard
+    label), top5_hit. `ids` (N,): the examples' indices in their split, which a random head's noise
+    follows (so a record does not depend on the batch); None: positions in this call.
+
+    pred is the top logit for every head: for the entmax family, normmax, top-k and am_softmax it is
+    also the top probability; for perturbmax it is the mode of the exact p_sigma (i.i.d. noise: a
+    larger logit wins more often), and max_prob = p_hat[pred], the draws' unbiased estimate of that
+    mode's probability, rather than the largest of the draws' frequencies, which may name another
+    class and is biased upward; Taylor softmax (not monotone below its vertex) may put more mass on
+    a class with a very negative logit: its confidence is still p[pred], the class it is scored on."""
     logits, labels = logits.float(), labels.long()
     with torch.no_grad():
-        probs = head(logits).float()
-        loss = head.loss(logits, labels, reduction="none").float()
+        probs = head(logits, ids=ids).float()
+        loss = head.loss(logits, labels, reduction="none", ids=ids).float()
+    pred = logits.argmax(dim=1)  # torch: the first maximal index on ties
     top = logits.topk(min(5, logits.shape[1]), dim=1).indices
     return {
         "label": labels,
-        "pred": top[:, 0],
+        "pred": pred,
         "p_y": probs.gather(1, labels.view(-1, 1)).squeeze(1),
-        "max_prob": probs.max(dim=1).values,
+        "max_prob": probs.gather(1, pred.view(-1, 1)).squeeze(1),
         "support_size": (probs > 0).sum(dim=1),
         "loss": loss,
         "top5_hit": (top == labels.view(-1, 1)).any(dim=1),

@@ -3,7 +3,7 @@
 Input per head: per-example arrays over every (seed, example) row, in the same row order for both heads
 (row r of head A and row r of head B are the same image under the same seed):
     "correct"    (N,) bool: argmax == label (top-1 correctness)
-    "confidence" (N,) float: max probability (for ECE)
+    "confidence" (N,) float: the probability of the predicted class (for ECE)
     "loss"       (N,) float: per-example Fenchel-Young loss of the head (label smoothing off)
 Any key may be missing; only the metrics it feeds are computed.
 

@@ -70,9 +70,15 @@ def masked_dot(z: Tensor, w: Tensor) -> Tensor:
     return torch.where(w != 0, z * w, torch.zeros_like(w)).sum(-1)
 
 
-def finish_rows(loss: Tensor) -> Tensor:
+def finite_or_inf(loss: Tensor) -> Tensor:
     """inf - inf (a target on a masked class) is an impossible target: +inf, as cross-entropy."""
-    return torch.nan_to_num(loss, nan=float("inf"), posinf=float("inf")).clamp_(min=0.0)
+    return torch.nan_to_num(loss, nan=float("inf"), posinf=float("inf"))
+
+
+def finish_rows(loss: Tensor) -> Tensor:
+    """finite_or_inf, then clamped at 0: an exact loss >= 0 whose rounding went just below it. Not
+    for a Monte-Carlo estimate (perturbmax), whose negative draws the mean needs."""
+    return finite_or_inf(loss).clamp_(min=0.0)
 
 
 def reduce_rows(loss: Tensor, valid: Optional[Tensor], reduction: str, lead: torch.Size) -> Tensor:

@@ -15,6 +15,8 @@ CosineLinear in `prepare_classifier(model)` (models.create_classifier calls it).
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import Tensor, nn
 
@@ -50,8 +52,9 @@ class OutputHead(nn.Module):
         # A random head's noise in training: draw (torch's current seed, calls since it was set).
         # train.py reseeds torch before every micro-batch from (run seed, update, micro-batch, rank),
         # so the draws follow the update, not this process's history: a resumed run draws what an
-        # uninterrupted one does, and ranks draw independently. Eval mode always takes the fixed draw
-        # (EVAL_SEED, 0), so every evaluation sees the same noise.
+        # uninterrupted one does, and ranks draw independently. Eval mode keys each row's noise by
+        # (EVAL_SEED, its id): the `ids` the caller passes (the evaluation loop: each example's index
+        # in its split), else the row's position in this call; every evaluation sees the same noise.
         self.draw_seed, self.draw_step = torch.initial_seed(), 0
 
     @property
@@ -89,29 +92,37 @@ class OutputHead(nn.Module):
             self.spec.check_classes(self.settings, int(model.num_classes))
         return model
 
-    def _live_settings(self) -> dict:
+    def _live_settings(self, logits: Tensor, dim: int, ids) -> dict:
         settings = self.settings
         if self.learn_alpha:
             settings = {**settings, "alpha": 1.0 + torch.sigmoid(self.alpha_logit)}
         if self.spec.draws:
-            draw = (self.draw_seed, self.draw_step) if self.training else (EVAL_SEED, 0)
+            if self.training:
+                draw = (self.draw_seed, self.draw_step)
+            else:
+                rows = logits.numel() // max(logits.shape[dim], 1)
+                draw = (EVAL_SEED, 0, ids if ids is not None else torch.arange(rows, device=logits.device))
             settings = {**settings, "draw": draw}
         return settings
 
-    def forward(self, logits: Tensor, dim: int = -1) -> Tensor:
-        return self.spec.mapping(logits, dim, self._live_settings())
+    def forward(self, logits: Tensor, dim: int = -1, ids: Optional[Tensor] = None) -> Tensor:
+        """Probabilities along `dim`. `ids` (a random head in eval mode): one integer identity per row
+        (e.g. the examples' dataset indices), which its noise follows; ignored by the other heads."""
+        return self.spec.mapping(logits, dim, self._live_settings(logits, dim, ids))
 
     def loss(self, logits: Tensor, target: Tensor, label_smoothing: float = 0.0,
-             ignore_index: int = -100, reduction: str = "mean") -> Tensor:
+             ignore_index: int = -100, reduction: str = "mean", ids: Optional[Tensor] = None) -> Tensor:
         """The head's training loss (its Fenchel-Young loss where it has one); target is int64
         classes (B,) or float probability rows (B, K). am_softmax's margin applies in training
-        mode only (`self.training`), so evaluation reports the margin-free cross-entropy."""
+        mode only (`self.training`), so evaluation reports the margin-free cross-entropy. `ids`:
+        as in `forward` (eval mode only: training draws follow the run seed and step)."""
         if self.spec.draws and self.training:
             seed = torch.initial_seed()  # host integers only: no device read
             if seed != self.draw_seed:
                 self.draw_seed, self.draw_step = seed, 0
             self.draw_step += 1
-        return self.spec.loss(logits, target, self._live_settings(), self.training, label_smoothing=label_smoothing,
+        return self.spec.loss(logits, target, self._live_settings(logits, -1, ids), self.training,
+                              label_smoothing=label_smoothing,
                               ignore_index=ignore_index, reduction=reduction)
 
     @staticmethod

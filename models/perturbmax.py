@@ -5,7 +5,10 @@ Cuturi, Vert & Bach, NeurIPS 2020, "Learning with Differentiable Perturbed Optim
     F(z) = E[max_i (z_i + sigma Z_i)],    L(z; q) = F(z) - sigma E[Z_1] - <z, q>,   grad_z L = p_sigma(z) - q.
 
 With Gumbel noise and sigma = 1, p_sigma is exactly softmax (the Gumbel-max trick) and L is the
-cross-entropy in expectation. L is the perturbed Fenchel-Young loss F(z) + Omega(q) - <z, q>
+cross-entropy in expectation (for soft targets too: F(z) - E[Z_1] is then logsumexp(z)). The
+reported per-row loss is that Monte-Carlo estimate as it is, unclamped: a confidently right row's
+estimate is negative in about half the draws, and clamping those at 0 would bias the mean upward.
+L is the perturbed Fenchel-Young loss F(z) + Omega(q) - <z, q>
 with Omega(e_y) = -sigma E[Z_1] (exact for one-hot targets; for soft targets it differs from the
 FY loss by a term of q only, so gradients are the same). Its Monte-Carlo gradient is the mean of
 the draws' one-hot argmaxes minus q, the gradient of the Monte-Carlo estimate of F itself.
@@ -13,12 +16,21 @@ the draws' one-hot argmaxes minus q, the gradient of the Monte-Carlo estimate of
 Mapping backward (Berthet et al., Prop. 3.1): J^T g = E[<g, argmax(z + sigma Z)> grad nu(Z)] / sigma
 with nu = -log density: Z for Gaussian noise, 1 - exp(-Z) for Gumbel noise.
 
-Determinism: the noise comes from a torch.Generator on the logits' device, seeded on the host from
-(seed, step) (`draw_seed`): no host read of device data, fixed shapes (M, R, K), so the sync-guard
-tests cover it. OutputHead passes torch's current seed (train.py sets it before every micro-batch
-from the run seed, update, micro-batch and rank) and its count of calls since that seed as the step;
-in eval mode it uses the fixed draw (seed EVAL_SEED, step 0), so eval.py reproduces training's
-evaluation exactly. -inf logits never win a draw (an all -inf row maps to zeros).
+Determinism. Training: the noise comes from a torch.Generator on the logits' device, seeded on the
+host from (seed, step) (`draw_seed`): no host read of device data, fixed shapes (M, R, K), so the
+sync-guard tests cover it. OutputHead passes torch's current seed (train.py sets it before every
+micro-batch from the run seed, update, micro-batch and rank) and its count of calls since that seed
+as the step, so a resumed run draws what an uninterrupted one does. Evaluation (`ids` given): row r's
+noise is keyed noise of (seed EVAL_SEED, ids[r]) (models/keyed_noise.py), where the evaluation loop
+passes each example's index in its split: an example's probabilities and loss do not depend on the
+batch it is in, the batch size or the process count, and eval.py reproduces training's evaluation.
+-inf logits never win a draw (an all -inf row maps to zeros).
+
+Resolution: sigma * noise must be resolvable next to the logits in the compute dtype, or perturbed
+values tie and ties break by class index instead of at random (at sigma = 1e-9 in float32, tied
+logits give [1, 0, 0]). Logits are assumed within +-LOGIT_SCALE; sigma below `sigma_floor(dtype)`
+(RESOLUTION_STEPS spacings of the dtype there; float32 is the compute dtype of fp32/bf16/fp16
+logits) is refused at config load and at every call (a host-side check on the dtype: no sync).
 
 Sparse? Its support (the classes that won at least one draw) is a random set whose size grows
 with M; under Gaussian or Gumbel noise every finite class has a positive probability, so its zeros
@@ -26,20 +38,48 @@ are sampling artefacts, not structure, and are not a prediction set: the head is
 """
 from __future__ import annotations
 
+import math
+from typing import Optional
+
 import torch
 from torch import Tensor
 
 from common.errors import UserError
 from common.intervals import RangeCheck
-from .head_targets import RowGradientLoss, compute_dtype, finish_rows, masked_dot, row_loss
+from .head_targets import RowGradientLoss, compute_dtype, finite_or_inf, masked_dot, row_loss
+from .keyed_noise import keyed_noise, row_keys
 from .mappings import rows_backward, rows_forward
 
 NOISES = ("gaussian", "gumbel")
 EULER_GAMMA = 0.5772156649015329  # E[Z] of the standard Gumbel
 EVAL_SEED = 0
+LOGIT_SCALE = 100.0  # the |logit| up to which sigma * noise must stay resolvable (the sigma floor)
+RESOLUTION_STEPS = 100  # sigma spans this many of the dtype's spacings there: ties of perturbed values < ~0.5%
 
 
-check_sigma = RangeCheck("head.sigma", float, "(0, inf)", "the noise scale; 1 = Gumbel-softmax")
+def sigma_floor(dtype: torch.dtype = torch.float32) -> float:
+    """Smallest sigma whose noise the dtype resolves next to logits up to +-LOGIT_SCALE: RESOLUTION_STEPS
+    times the dtype's spacing there (at most eps * LOGIT_SCALE), rounded up to two significant figures
+    (the range --help-config shows is the one checked)."""
+    exact = RESOLUTION_STEPS * torch.finfo(dtype).eps * LOGIT_SCALE
+    unit = 10.0 ** (math.floor(math.log10(exact)) - 1)
+    return float(f"{math.ceil(exact / unit) * unit:.2g}")
+
+
+def _sigma_check(dtype: torch.dtype) -> RangeCheck:
+    return RangeCheck("head.sigma", float, f"[{sigma_floor(dtype):g}, inf)",
+                      f"the noise scale, 1 = Gumbel-softmax; smaller, {str(dtype)[6:]} cannot resolve the noise next "
+                      f"to logits up to +-{LOGIT_SCALE:g}, and perturbed logits tie, broken by class index")
+
+
+# the declared range: float32's floor, the compute dtype of fp32/bf16/fp16 logits
+check_sigma = _sigma_check(torch.float32)
+_check_sigma_float64 = _sigma_check(torch.float64)
+
+
+def check_sigma_for(sigma, x: Tensor) -> float:
+    """sigma checked for x's compute dtype: the declared range, or float64's lower floor for float64 x."""
+    return (_check_sigma_float64 if x.dtype == torch.float64 else check_sigma)(sigma)
 
 
 check_samples = RangeCheck("head.samples", int, "[1, inf)", "Monte-Carlo draws per row")
@@ -67,9 +107,23 @@ def draw_noise(shape, noise: str, seed: int, step: int, like: Tensor) -> Tensor:
     return -torch.log(-torch.log(u.clamp_(min=tiny, max=1.0 - torch.finfo(like.dtype).eps)))
 
 
-def _draws(z: Tensor, sigma: float, samples: int, noise: str, seed: int, step: int):
-    """(mean one-hot argmax (R, K), mean max (R,), noise (M, R, K)) of rows z (R, K)."""
-    eps = draw_noise((samples,) + tuple(z.shape), noise, seed, step, z)
+def check_ids(ids, rows: int):
+    """The rows' identities as a flat int64 tensor (None stays None), checked against the row count."""
+    if ids is None:
+        return None
+    if not isinstance(ids, Tensor) or ids.dtype.is_floating_point or ids.numel() != rows:
+        raise UserError(f"perturbmax ids must be an integer tensor with one identity per row ({rows}), got "
+                        f"{tuple(ids.shape) if isinstance(ids, Tensor) else type(ids).__name__}")
+    return ids.reshape(-1)
+
+
+def _draws(z: Tensor, sigma: float, samples: int, noise: str, seed: int, step: int, ids=None):
+    """(mean one-hot argmax (R, K), mean max (R,), noise (M, R, K)) of rows z (R, K): the noise of one
+    (seed, step) draw, or with `ids` (R,) the keyed noise of (seed, ids[r]) for each row."""
+    if ids is None:
+        eps = draw_noise((samples,) + tuple(z.shape), noise, seed, step, z)
+    else:
+        eps = keyed_noise(row_keys(seed, check_ids(ids, z.shape[0])), samples, z.shape[-1], noise, z.dtype)
     perturbed = z.unsqueeze(0) + sigma * eps
     best, winner = perturbed.max(-1)  # (M, R)
     counts = torch.zeros_like(z).scatter_add_(-1, winner.transpose(0, 1), torch.ones_like(best).transpose(0, 1))
@@ -82,8 +136,8 @@ def _grad_nu(eps: Tensor, noise: str) -> Tensor:
     return eps if noise == "gaussian" else 1.0 - torch.exp(-eps)
 
 
-def _perturbmax_rows(rows: Tensor, sigma: float, samples: int, noise: str, seed: int, step: int):
-    p, _, eps = _draws(rows, sigma, samples, noise, seed, step)
+def _perturbmax_rows(rows: Tensor, sigma: float, samples: int, noise: str, seed: int, step: int, ids):
+    p, _, eps = _draws(rows, sigma, samples, noise, seed, step, ids)
     return p, (rows, eps)
 
 
@@ -96,36 +150,38 @@ def _perturbmax_backward(rows: Tensor, eps: Tensor, g_rows: Tensor, sigma: float
 
 class PerturbmaxFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, dim: int, sigma: float, samples: int, noise: str, seed: int, step: int):
+    def forward(ctx, x: Tensor, dim: int, sigma: float, samples: int, noise: str, seed: int, step: int, ids):
         ctx.sigma, ctx.noise = sigma, noise
-        return rows_forward(ctx, x, dim, lambda rows: _perturbmax_rows(rows, sigma, samples, noise, seed, step))
+        return rows_forward(ctx, x, dim, lambda rows: _perturbmax_rows(rows, sigma, samples, noise, seed, step, ids))
 
     @staticmethod
     def backward(ctx, g: Tensor):
         dx = rows_backward(ctx, g, lambda rows, eps, g_rows: _perturbmax_backward(rows, eps, g_rows, ctx.sigma,
                                                                                    ctx.noise))
-        return dx, None, None, None, None, None, None
+        return dx, None, None, None, None, None, None, None
 
 
 def perturbmax(x: Tensor, sigma: float = 1.0, samples: int = 16, noise: str = "gumbel", dim: int = -1,
-               seed: int = EVAL_SEED, step: int = 0) -> Tensor:
+               seed: int = EVAL_SEED, step: int = 0, ids: Optional[Tensor] = None) -> Tensor:
     """Monte-Carlo perturbed argmax along `dim`: the frequency with which each class wins
-    argmax(x + sigma Z) over `samples` draws of (seed, step)."""
-    return PerturbmaxFunction.apply(x, dim, check_sigma(sigma), check_samples(samples), check_noise(noise),
-                                    int(seed), int(step))
+    argmax(x + sigma Z) over `samples` draws of (seed, step), or with `ids` (one integer per row,
+    e.g. the examples' dataset indices) of (seed, the row's id): then independent of the batch."""
+    return PerturbmaxFunction.apply(x, dim, check_sigma_for(sigma, x), check_samples(samples), check_noise(noise),
+                                    int(seed), int(step), ids)
 
 
 class _PerturbedFYLoss(RowGradientLoss):
     @staticmethod
-    def forward(ctx, z: Tensor, target: Tensor, sigma: float, samples: int, noise: str, seed: int, step: int):
+    def forward(ctx, z: Tensor, target: Tensor, sigma: float, samples: int, noise: str, seed: int, step: int, ids):
         zf = compute_dtype(z)
-        p, f, _ = _draws(zf, sigma, samples, noise, seed, step)
+        p, f, _ = _draws(zf, sigma, samples, noise, seed, step, ids)
         shift = sigma * (EULER_GAMMA if noise == "gumbel" else 0.0)
+        # unclamped: the estimate's mean is the loss (a per-row clamp at 0 would bias it upward)
         if target.dtype.is_floating_point:
-            loss = finish_rows(f - shift - masked_dot(zf, target))
+            loss = finite_or_inf(f - shift - masked_dot(zf, target))
             grad = p.sub_(target)
         else:
-            loss = finish_rows(f - shift - zf.gather(1, target.unsqueeze(1)).squeeze(1))
+            loss = finite_or_inf(f - shift - zf.gather(1, target.unsqueeze(1)).squeeze(1))
             grad = p.scatter_add_(1, target.unsqueeze(1), torch.full_like(p[:, :1], -1.0))
         RowGradientLoss.save_row_gradient(ctx, grad, z)
         return loss
@@ -133,12 +189,14 @@ class _PerturbedFYLoss(RowGradientLoss):
 
 def perturbmax_loss(logits: Tensor, target: Tensor, sigma: float = 1.0, samples: int = 16, noise: str = "gumbel",
                     seed: int = EVAL_SEED, step: int = 0, label_smoothing: float = 0.0, ignore_index: int = -100,
-                    reduction: str = "mean") -> Tensor:
-    """Perturbed Fenchel-Young loss: MC estimate of E[max(z + sigma Z)] - sigma E[Z] - <z, q>;
-    gradient: mean one-hot argmax of the draws - q. Classes last."""
-    return row_loss(_PerturbedFYLoss, logits, target, label_smoothing, ignore_index, reduction, check_sigma(sigma),
-                    check_samples(samples), check_noise(noise), int(seed), int(step), class_indices=True)
+                    reduction: str = "mean", ids: Optional[Tensor] = None) -> Tensor:
+    """Perturbed Fenchel-Young loss: MC estimate of E[max(z + sigma Z)] - sigma E[Z] - <z, q> (unbiased,
+    so it may be negative on a row); gradient: mean one-hot argmax of the draws - q. Classes last.
+    `ids`: one integer per row (logits' leading shape), as in `perturbmax`."""
+    return row_loss(_PerturbedFYLoss, logits, target, label_smoothing, ignore_index, reduction,
+                    check_sigma_for(sigma, logits), check_samples(samples), check_noise(noise), int(seed), int(step),
+                    ids, class_indices=True)
 
 
-__all__ = ["perturbmax", "perturbmax_loss", "NOISES", "EVAL_SEED", "draw_seed", "check_sigma", "check_samples",
-           "check_noise"]
+__all__ = ["perturbmax", "perturbmax_loss", "NOISES", "EVAL_SEED", "LOGIT_SCALE", "RESOLUTION_STEPS", "draw_seed",
+           "sigma_floor", "check_sigma", "check_sigma_for", "check_samples", "check_noise"]

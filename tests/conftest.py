@@ -1,15 +1,19 @@
 import os
 import sys
 
-# Tests import the project packages (models, data, configs) from the repository root.
+# Tests import the project packages (models, data, configs) from the repository root, and the
+# scripts as modules from scripts/ (where each finds its scripts/_root.py): the tests' one sys.path edit.
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+for path in (os.path.join(ROOT, "scripts"), ROOT):
+    if path not in sys.path:
+        sys.path.insert(0, path)
 
 import torch  # noqa: E402
 
-# Two cores: keep intra-op threads bounded so parallel test processes don't oversubscribe.
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# One intra-op thread per test process: pytest-xdist already runs one worker per core, and a second
+# torch thread per worker oversubscribes the cores; on a loaded machine its OpenMP spin-waits then
+# cost many times the work itself (a test that sets more threads restores them).
+torch.set_num_threads(1)
 
 import pytest  # noqa: E402
 

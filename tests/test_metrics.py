@@ -95,7 +95,7 @@ class _SoftmaxStub(torch.nn.Module):
     """Minimal OutputHead stand-in (softmax + cross-entropy) for the aggregate function."""
     name = "softmax"
 
-    def forward(self, logits, dim=-1):
+    def forward(self, logits, dim=-1, ids=None):
         return torch.softmax(logits, dim=dim)
 
     def loss(self, logits, target, reduction="mean", **_):

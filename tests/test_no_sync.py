@@ -319,7 +319,8 @@ def test_guard_has_the_ops_the_issue_names():
 
 @pytest.mark.parametrize("noise", ["gumbel", "gaussian"])
 def test_perturbmax_without_host_reads(noise):
-    """The random head: noise from a generator seeded on the host, fixed shapes, no reads."""
+    """The random head: noise from a generator seeded on the host (training) or keyed by the rows'
+    ids (evaluation), fixed shapes, no reads."""
     x = _logits(50)
     targets = _targets(x)
     head = build_output_head("perturbmax", samples=8, noise=noise).train()
@@ -327,7 +328,11 @@ def test_perturbmax_without_host_reads(noise):
     for target, kw in targets.values():
         _run_guarded(lambda v: head.loss(v, target, **kw), x)
     head.eval()
+    ids = torch.arange(100, 100 + x.shape[0])
     _run_guarded(lambda v: head.loss(v, targets["hard"][0]), x)
+    _run_guarded(lambda v: head(v, ids=ids), x)
+    for target, kw in targets.values():
+        _run_guarded(lambda v: head.loss(v, target, ids=ids, **kw), x)
 
 
 def test_ksubset_mapping_and_loss_without_host_reads():

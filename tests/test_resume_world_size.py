@@ -13,7 +13,7 @@ import time
 from common import rundir
 from engine import checkpoint as ck
 from engine.trainer_state import read_trainer_state
-from test_train_helpers import ROOT, TRAIN_PY, read_metrics, subprocess_env, tiny_cfg, wait_for_file, write_cfg
+from test_train_helpers import ROOT, main_inprocess, read_metrics, subprocess_env, tiny_cfg, write_cfg
 
 UPDATES = 8  # per epoch: 128 samples at a global batch of 16
 COMMON = ["optim.epochs=2", "data.builtin_train_size=128", "data.builtin_val_size=32", "train.ema=false",
@@ -83,8 +83,7 @@ def test_resume_on_another_world_size_keeps_epochs_csv_exact(tmp_path):
     assert saved.world_size == 2 and saved.updates_in_epoch == 3
     assert saved.epoch_partial["updates"] == 3  # per update, not per rank
 
-    resumed = subprocess.run(_launch(TRAIN_PY, 1) + ["--config", _config(tmp_path, run, 1), "--resume", "auto", FLAG],
-                             cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    resumed = main_inprocess("--config", _config(tmp_path, run, 1), "--resume", "auto", FLAG)  # no signal: in-process
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
     train_rows = [r for r in read_metrics(run) if r["kind"] == "train"]
@@ -115,11 +114,9 @@ def test_changed_global_batch_needs_the_flag_then_follows_the_schedule_and_is_no
     status, out, err = _stop_mid_epoch(tmp_path, run, 1, 4, extra=["optim.epochs=1"])
     assert status == 143, err[-3000:]
     big = write_cfg(tiny_cfg(run, *COMMON, "data.batch_size=32"), tmp_path / "big.yaml")
-    refused = subprocess.run([sys.executable, TRAIN_PY, "--config", big, "--resume", "auto"], cwd=ROOT,
-                             env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    refused = main_inprocess("--config", big, "--resume", "auto")  # no signal from here on: in-process
     assert refused.returncode == 2 and "global batch of 16" in refused.stderr and "--resume-with-changes" in refused.stderr
-    resumed = subprocess.run([sys.executable, TRAIN_PY, "--config", big, "--resume", "auto", "--resume-with-changes"],
-                             cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    resumed = main_inprocess("--config", big, "--resume", "auto", "--resume-with-changes")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     train_rows = [r for r in read_metrics(run) if r["kind"] == "train"]
     assert [r["step"] for r in train_rows] == list(range(1, 11))  # 4 + 2 updates of epoch 1, then 4 of epoch 2

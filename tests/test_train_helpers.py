@@ -12,7 +12,7 @@ TRAIN_PY = os.path.join(ROOT, "train.py")
 
 TINY = {
     "name": "tiny",
-    "model": {"name": "resmlp_tiny", "img_size": 16},
+    "model": {"name": "resmlp_tiny"},
     "head": {"name": "softmax"},
     "data": {"dataset": "builtin10", "image_size": 16, "builtin_train_size": 256, "builtin_val_size": 100, "batch_size": 32,
              "eval_batch_size": 64, "num_workers": 0},
@@ -56,6 +56,33 @@ def run_inprocess(cfg, **kwargs):
         return train.train(cfg, **kwargs)
     finally:
         torch.set_num_threads(threads)
+
+
+def main_inprocess(*argv):
+    """`python train.py ARGV` in this process (engine.cli.run_cli, as the command line runs it): a
+    subprocess.CompletedProcess with the exit status and what it printed. For tests where a real
+    process is not what is tested (no signal, kill or second process): it saves a Python start-up."""
+    import contextlib
+    import io
+
+    import torch
+
+    import train
+    from engine.cli import run_cli
+
+    reset_accelerate_state()
+    out, err = io.StringIO(), io.StringIO()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as run_inprocess (and OMP_NUM_THREADS=1 in subprocess_env)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                run_cli(train.main, list(argv))  # always ends in sys.exit(status)
+            except SystemExit as stop:
+                code = stop.code
+    finally:
+        torch.set_num_threads(threads)
+    return subprocess.CompletedProcess(["train.py", *argv], code, out.getvalue(), err.getvalue())
 
 
 def subprocess_env(**extra):

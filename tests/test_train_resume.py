@@ -16,8 +16,8 @@ import torch
 from common import rundir
 from engine import checkpoint as ck
 from engine.trainer_state import read_trainer_state
-from test_train_helpers import (ROOT, gated_train_cmd, hooked_train_cmd, read_metrics, run_train_subprocess, subprocess_env,
-                                tiny_cfg, wait_for_file, weights, write_cfg)
+from test_train_helpers import (ROOT, gated_train_cmd, hooked_train_cmd, main_inprocess, read_metrics, run_inprocess,
+                                subprocess_env, tiny_cfg, wait_for_file, weights, write_cfg)
 
 # 3 epochs x 8 updates; checkpoints every 5 updates (mid-epoch) and at epoch ends.
 RECIPE = ["optim.epochs=3", "data.mixup=0.8", "data.cutmix=1.0", "data.label_smoothing=0.1", "model.drop_path=0.1",
@@ -26,11 +26,9 @@ RECIPE = ["optim.epochs=3", "data.mixup=0.8", "data.cutmix=1.0", "data.label_smo
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """The uninterrupted run."""
+    """The uninterrupted run (in this process: the interrupted runs are the real processes)."""
     tmp = tmp_path_factory.mktemp("ref")
-    cfg = tiny_cfg(str(tmp / "run"), *RECIPE)
-    proc = run_train_subprocess(write_cfg(cfg, tmp / "c.yaml"))
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert run_inprocess(tiny_cfg(str(tmp / "run"), *RECIPE)) == 0
     return str(tmp / "run")
 
 
@@ -100,7 +98,7 @@ def test_sigkill_mid_epoch_and_mid_save_then_resume_is_bit_identical(tmp_path, r
     assert ck.find_latest(run, warn=lambda m: None).endswith(rundir.checkpoint_name(8))
 
     # 3. resume again: ends bit-identical to the uninterrupted run, logs every step exactly once
-    resumed = run_train_subprocess(cfg_path, "--resume", "auto")
+    resumed = main_inprocess("--config", cfg_path, "--resume", "auto")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "skipping" in resumed.stdout and "resumed from" in resumed.stdout and rundir.checkpoint_name(8) in resumed.stdout
     _assert_same_run(run, reference)
@@ -129,7 +127,7 @@ def test_sigterm_mid_epoch_saves_exits_143_and_resume_is_bit_identical(tmp_path,
     assert ck.validation_error(stop) is None and read_trainer_state(stop).batch == 3
     assert not os.path.exists(os.path.join(run, "summary.json")) and not os.path.exists(os.path.join(run, "run.lock"))
 
-    resumed = run_train_subprocess(cfg_path, "--resume", "auto")
+    resumed = main_inprocess("--config", cfg_path, "--resume", "auto")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"resumed from {stop}" in resumed.stdout
     _assert_same_run(run, reference)
