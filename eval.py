@@ -73,7 +73,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n")[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_arguments(p, data_flags=True, batch_help="per-process eval batch size")
-    p.add_argument("--split", default="val", choices=("val", "calib", "train"))
+    p.add_argument("--split", default="val", choices=("val", "calib", "train", "tune"))
     p.add_argument("--calib", default="auto", choices=CALIB_SOURCES,
                    help="prediction-set calibration data: auto = the calib split when the run held one "
                         "out (data.calib_fraction > 0), else half of the evaluated split; none = skip")

@@ -8,8 +8,8 @@
 
 --checkpoint is a train.py run directory (its config.yaml, classes.json and model.safetensors, or
 model_ema.safetensors with --ema), one of its checkpoints, or a weights file with --config or --model,
-opened as eval.py opens it (engine/trained_run.py). --images is a folder (searched recursively), a glob or a list file (one path per
-line). Each image goes through the run's eval transform (data/transforms.py: any shape and mode).
+opened as eval.py opens it (engine/trained_run.py). --images is a folder (searched recursively), a
+glob or a list file (one path per line). Each image goes through the run's eval transform (data/transforms.py: any shape and mode).
 Per image the output (CSV or JSONL, by the extension of --output) has: the path, the top-k classes
 and probabilities (PROB_DIGITS significant digits; a sparse head lists only classes with p > 0, so
 fewer than k when its support is smaller), the head's support (sparse heads: the classes with p > 0) and the conformal
@@ -185,7 +185,7 @@ def forward_images(model, paths, transform, cfg, accelerator, *, batch_size, num
     tasks = [idx for idx, _ in eval_batches(len(paths), rank=accelerator.process_index,
                                             world_size=accelerator.num_processes, batch_size=batch_size)]
     workers = min(num_workers, len(tasks))
-    loader = DataLoader(ImageBatches(paths, transform, cfg.model.img_size), sampler=tasks, batch_size=None,
+    loader = DataLoader(ImageBatches(paths, transform, cfg.data.image_size), sampler=tasks, batch_size=None,
                         num_workers=workers, pin_memory=device.type == "cuda",
                         prefetch_factor=4 if workers > 0 else None)
     bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")

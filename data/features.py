@@ -119,6 +119,11 @@ class FeatureDataset:
     def view(self, epoch):
         return self.views[epoch % self.views.shape[0]]
 
+    def subset(self, positions):
+        """The rows at `positions` (every view), e.g. the tune split's hold-out of train."""
+        idx = torch.as_tensor(positions, dtype=torch.int64)
+        return FeatureDataset(self.views[:, idx], self.labels[idx], self.index[idx], self.num_classes, self.name)
+
     def __len__(self):
         return int(self.labels.numel())
 

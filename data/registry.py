@@ -38,7 +38,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from common.errors import UserError
 
-from . import builtin, cifar, features, imagefolder, shards
+from . import builtin, cifar, far_ood, features, imagefolder, shards
 from .names import CROP_RECIPES, SPLITS
 
 
@@ -136,6 +136,10 @@ register(DatasetSpec("builtin10_ood", "builtin10's OOD set: 10 other outlines, s
                      **_builtin(10, "ood")))
 register(DatasetSpec("builtin100_ood", "builtin100's OOD set: the other outlines in 10 hues",
                      **_builtin(100, "ood")))
+for _kind in far_ood.KINDS:  # far OOD sets for any dataset and image size (data/far_ood.py)
+    register(DatasetSpec(f"{_kind}_ood", f"far OOD: generated {_kind} images (offline, any image size)",
+                         partial(far_ood.build_split, kind=_kind), partial(lambda data_cfg, k: [k], k=_kind),
+                         in_memory=True, files=False))
 for _name in cifar.SPECS:
     register(DatasetSpec(_name, f"{cifar.SPECS[_name]['title']} (ROOT/{cifar.SPECS[_name]['folder']})",
                          partial(cifar.build_split, name=_name), partial(cifar.class_names, name=_name),

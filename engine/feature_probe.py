@@ -49,7 +49,7 @@ def resolve_features(cfg, say):
     size = source.get("data", {}).get("image_size")
     if size is not None and cfg.data.image_size != size:
         changed.append(f"data.image_size={size} (the config had {cfg.data.image_size})")
-        cfg.data.image_size = cfg.model.img_size = size
+        cfg.data.image_size = size
     calib = float(source.get("data", {}).get("calib_fraction", 0.0)) if "calib" in meta["counts"] else 0.0
     if cfg.data.calib_fraction != calib:
         changed.append(f"data.calib_fraction={calib:g} (the config had {cfg.data.calib_fraction:g})")
@@ -65,7 +65,8 @@ def resolve_features(cfg, say):
 
 def build_feature_probe(cfg, num_classes, meta, say):
     """The probe of a features run, initialised as the image-path probe is (see the module docstring)."""
-    like = create_classifier(cfg.model, cfg.head, num_classes)  # the image path's draws from the init stream
+    # the image path's draws from the init stream
+    like = create_classifier(cfg.model, cfg.head, num_classes, img_size=cfg.data.image_size)
     probe, not_loaded = create_linear_probe(int(meta["feature_dim"]), num_classes, cfg.head, like=like,
                                             source_classifier=feature_data.read_classifier(cfg.data.root))
     text = f"; not loaded: {'; '.join(not_loaded)}" if not_loaded else "; the source's classifier loaded"

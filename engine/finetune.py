@@ -60,12 +60,12 @@ def resolve_pretrained(cfg, say):
     cfg.model.pretrained_sha256 = sha
     state_dict = read_state_dict(file)
     grid = weights_patch_grid(state_dict)
-    if grid is not None and grid[0] != cfg.model.img_size:
+    if grid is not None and grid[0] != cfg.data.image_size:
         size, patch, side = grid
         say(f"model.pretrained: {file} was trained at {size} px ({side}x{side} patches of {patch} px, fixed by its "
             f"token-mixing layers): data.image_size set to {size} (the config had "
-            f"{cfg.model.img_size}); the data pipeline resizes the images to {size} px")
-        cfg.model.img_size = cfg.data.image_size = size
+            f"{cfg.data.image_size}); the data pipeline resizes the images to {size} px")
+        cfg.data.image_size = size
     return PretrainedWeights(cfg.model.pretrained, file, sha, state_dict)
 
 

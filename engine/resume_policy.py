@@ -19,9 +19,7 @@ derived from it:
   (OPTIM_KEYS, class OPTIMIZER), evaluated at the current update (so a new lr or epoch count takes
   effect from this step on), `change_record` is the metrics.jsonl row and
   `save_config_with_history` writes config.yaml (always a plain, valid `--config` file) and appends
-  the change to its history, RUN_DIR/config_history.yaml (rundir.CONFIG_HISTORY). Runs written
-  before kept the history inside config.yaml as a `history` key: it is read from there (and moved
-  to the history file at the next save), and the config loader ignores it.
+  the change to its history, RUN_DIR/config_history.yaml (rundir.CONFIG_HISTORY).
 
 Keys present on only one side (added to the schema after the checkpoint was written) are not
 compared: the checkpoint cannot say what it used. The fingerprint is TrainerState.config
@@ -226,9 +224,9 @@ def history_path(config_path):
 
 
 def read_config_history(config_path):
-    """The change history of the run whose config.yaml is `config_path`: its history file, or (a run
-    written before the file existed) config.yaml's own `history` key; [] when neither holds one.
-    A file that is not UTF-8, malformed or has duplicate keys is a one-line UserError."""
+    """The change history of the run whose config.yaml is `config_path` (its history file beside it);
+    [] when there is none. A file that is not UTF-8, malformed or has duplicate keys is a one-line
+    UserError."""
     path = history_path(config_path)
     if os.path.isfile(path):
         history, _ = read_yaml_file(path, "config history")
@@ -236,11 +234,7 @@ def read_config_history(config_path):
             raise UserError(f"{path} must be a list of changes, got {type(history).__name__}; restore it or "
                             f"delete it (the history is a record, not a setting)")
         return list(history or [])
-    if not os.path.isfile(config_path):
-        return []
-    data, _ = read_yaml_file(config_path, "run config")
-    legacy = data.get("history") if isinstance(data, dict) else None
-    return list(legacy) if isinstance(legacy, list) else []
+    return []
 
 
 def save_config_with_history(path, cfg, entry=None, keep_history=True):
@@ -258,5 +252,4 @@ def save_config_with_history(path, cfg, entry=None, keep_history=True):
     elif os.path.isfile(hist):
         os.remove(hist)
     data = dict(cfg if isinstance(cfg, Mapping) else config_to_dict(cfg))
-    data.pop("history", None)  # a dict read from an older run's config.yaml
     atomic_write_text(path, yaml.safe_dump(data, sort_keys=False))

@@ -79,6 +79,13 @@ def _describe(holder):
             + (f", {holder['purpose']}" if holder.get("purpose") else ""))
 
 
+def process_record():
+    """This process as a holder: pid, host, boot id and start time, what `stale_reason` checks (a lock
+    file's record; compare_heads --tune's trials name their process this way too)."""
+    pid = os.getpid()
+    return {"pid": pid, "host": socket.gethostname(), "boot_id": _boot_id(), "proc_start": _proc_start(pid)}
+
+
 def stale_reason(holder, host=None):
     """Why the lock described by `holder` is stale (a string), or None if it may be live."""
     host = host or socket.gethostname()
@@ -152,11 +159,9 @@ class RunLock:
 
     # -------------------------------------------------------------- acquire / release
     def _new_record(self):
-        pid = os.getpid()
-        return {"pid": pid, "host": socket.gethostname(),
+        return {**process_record(),
                 "since": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
-                "purpose": self.purpose, "boot_id": _boot_id(), "proc_start": _proc_start(pid),
-                "token": uuid.uuid4().hex}
+                "purpose": self.purpose, "token": uuid.uuid4().hex}
 
     def _try_create(self, record):
         """True when this process created the lock file; False when it already exists."""

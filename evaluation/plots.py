@@ -51,6 +51,43 @@ def same_as_earlier(series):
     return out
 
 
+def plot_tuning_history(name, trials, path):
+    """trials: [{"number", "state", "value"}] of one study -> each trial's tune top-1 (pruned: at the
+    epoch it stopped) and the best complete one so far (compare_heads --tune)."""
+    fig, ax = plt.subplots(figsize=(6.0, 3.8))
+    for state, marker, label in (("COMPLETE", "o", "complete"), ("PRUNED", "x", "pruned (its last epoch)")):
+        pts = [(t["number"], 100 * t["value"]) for t in trials if t["state"] == state and t["value"] is not None]
+        if pts:
+            ax.scatter(*zip(*pts), marker=marker, s=28, label=label, color="C0" if state == "COMPLETE" else "C3")
+    best, steps = -math.inf, []
+    for t in sorted(trials, key=lambda t: t["number"]):
+        if t["state"] == "COMPLETE" and t["value"] is not None:
+            best = max(best, 100 * t["value"])
+        if best > -math.inf:
+            steps.append((t["number"], best))
+    if steps:
+        ax.step(*zip(*steps), where="post", color="C1", lw=1.5, label="best complete so far")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("trial")
+    ax.set_ylabel("tune top-1 (%)")
+    ax.set_title(f"Tuning history: {name}", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, path)
+
+
+def plot_tuning_importance(name, importances, path):
+    """importances: {setting: Optuna's importance (sums to 1)} -> horizontal bars, largest on top."""
+    items = sorted(importances.items(), key=lambda kv: kv[1])
+    fig, ax = plt.subplots(figsize=(5.5, 0.5 + 0.45 * len(items) + 0.8))
+    ax.barh([k for k, _ in items], [v for _, v in items], color="C0")
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("importance (fANOVA share of the tune top-1's variance)")
+    ax.set_title(f"Setting importance: {name}", fontsize=10)
+    ax.grid(alpha=0.3, axis="x")
+    _save(fig, path)
+
+
 def plot_accuracy_curves(curves, path, weights="raw"):
     """curves: {variant: {"mean": [(epoch, mean top1, std top1), ...], "seeds": [[(epoch, top1), ...]
     per seed]}} (or just the "mean" list) -> validation top-1 vs epoch: each head's mean ± std over

@@ -29,13 +29,11 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
+from _root import ROOT  # the repository root, on sys.path (scripts/_root.py)
 
-import yaml  # noqa: E402
+import yaml
 
-from models.heads import HEAD_NAMES  # noqa: E402
+from models.heads import HEAD_NAMES
 
 TARGET_S = 60.0
 # The data of the sweep: builtin100 at 32 px, 10% of train held out to calibrate the prediction sets.

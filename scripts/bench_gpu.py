@@ -26,20 +26,19 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from _root import ROOT  # the repository root, on sys.path (scripts/_root.py)
 
-import timm  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+import timm
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
 
-import models  # noqa: E402,F401  (registers resmlp_* with timm)
-from common import rundir  # noqa: E402
-from common.io import write_json  # noqa: E402
-from models.convert import convert_state_dict  # noqa: E402
+import models  # noqa: F401  (registers resmlp_* with timm)
+from common import rundir
+from common.io import write_json
+from models.convert import convert_state_dict
 
-from engine.children import ChildProcesses, StoppedBySignal  # noqa: E402
+from engine.children import ChildProcesses, StoppedBySignal
 
 # Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s, from the vendors' data sheets.
 PEAK_BF16_TFLOPS = {
@@ -253,7 +252,7 @@ def run_parts(args, device, res, peak, save, children):
         log = os.path.join(args.out, "step_overhead.txt")
         rc, wall = run_script(children, ["scripts/bench_train_heads.py", "--device", dev, "--bf16", "--quick",
                                "--classes", "1000", "--batch-size", str(args.batch_size if dev == "cuda" else 16),
-                               "model.name=resmlp_s12", "model.img_size=224", "data.image_size=224"], 120, log)
+                               "model.name=resmlp_s12", "data.image_size=224"], 120, log)
         res["step_overhead"] = {"exit_code": rc, "wall_s": wall, "log": log}
         save()
     if "train" not in args.skip and dev == "cuda":

@@ -12,7 +12,8 @@
    seeds, exact sign-flip p, two-level bootstrap, 80%-power minimum detectable difference, seeds
    needed), and given these trainings (bootstrap over validation images, McNemar).
 
-    python scripts/bench_hopfield.py [--config configs/quickstart_compare.yaml] [--mappings softmax sparsemax]
+    python scripts/bench_hopfield.py [--config configs/quickstart_compare.yaml] [--mappings softmax sparsemax ksubset]
+        [--pool-k 4]
         [--seeds 0 1 2] [--img-size 16] [--train-size 6000] [--val-size 1000] [--epochs 2]
         [--rounds 5] [--steps 4] [--runs-dir DIR] [--speed-only | --accuracy-only] [--quick] [key.sub=value ...]
 
@@ -31,20 +32,20 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+from _root import ROOT  # the repository root, on sys.path (scripts/_root.py)
 
-import torch  # noqa: E402
+import torch
 
-import configs  # noqa: E402
-from common import rundir  # noqa: E402
-from common.errors import UserError  # noqa: E402
-from engine.children import ChildProcesses  # noqa: E402
-from engine.cli import run_cli  # noqa: E402
-from engine.optim import build_optimizer  # noqa: E402
-from models import create_classifier  # noqa: E402
-from models.hopfield_pool import POOL_MAPPINGS  # noqa: E402
+import configs
+from common import rundir
+from common.errors import UserError
+from engine.children import ChildProcesses
+from engine.cli import run_cli
+from engine.optim import build_optimizer
+from evaluation import comparison, paired, report
+from models import create_classifier
+from models.hopfield_pool import POOL_MAPPINGS
+from models.mapping_table import MAPPINGS
 
 ANCHOR = "avg"
 NUM_CLASSES = 10  # the built-in data's
@@ -54,8 +55,16 @@ def variant_name(mapping):
     return ANCHOR if mapping is None else f"hopfield-{mapping}"
 
 
-def pool_overrides(mapping):
-    return ["model.pool=avg"] if mapping is None else ["model.pool=hopfield", f"model.pool_mapping={mapping}"]
+def pool_k_of(mapping, k):
+    """model.pool_k for the mappings that retrieve a k-subset (ksubset), None for the others."""
+    return k if mapping is not None and "k" in MAPPINGS[mapping].needs else None
+
+
+def pool_overrides(mapping, k):
+    if mapping is None:
+        return ["model.pool=avg"]
+    k = pool_k_of(mapping, k)
+    return ["model.pool=hopfield", f"model.pool_mapping={mapping}"] + ([f"model.pool_k={k}"] if k else [])
 
 
 def recipe_overrides(args):
@@ -80,17 +89,17 @@ def make_step(model, opt, x, y):
     return step
 
 
-def step_times(cfg, mappings, batch, rounds, steps):
+def step_times(cfg, mappings, batch, rounds, steps, pool_k):
     """{variant: [seconds per step]} over interleaved rounds, the same batch for every variant."""
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(batch, 3, cfg.model.img_size, cfg.model.img_size, generator=g)
+    x = torch.randn(batch, 3, cfg.data.image_size, cfg.data.image_size, generator=g)
     y = torch.randint(0, NUM_CLASSES, (batch,), generator=g)
     fns = {}
     for mapping in [None] + mappings:
         model_cfg = dataclasses.replace(cfg.model, pool="avg" if mapping is None else "hopfield",
-                                        pool_mapping=mapping or "softmax")
+                                        pool_mapping=mapping or "softmax", pool_k=pool_k_of(mapping, pool_k))
         torch.manual_seed(0)
-        model = create_classifier(model_cfg, cfg.head, NUM_CLASSES).train()
+        model = create_classifier(model_cfg, cfg.head, NUM_CLASSES, img_size=cfg.data.image_size).train()
         opt = build_optimizer(model, cfg.optim, global_batch=cfg.optim.lr_base_batch)
         fns[variant_name(mapping)] = make_step(model, opt, x, y)
         for _ in range(2):  # warm-up (allocator, lazy init)
@@ -107,7 +116,7 @@ def step_times(cfg, mappings, batch, rounds, steps):
 
 def print_speed(times, cfg, batch, rounds, steps):
     anchor = statistics.median(times[ANCHOR])
-    print(f"step overhead: {cfg.model.name} ({cfg.model.img_size} px, {(cfg.model.img_size // 4) ** 2} patches), "
+    print(f"step overhead: {cfg.model.name} ({cfg.data.image_size} px, {(cfg.data.image_size // 4) ** 2} patches), "
           f"batch {batch}, {cfg.optim.name}, fp32, threads {torch.get_num_threads()}, {rounds} rounds x {steps} "
           f"steps, interleaved")
     print(f"{'pooling':<22}{'step ms':>10}{'img/s':>9}{'ratio vs avg':>14}")
@@ -138,15 +147,13 @@ def train_and_evaluate(children, config, overrides, run_dir):
 
 def accuracy_runs(args, mappings, runs_dir, children):
     """{variant: {seed: comparison.load_run(...)}} after training and evaluating every missing run."""
-    from evaluation import comparison
-
     runs = {}
     for mapping in [None] + mappings:
         name = variant_name(mapping)
         for seed in args.seeds:
             run_dir = os.path.join(runs_dir, f"{name}-s{seed}")
             t0 = time.perf_counter()
-            out = train_and_evaluate(children, args.config, recipe_overrides(args) + pool_overrides(mapping)
+            out = train_and_evaluate(children, args.config, recipe_overrides(args) + pool_overrides(mapping, args.pool_k)
                                      + [f"train.seed={seed}"], run_dir)
             run = comparison.load_run(run_dir, os.path.basename(out), seed=seed)
             runs.setdefault(name, {})[seed] = run
@@ -162,8 +169,6 @@ def _mean_sd(values):
 
 
 def print_accuracy(runs):
-    from evaluation import paired
-
     print(f"\n{'pooling':<22}{'top-1 (mean ± sd over seeds)':>30}{'support mean (patches)':>26}")
     for name, by_seed in runs.items():
         m, s = _mean_sd([r["result"]["top1"] for r in by_seed.values()])
@@ -179,8 +184,6 @@ def print_accuracy(runs):
         results.append(res)
     if not results:
         return []
-    from evaluation import report
-
     print("\nAcross trainings (the seed is the unit):")
     header, rows = paired.across_rows(results)
     print(report.text_table(header, [r for r in rows if r[1] == "top-1"]))
@@ -197,8 +200,9 @@ def print_accuracy(runs):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default=os.path.join(configs.CONFIG_DIR, "quickstart_compare.yaml"))
-    p.add_argument("--mappings", nargs="+", default=["softmax", "sparsemax"],
+    p.add_argument("--mappings", nargs="+", default=["softmax", "sparsemax", "ksubset"],
                    help=f"hopfield pooling mappings to compare with avg: {' '.join(POOL_MAPPINGS)}")
+    p.add_argument("--pool-k", type=int, default=4, help="model.pool_k of ksubset pooling (patches retrieved)")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--img-size", type=int, default=16)
     p.add_argument("--train-size", type=int, default=6000)
@@ -233,7 +237,7 @@ def main(argv=None):
     if not args.accuracy_only:
         torch.set_flush_denormal(True)  # as train.py does
         batch = args.batch_size or cfg.data.batch_size
-        print_speed(step_times(cfg, args.mappings, batch, args.rounds, args.steps), cfg, batch, args.rounds,
+        print_speed(step_times(cfg, args.mappings, batch, args.rounds, args.steps, args.pool_k), cfg, batch, args.rounds,
                     args.steps)
         torch.set_flush_denormal(False)
     if not args.speed_only:

@@ -7,6 +7,7 @@
     python scripts/compare_heads.py ... --emit-slurm compare.sbatch   # then: sbatch compare.sbatch
     python scripts/compare_heads.py ... --report-only                 # aggregate the finished runs
     python scripts/compare_heads.py --config CFG --features FEATURE_DIR --heads ... --seeds ...   # cached features
+    python scripts/compare_heads.py ... --tune [--trials N] [--pruner median|hyperband|none] [--storage URL]
 
 For each variant (head × norm × α) and seed the run directory is RUNS_DIR/<variant>-s<seed>. The plan
 (run directories, configs, commands) is one function of the arguments, the same in every mode.
@@ -41,6 +42,9 @@ same report, statistics, prediction sets, selective prediction and OOD detection
 folder's OOD features, DIR/ood, when it has them). Without --launcher and --jobs, train.py and eval.py then
 run inside this process, one after the other (a probe trains in well under a second; a fresh Python with
 torch costs several), exactly as their command lines would run them.
+Tuning (--tune, scripts/tune_heads.py and engine/tuning.py): first one Optuna study per variant, the
+same --trials each, on a tune split held out of train (data.tune_fraction); then each variant's best
+settings and the config's own are both trained over --seeds and compared on val, which no trial read.
 Signals: SIGTERM / SIGINT / SIGUSR1 are forwarded to the running train.py / eval.py children
 (engine/children.py), which save and stop; compare_heads then exits with their code (143 ...), a
 second signal kills them, and no child outlives it.
@@ -69,9 +73,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+from _root import ROOT  # the repository root, on sys.path (scripts/_root.py)
 
 from common.startup import say_loading  # noqa: E402  (standard library only)
 
@@ -143,6 +145,21 @@ def parse_args(argv=None):
     p.add_argument("--no-mlflow", action="store_true",
                    help="do not log the comparison to MLflow (default when mlflow is installed: one experiment, "
                         "in MLFLOW_TRACKING_URI or RUNS_DIR/mlflow.db; scripts/compare_tracking.py)")
+    tune = p.add_argument_group("tuning (--tune: each variant tuned with Optuna on the tune split, then compared; "
+                                "scripts/tune_heads.py)")
+    tune.add_argument("--tune", action="store_true",
+                      help="tune optim.lr, optim.weight_decay and each head's own settings per variant, the same "
+                           "--trials each, on data.tune_fraction of train; then train the best settings over --seeds "
+                           "and compare them, and the untuned settings, on val")
+    tune.add_argument("--trials", type=int, default=20, help="finished (complete or pruned) trials per variant")
+    tune.add_argument("--pruner", default="median", choices=("median", "hyperband", "none"),
+                      help="stops trials behind on the per-epoch tune curve (none: every trial trains its budget)")
+    tune.add_argument("--storage", default=None, metavar="URL",
+                      help="Optuna storage shared by every process tuning this comparison: sqlite:///PATH, "
+                           "postgresql://..., or journal:PATH (a file on a shared filesystem); default "
+                           "sqlite:///RUNS_DIR/tune/studies.db")
+    tune.add_argument("--tune-only", action="store_true",
+                      help="run the trials, then stop (SLURM array tasks; the verdict runs come after)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="list what would run, run nothing")
     mode.add_argument("--emit-slurm", metavar="FILE", default=None,
@@ -162,6 +179,11 @@ def parse_args(argv=None):
     if args.emit_slurm and args.launcher:
         raise UserError("--launcher does not apply to --emit-slurm: each array task launches through "
                         "scripts/slurm_train.sh (accelerate launch per node); set GPUS_PER_NODE instead")
+    if args.trials < 1:
+        raise UserError(f"--trials must be at least 1, got {args.trials}")
+    given = [a for a in ("--trials", "--pruner", "--storage", "--tune-only") if any(o.split("=")[0] == a for o in options)]
+    if given and not args.tune:
+        raise UserError(f"{given[0]} applies to --tune; add --tune")
     args.overrides = overrides + feature_overrides(args.features, overrides)
     return args
 
@@ -205,21 +227,33 @@ def _variants(args):
     return out
 
 
-def plan_runs(args):
-    """[(variant name, seed, run_dir, overrides)] in the order they will run, and the runs folder."""
-    stem = os.path.splitext(os.path.basename(args.config))[0]
-    runs_dir = args.runs_dir or os.path.join("runs", "compare", stem)
+def default_runs_dir(args):
+    return args.runs_dir or os.path.join("runs", "compare", os.path.splitext(os.path.basename(args.config))[0])
+
+
+def variant_overrides(args, head, alpha, norm):
+    """What a variant adds to the comparison's overrides (its head, alpha, norm)."""
+    ov = [f"head.name={head}"]
+    if alpha is not None:
+        ov.append(f"head.alpha={alpha}")
+    if head == "entmax_bisect" and args.learn_alpha:
+        ov.append("head.learn_alpha=true")
+    if norm:
+        ov.append(f"model.norm={norm}")
+    return ov
+
+
+def plan_runs(args, runs_dir=None, extra=None):
+    """[(variant name, seed, run_dir, overrides)] in the order they will run, and the runs folder.
+    `extra`: {variant name: overrides it adds} (--tune: its tuned settings)."""
+    runs_dir = runs_dir or default_runs_dir(args)
     plan = []
     for name, _, norm, head, alpha in _variants(args):
         for seed in args.seeds:
             run_dir = os.path.join(runs_dir, f"{name}-s{seed}")
-            ov = list(args.overrides) + [f"head.name={head}", f"train.seed={seed}", f"train.output_dir={run_dir}"]
-            if alpha is not None:
-                ov.append(f"head.alpha={alpha}")
-            if head == "entmax_bisect" and args.learn_alpha:
-                ov.append("head.learn_alpha=true")
-            if norm:
-                ov.append(f"model.norm={norm}")
+            ov = list(args.overrides) + (extra or {}).get(name, []) \
+                + [f"head.name={head}", f"train.seed={seed}", f"train.output_dir={run_dir}"] \
+                + variant_overrides(args, head, alpha, norm)[1:]
             plan.append((name, seed, run_dir, ov))
     return plan, runs_dir
 
@@ -373,9 +407,9 @@ def _check_request(run_dir, request, create=True):
 
 
 def _in_todays_schema(request):
-    """A stored request with its resolved config read by today's loader: older key names (e.g.
-    model.img_size, now data.image_size) as they are now, keys added since at their defaults, so an
-    older comparison continues. A resolved config today's loader refuses is compared as stored."""
+    """A stored request with its resolved config read by today's loader: keys added since at their
+    defaults, so an older comparison continues. A resolved config today's loader refuses is compared
+    as stored."""
     import configs
 
     if not isinstance(request.get("resolved"), dict):
@@ -638,11 +672,27 @@ def main(argv=None):
 
     config = os.path.abspath(args.config)
     base_cfg = configs.load_config(config, args.overrides)  # fail fast on a bad config / override
-    plan, runs_dir = plan_runs(args)
-    pairs = baseline_pairs(args)  # checks --baseline before anything runs
     commands = Commands(args, config, resolve_ood(args, base_cfg))
+    if args.tune:
+        import tune_heads
+
+        return tune_heads.main(args, argv, base_cfg, commands, compare=sys.modules[__name__])
+    plan, runs_dir = plan_runs(args)
+    compare(args, argv, plan, runs_dir, commands)
+    return 0
+
+
+def compare(args, argv, plan, runs_dir, commands, report_dir=None, children=None, title_note=""):
+    """Train and evaluate what `plan` still misses (or, in the other modes, emit / list / report it),
+    then write the report; -> (report.md path, paired results), None when nothing was reported
+    (--emit-slurm, --dry-run). `children`: a runner to use (--tune runs several plans under one)."""
+    import configs
+
+    raw = list(argv) if argv is not None else sys.argv[1:]
+    config = commands.config
+    pairs = baseline_pairs(args)  # checks --baseline before anything runs
     stem = os.path.splitext(os.path.basename(args.config))[0]
-    report_dir = report_dir_of(args, runs_dir, stem)
+    report_dir = report_dir or report_dir_of(args, runs_dir, stem)
     check_report_dir(report_dir, runs_dir, args.overwrite)  # before any training, not after
     requests = {}
     for _, _, run_dir, ov in plan:
@@ -655,24 +705,32 @@ def main(argv=None):
         emit_slurm(args.emit_slurm, plan, commands, stem, _command_line(argv), _command_line(_report_only_argv(raw)))
         print(f"wrote {args.emit_slurm}: a SLURM array job of {len(plan)} task(s), one per run in {runs_dir}; "
               f"submit it with: sbatch {args.emit_slurm}")
-        return 0
+        return None
     todo = runs_to_do(plan, commands, args)
     if args.dry_run:
         print(f"report: {os.path.join(report_dir, 'report.md')} (not written by --dry-run)")
-        return 0
+        return None
     start = time.perf_counter()
-    with ChildProcesses() as children:  # signals go on to train.py / eval.py, which save and stop
-        if args.features and args.jobs == 1 and not args.launcher:
-            children = InProcess(children)  # a probe trains in far less time than a Python start takes
-        progress = Progress(len(todo), skipped=len(plan) - len(todo))
+    progress = Progress(len(todo), skipped=len(plan) - len(todo))
+    if children is not None:
         trained_now, evaluated_now = run_todo(todo, commands, requests, args.jobs, children, progress)
-    path, missing = write_comparison_report(plan, commands, args, pairs, stem, _command_line(argv),
-                                            report_dir, runs_dir)
+    else:
+        with ChildProcesses() as launcher:  # signals go on to train.py / eval.py, which save and stop
+            trained_now, evaluated_now = run_todo(todo, commands, requests, args.jobs, runner(args, launcher),
+                                                  progress)
+    path, missing, paired = write_comparison_report(plan, commands, args, pairs, stem, _command_line(argv),
+                                                    report_dir, runs_dir, title_note=title_note)
     log_to_mlflow(plan, commands, args, runs_dir, report_dir)
     print(f"{trained_now} training run(s) and {evaluated_now} evaluation(s) done now in "
           f"{time.perf_counter() - start:.0f}s; {len(plan) - len(missing)} of {len(plan)} run(s) in {runs_dir}")
     print(f"report: {path}")
-    return 0
+    return path, paired
+
+
+def runner(args, children):
+    """What runs the train.py / eval.py steps: `children` (signals forwarded), or with --features,
+    one job and no --launcher, this process (a probe trains in far less time than a Python start takes)."""
+    return InProcess(children) if args.features and args.jobs == 1 and not args.launcher else children
 
 
 def runs_to_do(plan, commands, args):
@@ -740,9 +798,9 @@ def log_to_mlflow(plan, commands, args, runs_dir, report_dir, trial=None):
           f"mlflow ui --backend-store-uri {uri}")
 
 
-def write_comparison_report(plan, commands, args, pairs, stem, command, report_dir, runs_dir):
+def write_comparison_report(plan, commands, args, pairs, stem, command, report_dir, runs_dir, title_note=""):
     """Report the finished runs (naming the missing ones) and print its table and sentences;
-    -> (report.md path, missing run dirs)."""
+    -> (report.md path, missing run dirs, paired results)."""
     from evaluation import comparison, summary
 
     weights = "ema" if args.ema else "raw"
@@ -766,7 +824,7 @@ def write_comparison_report(plan, commands, args, pairs, stem, command, report_d
     with RunLock(report_dir, purpose="compare_heads report"):  # one writer of the report folder
         check_report_dir(report_dir, runs_dir, args.overwrite, record=True)
         table, path, paired_results = comparison.write_report(
-            variants, report_dir, f"Head comparison: {stem}", command, weights=weights,
+            variants, report_dir, f"Head comparison: {stem}{title_note}", command, weights=weights,
             notes=notes, pairs=pairs, missing=missing)
     print(f"\n{table}\n")
     verdicts, checks = comparison.verdict_lines(variants, paired_results)
@@ -781,7 +839,7 @@ def write_comparison_report(plan, commands, args, pairs, stem, command, report_d
     print("\n".join(f"- {line}" for line in summary.plain_words(variants, paired_results,
                                                                 comparison.mean_curves(variants))))
     print()
-    return path, missing
+    return path, missing, paired_results
 
 if __name__ == "__main__":
     run_cli(main)

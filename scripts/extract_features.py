@@ -33,33 +33,30 @@ import copy
 import json
 import math
 import os
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from accelerate import Accelerator  # noqa: E402
+import numpy as np
+import torch
+from accelerate import Accelerator
 
-import data  # noqa: E402
-from common.errors import UserError  # noqa: E402
-from common.io import write_json  # noqa: E402
-from common.seeding import mix_seed_array  # noqa: E402
-from common.weights import read_safetensors_metadata, save_safetensors  # noqa: E402
-from configs.loader import config_to_dict  # noqa: E402
-from data import features as F  # noqa: E402
-from data.classes import save_class_names  # noqa: E402
-from data.loaders import TaskLoader  # noqa: E402
-from engine.cli import run_cli  # noqa: E402
-from engine.logging import progress_bar  # noqa: E402
-from engine.runlock import RunLock  # noqa: E402
-from engine.trained_run import add_run_arguments, open_from_args, parse_with_overrides  # noqa: E402
-from evaluation import ood_report  # noqa: E402
-from models import create_classifier  # noqa: E402
-from models.convert import read_state_dict  # noqa: E402
-from models.pretrained import (CLASSIFIER_PREFIX, OUTPUT_HEAD_PREFIX, file_sha256, fit_pretrained,  # noqa: E402
+import data
+from common.errors import UserError
+from common.io import write_json
+from common.seeding import mix_seed_array
+from common.weights import read_safetensors_metadata, save_safetensors
+from configs.loader import config_to_dict
+from data import features as F
+from data.classes import save_class_names
+from data.loaders import TaskLoader
+from engine.cli import run_cli
+from engine.logging import progress_bar
+from engine.runlock import RunLock
+from engine.trained_run import add_run_arguments, open_from_args, parse_with_overrides
+from evaluation import ood_report
+from models import create_classifier
+from models.convert import read_state_dict
+from models.pretrained import (CLASSIFIER_PREFIX, OUTPUT_HEAD_PREFIX, file_sha256, fit_pretrained,
                                renamed_state_dict, weights_patch_grid)
 
 DEFAULT_SHARD_SIZE = 8192
@@ -98,11 +95,11 @@ def build_source_model(cfg, weights, num_classes, say):
     strictly; the classifier where its class count and kind fit); -> (model, source classifier tensors)."""
     state_dict = read_state_dict(weights)
     grid = weights_patch_grid(state_dict)
-    if grid is not None and grid[0] != cfg.model.img_size:
+    if grid is not None and grid[0] != cfg.data.image_size:
         say(f"{weights} was trained at {grid[0]} px ({grid[2]}x{grid[2]} patches): data.image_size set to "
-            f"{grid[0]} (the config had {cfg.model.img_size}); the images are resized to it")
-        cfg.data.image_size = cfg.model.img_size = grid[0]
-    model = create_classifier(cfg.model, cfg.head, num_classes)
+            f"{grid[0]} (the config had {cfg.data.image_size}); the images are resized to it")
+        cfg.data.image_size = grid[0]
+    model = create_classifier(cfg.model, cfg.head, num_classes, img_size=cfg.data.image_size)
     not_loaded = fit_pretrained(model, state_dict)
     if not_loaded:
         say(f"{weights}: not loaded: {'; '.join(not_loaded)} (the classifier does not enter the features)")
@@ -274,7 +271,7 @@ def main(argv=None):
 
     model, classifier = build_source_model(cfg, weights, data.num_classes(cfg.data), say)
     if ood_cfg is not None:
-        ood_cfg.data.image_size = ood_cfg.model.img_size = cfg.data.image_size
+        ood_cfg.data.image_size = cfg.data.image_size
     model.to(accelerator.device)
     source = {"path": args.checkpoint, "file": weights, "weights": kind, "sha256": file_sha256(weights)}
     out = args.output

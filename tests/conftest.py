@@ -1,10 +1,12 @@
 import os
 import sys
 
-# Tests import the project packages (models, data, configs) from the repository root.
+# Tests import the project packages (models, data, configs) from the repository root, and the
+# scripts as modules from scripts/ (where each finds its scripts/_root.py): the tests' one sys.path edit.
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+for path in (os.path.join(ROOT, "scripts"), ROOT):
+    if path not in sys.path:
+        sys.path.insert(0, path)
 
 # Every process a test starts (train.py, compare_heads' runs, accelerate's ranks) inherits one thread;
 # this process too (torch reads it at import).

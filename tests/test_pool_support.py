@@ -140,8 +140,8 @@ class _DominantPatch(nn.Module):
 
 def _tiny_model(mapping, dominant=None):
     torch.manual_seed(0)
-    model = create_classifier(ModelConfig(name="resmlp_tiny", img_size=16, pool="hopfield", pool_mapping=mapping),
-                              HeadConfig(name="softmax"), 10).eval()
+    model = create_classifier(ModelConfig(name="resmlp_tiny", pool="hopfield", pool_mapping=mapping),
+                              HeadConfig(name="softmax"), 10, img_size=16).eval()
     if dominant is not None:
         model.norm = _DominantPatch(model.pool.query, dominant)
     return model
@@ -241,8 +241,9 @@ def test_bench_measures_every_pooling_against_avg_in_one_run(capsys):
     assert bench.main(["--speed-only", "--quick", "--batch-size", "8"]) == 0
     out = capsys.readouterr().out
     rows = {line.split()[0]: line.split() for line in out.splitlines()
-            if line.split() and line.split()[0] in ("avg", "hopfield-softmax", "hopfield-sparsemax")}
-    assert set(rows) == {"avg", "hopfield-softmax", "hopfield-sparsemax"} and rows["avg"][-1] == "1.000x"
+            if line.split() and line.split()[0].startswith(("avg", "hopfield-"))}
+    assert set(rows) == {"avg", "hopfield-softmax", "hopfield-sparsemax", "hopfield-ksubset"}
+    assert rows["avg"][-1] == "1.000x"
     assert all(float(r[-1].rstrip("x")) > 0 for r in rows.values())
     with pytest.raises(Exception, match="unknown --mappings 'sparsemx'"):
         bench.parse_args(["--mappings", "sparsemx"])

@@ -73,11 +73,11 @@ def make_run(root, recipe):
         write_folder(data_root)
     elif settings["dataset"] == "cifar10":
         write_cifar(data_root, "cifar10", n_train=10, n_test=24)
-    cfg = config_from_dict({"model": {"name": "resmlp_tiny", "img_size": 32},
+    cfg = config_from_dict({"model": {"name": "resmlp_tiny"},
                             "data": {**settings, "root": data_root, "image_size": 32, "num_workers": 0,
                                      "mean": [0.5, 0.4, 0.3], "std": [0.2, 0.25, 0.3]},
                             "head": {"name": head}})
-    model = create_classifier(cfg.model, cfg.head, len(CLASSES))
+    model = create_classifier(cfg.model, cfg.head, len(CLASSES), img_size=cfg.data.image_size)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():  # spread the weights so the sparse heads have zeros and small shifts move the top-1
         for name, p in model.named_parameters():
