@@ -22,7 +22,8 @@ Modes:
   (default)      one run after another, output on the terminal;
   --jobs N       N runs at once, each pinned to its share of the machine: with GPUs, CUDA_VISIBLE_DEVICES
                  gives job slot j the GPUs j, j+N, ... (round-robin); on CPU each job gets
-                 OMP_NUM_THREADS = cores // N. Each run's output goes to RUN_DIR/compare.log.
+                 OMP_NUM_THREADS = cores // N (at most the OMP_NUM_THREADS you set). Each run's
+                 output goes to RUN_DIR/compare.log.
                  Without --launcher each slot is one Python process that runs its train.py and
                  eval.py mains one after another (scripts/compare_worker.py): a Python start with
                  torch costs ~7 s of CPU, which a fresh process per step paid twice per run;
@@ -445,7 +446,8 @@ def _run(children, cmd, what):
 def device_env(slot, jobs, environ=None, gpu_count=None, cpu_count=None):
     """Environment of job slot `slot` (0..jobs-1): with GPUs, CUDA_VISIBLE_DEVICES = the visible GPUs
     slot, slot+jobs, ... (round-robin; a slot shares one when there are fewer GPUs than jobs);
-    without, OMP_NUM_THREADS = an equal share of the CPU cores (at least 1)."""
+    without, OMP_NUM_THREADS = an equal share of the CPU cores (at least 1), never more than an
+    OMP_NUM_THREADS the environment already sets (the user's cap is kept, not silently raised)."""
     env = dict(os.environ if environ is None else environ)
     gpu_count = _gpu_count() if gpu_count is None else gpu_count
     if gpu_count > 0:
@@ -455,7 +457,11 @@ def device_env(slot, jobs, environ=None, gpu_count=None, cpu_count=None):
         env["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
     else:
         cpu_count = _cpu_count() if cpu_count is None else cpu_count
-        env["OMP_NUM_THREADS"] = str(max(1, cpu_count // jobs))
+        share = max(1, cpu_count // jobs)
+        asked = env.get("OMP_NUM_THREADS", "").strip()
+        if asked.isdigit() and int(asked) >= 1:
+            share = min(share, int(asked))
+        env["OMP_NUM_THREADS"] = str(share)
     return env
 
 
