@@ -94,7 +94,13 @@ def build_feature_probe(cfg, num_classes, meta, say):
 
 
 def build_eval_probe(cfg, num_classes):
-    """A probe of the feature folder's dimension, for eval.py to load trained weights into."""
+    """A probe of the feature folder's dimension, for eval.py to load trained weights into; features
+    of other weights than the probe was trained on (data.features_source_sha256) are refused."""
     meta = feature_data.read_meta(cfg.data.root)
+    trained_on, here = cfg.data.features_source_sha256, meta.get("source_sha256")
+    if trained_on is not None and trained_on != here:
+        raise UserError(f"the features in data.root={cfg.data.root} were extracted from other weights (sha256 "
+                        f"{str(here)[:12]}…) than the probe was trained on ({trained_on[:12]}…); evaluate it on "
+                        f"features of its own source, or extract them again from it")
     probe, _ = create_linear_probe(int(meta["feature_dim"]), num_classes, cfg.head)
     return probe

@@ -187,6 +187,10 @@ def test_a_resume_or_a_comparison_on_re_extracted_features_is_refused(workspace,
     line = _one_line(lambda: _train(probe + ["--resume", "auto"]))
     assert (f"the features at data.root were re-extracted from other weights since this run started (sha256 "
             f"{meta['source_sha256'][:12]}… → {new[:12]}…)") in line and "start a new run" in line
+    import eval as eval_entry
+
+    line = _one_line(lambda: eval_entry.main(["--checkpoint", "runs/feat_probe"]))  # nor evaluated on them
+    assert "were extracted from other weights" in line and "than the probe was trained on" in line
     line = _one_line(lambda: compare_heads.main(compare + ["--report-only"]))
     assert "runs/feat_cmp/softmax-s0 was trained with other settings (data.features_source_sha256" in line
     capsys.readouterr()
