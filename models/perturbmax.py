@@ -170,7 +170,8 @@ class PerturbmaxFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, dim: int, sigma: float, samples: int, noise: str, seed: int, step: int, ids):
         ctx.sigma, ctx.noise = sigma, noise
-        keep = ctx.needs_input_grad[0]  # no backward, no saved noise: keyed draws in blocks of rows
+        # no backward, no saved noise: keyed draws in blocks of rows (an inference context has no flags)
+        keep = bool(getattr(ctx, "needs_input_grad", (True,))[0])
         return rows_forward(ctx, x, dim,
                             lambda rows: _perturbmax_rows(rows, sigma, samples, noise, seed, step, ids, keep))
 
