@@ -8,6 +8,11 @@ for path in (os.path.join(ROOT, "scripts"), ROOT):
     if path not in sys.path:
         sys.path.insert(0, path)
 
+# Every process a test starts (train.py, compare_heads' runs, accelerate's ranks) inherits one thread;
+# this process too (torch reads it at import).
+os.environ["OMP_NUM_THREADS"] = "1"
+os.environ["MKL_NUM_THREADS"] = "1"
+
 import torch  # noqa: E402
 
 # One intra-op thread per test process: pytest-xdist already runs one worker per core, and a second
