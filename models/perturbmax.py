@@ -7,7 +7,8 @@ Cuturi, Vert & Bach, NeurIPS 2020, "Learning with Differentiable Perturbed Optim
 With Gumbel noise and sigma = 1, p_sigma is exactly softmax (the Gumbel-max trick) and L is the
 cross-entropy in expectation (for soft targets too: F(z) - E[Z_1] is then logsumexp(z)). The
 reported per-row loss is that Monte-Carlo estimate as it is, unclamped: a confidently right row's
-estimate is negative in about half the draws, and clamping those at 0 would bias the mean upward. L is the perturbed Fenchel-Young loss F(z) + Omega(q) - <z, q>
+estimate is negative in about half the draws, and clamping those at 0 would bias the mean upward.
+L is the perturbed Fenchel-Young loss F(z) + Omega(q) - <z, q>
 with Omega(e_y) = -sigma E[Z_1] (exact for one-hot targets; for soft targets it differs from the
 FY loss by a term of q only, so gradients are the same). Its Monte-Carlo gradient is the mean of
 the draws' one-hot argmaxes minus q, the gradient of the Monte-Carlo estimate of F itself.

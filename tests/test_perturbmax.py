@@ -215,12 +215,11 @@ def test_eval_draws_follow_the_example_not_the_batch(one_thread):
 def test_sigma_below_the_dtypes_resolution_is_refused():
     """Tied logits at sigma = 1e-9 in float32 would give [1, 0, 0] (ties broken by index): refused in one
     line, at config load and at the call; float64 resolves it, and at the floor the ties are shared."""
-    from configs.schema import HeadConfig  # noqa: F401  (the config path goes through the same check)
     from models.perturbmax import sigma_floor
 
     tied = torch.zeros(2000, 3)
-    for call in (lambda: build_output_head("perturbmax", sigma=1e-9),
-                 lambda: perturbmax(tied, sigma=1e-9), lambda: perturbmax_loss(tied, torch.zeros(2000).long(), sigma=1e-9)):
+    for call in (lambda: build_output_head("perturbmax", sigma=1e-9), lambda: perturbmax(tied, sigma=1e-9),
+                 lambda: perturbmax_loss(tied, torch.zeros(2000).long(), sigma=1e-9)):
         with pytest.raises(UserError, match=r"head.sigma must be a finite number >= 0.0012 .*float32 cannot resolve"):
             call()
     p = perturbmax(tied.double(), sigma=1e-9, samples=64).mean(0)  # float64: resolvable
