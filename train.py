@@ -98,6 +98,7 @@ from engine.logging import EpochCSV, MetricsLog, console, format_eval, progress_
 from engine.optim import build_optimizer, build_scheduler  # noqa: E402
 from engine.preemption import PreemptionGuard, gloo_reduce_max  # noqa: E402
 from engine.rng import capture_rng_state, reseed, restore_rng_state  # noqa: E402
+from engine.run_sources import check_sources_outside_run  # noqa: E402
 from engine.run_start import prepare_run_dir  # noqa: E402
 from engine.runlock import RunLock  # noqa: E402
 from engine.trainer_state import Counters, TrainerState  # noqa: E402
@@ -747,6 +748,7 @@ def setup(cfg, resume, overwrite, accept_changes=False):
     # to zero costs nothing (a census of one training step per head found none; the sparse-head
     # slowdowns first blamed on them came from other jobs sharing the cores). Deterministic either way.
     torch.set_flush_denormal(True)
+    check_sources_outside_run(cfg)  # a run never reads from (or could delete) its own directory: before it is touched
     accelerator, tracker_names = build_accelerator(cfg)
     main_proc = accelerator.is_main_process
     lock = RunLock(cfg.train.output_dir, purpose="training", enabled=main_proc,

@@ -120,6 +120,13 @@ class DataConfig:
                                         range="[1, inf)", resume=FROZEN)
     cache_dir: Optional[str] = setting(None, "built-in dataset cache; null: $XDG_CACHE_HOME or ~/.cache "
                                        "/resmlp-data", resume=FREE)
+    # data.dataset=features: which features (data/features.py), as model.pretrained_sha256 names the weights
+    features_source_sha256: Optional[str] = setting(None, "data.dataset=features: sha256 of the weights the "
+                                                    "features were extracted from, filled in by train.py; set it "
+                                                    "to pin them", resume=FROZEN)
+    features_settings_sha256: Optional[str] = setting(None, "data.dataset=features: sha256 of how they were "
+                                                      "extracted (views, augment, dataset, the source's config), "
+                                                      "filled in by train.py; set it to pin them", resume=FROZEN)
 
 
 @dataclass

@@ -34,11 +34,11 @@ from configs.loader import load_run_config
 from configs.schema import HeadConfig
 from data.classes import class_mismatch, class_names, load_class_names
 from models import MODEL_NAMES, create_classifier
-from models.convert import convert_state_dict, read_state_dict
+from models.convert import convert_state_dict
 from models.heads import softmax
 from models.pretrained import renamed_state_dict, weights_patch_grid
 
-from .finetune import hashed_file
+from .finetune import hashed_weights
 
 
 class Distiller:
@@ -92,7 +92,7 @@ def _head_cfg(name):
     return HeadConfig(name=name)
 
 
-def _run_dir_teacher(path, data_cfg, num_classes):
+def _run_dir_teacher(path, sd, data_cfg, num_classes):
     tcfg = load_run_config(path)
     saved = load_class_names(path)
     if saved is not None:
@@ -103,14 +103,12 @@ def _run_dir_teacher(path, data_cfg, num_classes):
     elif len(class_names(data_cfg)) != num_classes:
         raise UserError(f"train.teacher: {path} has no classes list and another class count")
     teacher = create_classifier(tcfg.model, tcfg.head, num_classes, img_size=tcfg.data.image_size)
-    sd = read_state_dict(os.path.join(path, rundir.WEIGHTS))
     _load_strict(teacher, _converted(sd, teacher, f"train.teacher {path}"), f"train.teacher {path}")
     return teacher, teacher.output_head, teacher.img_size
 
 
-def _weights_teacher(file, model_cfg, image_size, num_classes):
+def _weights_teacher(file, sd, model_cfg, image_size, num_classes):
     """A weights file of the student's architecture (model.name, model.norm), at its own image size."""
-    sd = read_state_dict(file)
     head = renamed_state_dict(sd).get("head.weight")
     if head is not None and head[1].shape[0] != num_classes:
         raise UserError(f"train.teacher {file}: its classifier ('{head[0]}') predicts {head[1].shape[0]} classes, the "
@@ -125,12 +123,8 @@ def _weights_teacher(file, model_cfg, image_size, num_classes):
     return teacher, softmax, teacher.img_size
 
 
-def _timm_teacher(name, weights, num_classes):
-    if weights is None:
-        raise UserError(f"train.teacher={name} (a timm model) needs its weights: set train.teacher_weights=FILE "
-                        f"(.safetensors or .pth; nothing is downloaded)")
+def _timm_teacher(name, weights, sd, num_classes):
     teacher = timm.create_model(name, num_classes=num_classes)
-    sd = read_state_dict(weights)
     if name in MODEL_NAMES:
         sd = _converted(sd, teacher, f"train.teacher_weights {weights} for {name} with {num_classes} classes")
     _load_strict(teacher, sd, f"train.teacher_weights {weights} for {name} with {num_classes} classes")
@@ -159,17 +153,19 @@ def build_distiller(cfg, num_classes, accelerator):
     if os.path.isdir(spec) and os.path.isfile(os.path.join(spec, rundir.CONFIG)):
         if tc.teacher_weights is not None:
             raise UserError("train.teacher_weights goes with a timm model name; a run directory brings its weights")
-        _, tc.teacher_sha256 = hashed_file(spec, tc.teacher_sha256, "train.teacher")
-        teacher, mapping, size = _run_dir_teacher(spec, cfg.data, num_classes)
+        _, tc.teacher_sha256, sd = hashed_weights(spec, tc.teacher_sha256, "train.teacher")
+        teacher, mapping, size = _run_dir_teacher(spec, sd, cfg.data, num_classes)
     elif os.path.exists(spec):
         if tc.teacher_weights is not None:
             raise UserError("train.teacher_weights goes with a timm model name; train.teacher is a file already")
-        file, tc.teacher_sha256 = hashed_file(spec, tc.teacher_sha256, "train.teacher")
-        teacher, mapping, size = _weights_teacher(file, cfg.model, cfg.data.image_size, num_classes)
+        file, tc.teacher_sha256, sd = hashed_weights(spec, tc.teacher_sha256, "train.teacher")
+        teacher, mapping, size = _weights_teacher(file, sd, cfg.model, cfg.data.image_size, num_classes)
     elif timm.is_model(spec):
-        if tc.teacher_weights is not None:
-            _, tc.teacher_sha256 = hashed_file(tc.teacher_weights, tc.teacher_sha256, "train.teacher")
-        teacher, mapping, size = _timm_teacher(spec, tc.teacher_weights, num_classes)
+        if tc.teacher_weights is None:
+            raise UserError(f"train.teacher={spec} (a timm model) needs its weights: set train.teacher_weights=FILE "
+                            f"(.safetensors or .pth; nothing is downloaded)")
+        _, tc.teacher_sha256, sd = hashed_weights(tc.teacher_weights, tc.teacher_sha256, "train.teacher")
+        teacher, mapping, size = _timm_teacher(spec, tc.teacher_weights, sd, num_classes)
     else:
         raise UserError(f"train.teacher {spec!r:.80} is neither a run directory, a weights file nor a timm model name")
     teacher.eval().requires_grad_(False).to(accelerator.device)

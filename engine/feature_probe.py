@@ -2,6 +2,8 @@
 the linear probe (models/linear_probe.py) that trains on it.
 
 `resolve_features` (train.py, before the resume fingerprint): reads FEATURE_DIR/features.json,
+records the folder's identity (data.features_source_sha256 and features_settings_sha256: frozen
+resume keys, in config.yaml and summary.json; a pinned one must match),
 refuses what cannot apply (model.pretrained, model.freeze=backbone: the backbone ran already, at
 extraction; train.distill: a teacher needs the images; Mixup/CutMix and pixel augmentations: data/features.py) and sets the model keys that
 decide the classifier's initial weights (model.name, norm, init_values, pool..., data.image_size)
@@ -40,6 +42,7 @@ def resolve_features(cfg, say):
                         f"needs the images; distil on the image path, or set train.distill=none")
     feature_data.check_feature_config(cfg.data)
     meta = feature_data.read_meta(root)
+    record_identity(cfg, meta)
     source = meta.get("config") or {}
     changed = []
     for key in SOURCE_MODEL_KEYS:
@@ -61,6 +64,21 @@ def resolve_features(cfg, say):
     if note:
         say(note)
     return meta
+
+
+_IDENTITY_KEYS = (("features_source_sha256", "from other weights"), ("features_settings_sha256", "with other settings"))
+
+
+def record_identity(cfg, meta):
+    """data.features_source_sha256 / features_settings_sha256 := the folder's (data/features.py
+    `identity`); a pinned one must match (UserError, one line)."""
+    for (key, how), have in zip(_IDENTITY_KEYS, feature_data.identity(meta)):
+        pinned = getattr(cfg.data, key)
+        if pinned is not None and pinned != have:
+            raise UserError(f"data.{key}: the features in {cfg.data.root} were extracted {how} than the config "
+                            f"pins (sha256 {have}, pinned {pinned}); restore those features, or start a new run "
+                            f"with data.{key}=null")
+        setattr(cfg.data, key, have)
 
 
 def build_feature_probe(cfg, num_classes, meta, say):

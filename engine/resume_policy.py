@@ -137,6 +137,27 @@ def format_changes(changes):
     return ", ".join(f"{c.key}={c.old!r} -> {c.new!r}" for c in changes)
 
 
+# The sha256 keys of what a run reads from outside itself (filled in by train.py): a change means the
+# file (or feature folder) changed under the same path since the run started, said so in those words.
+SOURCE_HASH_KEYS = {
+    "model.pretrained_sha256": "the file at model.pretrained changed",
+    "train.teacher_sha256": "the file at train.teacher changed",
+    "data.features_source_sha256": "the features at data.root were re-extracted from other weights",
+    "data.features_settings_sha256": "the features at data.root were re-extracted with other settings",
+}
+
+
+def _short(sha):
+    return f"{sha[:12]}…" if isinstance(sha, str) else repr(sha)
+
+
+def describe_source_changes(changes):
+    """'the file at model.pretrained changed since this run started (sha256 18cd… → 1766…)', one
+    clause per changed SOURCE_HASH_KEYS key of `changes`; '' when none changed."""
+    return "; ".join(f"{SOURCE_HASH_KEYS[c.key]} since this run started (sha256 {_short(c.old)} → {_short(c.new)})"
+                     for c in changes if c.key in SOURCE_HASH_KEYS)
+
+
 def check_resume_changes(saved, current, *, checkpoint, accept_changes=False, allowlist=RESUME_ALLOWLIST):
     """Compare fingerprints; returns the accepted changes (empty when none).
 
@@ -144,6 +165,13 @@ def check_resume_changes(saved, current, *, checkpoint, accept_changes=False, al
     `accept_changes` (the --resume-with-changes flag) is off."""
     changes = config_changes(saved, current, allowlist)
     frozen = [c for c in changes if c.key in FROZEN_KEYS]
+    sources = describe_source_changes(changes)
+    if sources and (frozen or not accept_changes):
+        others = [c for c in changes if c.key not in SOURCE_HASH_KEYS]
+        also = f"; other changes: {format_changes(others)}" if others else ""
+        how = ("restore it to resume, or start a new run in another train.output_dir" if frozen else
+               f"restore it to resume, or pass {RESUME_FLAG} to go on with the new one")
+        raise UserError(f"checkpoint {checkpoint} cannot be resumed: {sources}{also}; {how}")
     if frozen:
         raise UserError(
             f"checkpoint {checkpoint} cannot be resumed with {format_changes(frozen)} (a checkpoint of another "

@@ -33,6 +33,8 @@ from _root import ROOT  # the repository root, on sys.path (scripts/_root.py)
 
 import yaml
 
+from common.io import atomic_write_text, prepare_output
+from engine.cli import run_cli
 from models.heads import HEAD_NAMES
 
 TARGET_S = 60.0
@@ -63,8 +65,7 @@ def parse_args(argv=None):
 
 
 def write_yaml(obj, path):
-    with open(path, "w") as f:
-        yaml.safe_dump(obj, f)
+    atomic_write_text(path, yaml.safe_dump(obj))
     return path
 
 
@@ -90,7 +91,7 @@ def run(cmd, cpu=None):
 def main(argv=None):
     args = parse_args(argv)
     work = args.work or tempfile.mkdtemp(prefix="bench_features_")
-    os.makedirs(work, exist_ok=True)
+    prepare_output(work, folder=True)  # a folder that cannot be written: one line (exit 74) before any timing
     for old in ("runs_f", "report_f", "report_f2", "runs_i", "report_i"):  # this script's own outputs: timed afresh
         shutil.rmtree(os.path.join(work, old), ignore_errors=True)
     data = QUICK_DATA if args.quick else DATA
@@ -149,4 +150,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

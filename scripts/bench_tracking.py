@@ -46,13 +46,10 @@ def time_tracker(name, steps, batch, folder):
     GradientState._reset_state()
     os.makedirs(folder, exist_ok=True)
     if name == "mlflow":
+        from engine.trackers import quiet_mlflow
+
         os.environ["MLFLOW_TRACKING_URI"] = "sqlite:///" + os.path.join(folder, "mlflow.db")
-        import logging
-
-        import mlflow  # noqa: F401
-
-        logging.getLogger("alembic").setLevel(logging.WARNING)
-        logging.getLogger("mlflow").setLevel(logging.WARNING)
+        quiet_mlflow()
     accelerator = Accelerator(cpu=True, log_with=None if name == "none" else [name],
                               project_config=ProjectConfiguration(project_dir=folder, logging_dir=folder))
     accelerator.init_trackers(f"bench_{name}", config={"steps": steps, "batch": batch})

@@ -40,11 +40,11 @@ import torch.nn as nn
 
 from common import rundir
 from common.errors import UserError
-from common.io import atomic_write, atomic_write_text, ensure_folder, write_json
+from common.io import atomic_write, atomic_write_text, prepare_output, write_json
 from data.classes import class_map_text
 from data.transforms import eval_transform
 from engine.cli import run_cli
-from engine.runlock import RunLock
+from engine.runlock import writing_into
 from engine.trained_run import add_run_arguments, open_from_args, parse_with_overrides
 from models.mappings import threshold_path
 from models.registry import head_spec
@@ -237,10 +237,10 @@ def export_timm_folder(args) -> str:
     export_timm.check_folder(folder, args.overwrite)
     run = open_from_args(args)
     export_timm.check_exportable(run.cfg, head_spec(run.cfg.head.name))  # before reading the weights
+    prepare_output(folder, folder=True)  # a path through a file or a read-only folder: one line, before them too
     classes = run.classes()
     cfg, model = run.cfg, run.build_model(len(classes))
-    ensure_folder(folder)
-    with RunLock(folder, purpose="export"):
+    with writing_into(folder, purpose="export"):  # its own folder: a killed export's temp files go first
         export_timm.write_folder(folder, cfg, model, classes)
     return folder
 
@@ -270,6 +270,7 @@ def export(args) -> str:
     for path in (output, output + ".json"):
         if os.path.lexists(path) and not args.overwrite:
             raise UserError(f"{path} exists; pass --overwrite to replace it, or choose --output")
+    prepare_output(output)  # a path through a file or a read-only folder: one line before the model is built
     cfg, model, classes = load_classifier(args)
     class_map = check_class_map(os.path.dirname(os.path.abspath(output)), classes, args.overwrite)
     head = model.output_head
@@ -278,9 +279,9 @@ def export(args) -> str:
                         f"draws come from a torch.Generator, which ONNX has no operator for; export the logits "
                         f"(drop --head-probabilities) or use --format torchscript")
     folder = os.path.dirname(os.path.abspath(output))
-    ensure_folder(folder)
-
-    with RunLock(folder, purpose="export"), expected_warnings_filtered(cfg.data.image_size):  # one writer per folder
+    # one writer per folder (a run directory: not while it trains); a killed export's temp files go first
+    with writing_into(folder, purpose="export", names=[output, output + ".json", class_map]), \
+            expected_warnings_filtered(cfg.data.image_size):
         module = build_exported(model, cfg, fmt, args.head_probabilities)
         save_export(module, cfg, fmt, output, model.output_head.name)
         write_json(sidecar(cfg, model, classes, fmt, args.head_probabilities, output), output + ".json")
