@@ -279,9 +279,13 @@ def _type_name(tp):
     origin = typing.get_origin(tp)
     if origin is typing.Union:
         args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return " or ".join(_type_name(a) for a in args) + " or null"
+        nullable = type(None) in typing.get_args(tp)
+        return " or ".join(_type_name(a) for a in args) + (" or null" if nullable else "")
     if origin in (tuple, typing.Tuple):
-        return "list of " + ", ".join(_type_name(a) for a in typing.get_args(tp))
+        args = typing.get_args(tp)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return "list of " + _type_name(args[0])
+        return "list of " + ", ".join(_type_name(a) for a in args)
     return getattr(tp, "__name__", str(tp))
 
 

@@ -21,12 +21,9 @@ import contextlib
 import json
 import os
 import subprocess
-import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
 from common.errors import UserError  # noqa: E402
 from common.io import ensure_folder, write_json, writing  # noqa: E402

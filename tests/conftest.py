@@ -22,6 +22,18 @@ torch.set_num_threads(1)
 
 import pytest  # noqa: E402
 
+# Files whose tests start several real processes (signals, kills, multi-process launches) or train
+# the shared tiny runs, heaviest first: they run first, so pytest-xdist's workers begin with them
+# and the short tests fill the end of the run instead of one long test making a tail.
+SLOW_FIRST = ("test_compare_worker.py", "test_launcher_signals.py", "test_resume_world_size.py",
+              "test_train_resume.py", "test_train_distributed.py", "test_eval.py", "test_compare.py",
+              "test_pool_support.py", "test_predict.py", "test_run_safety.py", "test_launch_lines.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))  # stable: file order kept otherwise
+
 
 @pytest.fixture(autouse=True)
 def _keep_denormals_after_in_process_training():
