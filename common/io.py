@@ -160,6 +160,11 @@ def temp_writer_pid(name):
     return int(name.rsplit(".tmp", 1)[1]) if is_temp_name(name) else None
 
 
+def _written_by_another_live_process(name):
+    pid = temp_writer_pid(name)
+    return pid != os.getpid() and pid_alive(pid)
+
+
 def ensure_folder(path):
     """os.makedirs(path, exist_ok=True), where a file in the way is ENOTDIR (makedirs says EEXIST)."""
     try:
@@ -282,7 +287,8 @@ def remove_stale_temp(folder, names=None):
     """Delete the `NAME.tmp<pid>` files killed writes left in `folder` (only those of `names` when
     given, and only where process <pid> is gone); -> their paths. Call it only while holding the
     folder's lock (engine/runlock.py), so no writer of the folder is live; the pid check also keeps
-    the files of a writer that does not take that lock, and of this process."""
+    the files of a live writer that does not take that lock. One named with this process's own pid
+    is a predecessor's (a restarted container reuses pids): this process writes none while it cleans."""
     if not os.path.isdir(folder):
         return []
     prefixes = None if names is None else tuple(os.path.basename(n) + ".tmp" for n in names)
@@ -290,7 +296,7 @@ def remove_stale_temp(folder, names=None):
     for name in sorted(os.listdir(folder)):
         path = os.path.join(folder, name)
         if is_temp_name(name) and (prefixes is None or name.startswith(prefixes)) \
-                and os.path.isfile(path) and not os.path.islink(path) and not pid_alive(temp_writer_pid(name)):
+                and os.path.isfile(path) and not os.path.islink(path) and not _written_by_another_live_process(name):
             remove_quietly(path)
             removed.append(path)
     return removed

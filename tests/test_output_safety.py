@@ -131,6 +131,8 @@ def test_the_next_extraction_and_export_remove_a_killed_writers_temp_files_but_n
     for folder in (shard.parent, exports):
         folder.mkdir(parents=True)
     dead = [_killed_writer(shard), _killed_writer(features / "features.json"), _killed_writer(output)]
+    dead.append(f"{shard.parent / 'shard_00002.safetensors'}.tmp{os.getpid()}")  # a predecessor with this pid
+    open(dead[-1], "wb").write(b"old")  # (a restarted container reuses pids)
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:  # a writer that is still running (not under the folder's lock): its temporary files are kept
         kept = [f"{shard.parent / 'shard_00001.safetensors'}.tmp{live.pid}", f"{output}.json.tmp{live.pid}"]
