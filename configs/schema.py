@@ -16,9 +16,8 @@ of what is known about its key (`setting` writes it):
 
 RANGES, CHOICES, SEARCH and RESUME_CLASS below are derived from the metadata; nothing else lists them.
 
-The image size has one key, data.image_size. `model.img_size` (the model's copy, which the model
-builder reads) is derived from it; older configs and run directories that set `model.img_size`
-still load: the loader reads it as data.image_size (a one-line error when both are set and differ).
+The image size has one key, data.image_size; the model is built at it (models.create_classifier's
+img_size), with no copy in the model section.
 """
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass, make_dataclass
 from typing import Optional, Tuple, Union, get_type_hints
@@ -74,7 +73,7 @@ class DataConfig:
     backend: str = setting("auto", "decoding/augmentation: pil (timm/PIL), dali (NVIDIA DALI), auto (dali when "
                            f"installed, on CUDA, for {'/'.join(dataset_names(dali=True))}; else pil)",
                            choices=BACKENDS)
-    image_size: int = setting(32, "side of the square images the model sees (the model's img_size too)",
+    image_size: int = setting(32, "side of the square images the model sees and is built for",
                               range="[1, inf)", resume=FROZEN)
     batch_size: int = setting(128, "training batch per process", range="[1, inf)")
     eval_batch_size: int = setting(256, "evaluation batch per process", range="[1, inf)", resume=FREE)
@@ -121,6 +120,13 @@ class DataConfig:
                                         range="[1, inf)", resume=FROZEN)
     cache_dir: Optional[str] = setting(None, "built-in dataset cache; null: $XDG_CACHE_HOME or ~/.cache "
                                        "/resmlp-data", resume=FREE)
+    # data.dataset=features: which features (data/features.py), as model.pretrained_sha256 names the weights
+    features_source_sha256: Optional[str] = setting(None, "data.dataset=features: sha256 of the weights the "
+                                                    "features were extracted from, filled in by train.py; set it "
+                                                    "to pin them", resume=FROZEN)
+    features_settings_sha256: Optional[str] = setting(None, "data.dataset=features: sha256 of how they were "
+                                                      "extracted (views, augment, dataset, the source's config), "
+                                                      "filled in by train.py; set it to pin them", resume=FROZEN)
 
 
 @dataclass
@@ -132,9 +138,6 @@ class ModelConfig:
     drop_path: float = setting(0.0, "stochastic depth rate, uniform over blocks as in the paper", range="[0, 1)")
     init_values: Optional[float] = setting(None, "LayerScale init; null: by depth (0.1 / 1e-5 / 1e-6)",
                                            range="(0, inf)", resume=FROZEN)
-    # Not a key: data.image_size, copied here by Config for the model builder. An old config's
-    # `model.img_size` is read as data.image_size (configs/loader.py).
-    img_size: int = field(default=32, metadata={"derived_from": "data.image_size"})
     # Start from pretrained weights (engine/finetune.py): the classifier is re-initialised when the
     # class count or the classifier kind differs; the weights' image size is kept (data.image_size
     # follows it: the token-mixing layers fix the patch count).
@@ -271,23 +274,13 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
 
-    def __post_init__(self):
-        self.model.img_size = self.data.image_size  # one key: data.image_size (see the module docstring)
-
 
 # ----------------------------------------------------------------------------- derived tables
-def is_key(f):
-    """False for a field that is derived, not set by a config (ModelConfig.img_size)."""
-    return "derived_from" not in f.metadata
-
-
 def schema_fields(cls=Config, prefix=""):
     """{dotted key: (dataclasses.Field, type)} of every config key, in declaration order."""
     out = {}
     hints = get_type_hints(cls)
     for f in fields(cls):
-        if not is_key(f):
-            continue
         if is_dataclass(hints[f.name]):
             out.update(schema_fields(hints[f.name], prefix + f.name + "."))
         else:
@@ -321,5 +314,3 @@ for _key, _search in SEARCH.items():  # a search range inside the key's own rang
 CHOICES = _metadata_table("choices")
 # What a resume may do with each key: FREE, FROZEN, OPTIMIZER, or None (with --resume-with-changes).
 RESUME_CLASS = {key: f.metadata.get("resume") for key, (f, _) in schema_fields().items()}
-# Old keys still read, and the key each now is: {"model.img_size": "data.image_size"}.
-ALIASES = {f"model.{f.name}": f.metadata["derived_from"] for f in fields(ModelConfig) if "derived_from" in f.metadata}

@@ -29,9 +29,11 @@ OVERCONFIDENT_COLOR = "#e8837f"   # confidence above accuracy: from the accuracy
 UNDERCONFIDENT_COLOR = "#82c982"  # confidence below accuracy: from the confidence up to the accuracy
 
 
-def _save(fig, path):
-    """The figure as a PNG, written atomically (common.io: a failure is one line, no temp file left)."""
-    fig.tight_layout()
+def _save(fig, path, tight=True):
+    """The figure as a PNG, written atomically (common.io: a failure is one line, no temp file left);
+    `tight=False` keeps a layout the caller made (constrained, or tight with a margin)."""
+    if tight:
+        fig.tight_layout()
     try:
         atomic_write(path, through_file(lambda f: fig.savefig(f, format="png", dpi=110)))
     finally:
@@ -212,8 +214,7 @@ def plot_reliability(diagrams, path):
                         Patch(color=UNDERCONFIDENT_COLOR, label="gap up to accuracy: underconfident"),
                         Patch(color="0.6", label="samples per bin (lower panels)")],
                loc="outside lower center", ncol=2 if cols < 3 else 4, fontsize=8, frameon=False)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path, tight=False)
 
 
 def plot_coverage_vs_set_size(curves, points, path, epsilons=(0.1, 0.05)):
@@ -336,8 +337,7 @@ def plot_ood_histograms(hists, path, ood_name):
                         Patch(color="C3", alpha=0.45, label=labels["out"])],
                loc="upper center", ncol=2, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.45 / fig.get_figheight()))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path, tight=False)
 
 
 POOL_MAPS_FILE = "pool_support_maps.png"  # hopfield-pooled runs only (not in PLOT_FILES: avg runs have none)
@@ -397,7 +397,4 @@ def plot_pool_support_maps(rows, path):
     fig.suptitle("Hopfield pooling support: outlined patches are used (yellow → red: small → the image's "
                  "largest weight), dark ones unused", fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()), h_pad=1.0)  # room for the title
-    try:
-        atomic_write(path, through_file(lambda f: fig.savefig(f, format="png", dpi=110)))
-    finally:
-        plt.close(fig)
+    _save(fig, path, tight=False)

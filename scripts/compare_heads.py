@@ -22,7 +22,8 @@ Modes:
   (default)      one run after another, output on the terminal;
   --jobs N       N runs at once, each pinned to its share of the machine: with GPUs, CUDA_VISIBLE_DEVICES
                  gives job slot j the GPUs j, j+N, ... (round-robin); on CPU each job gets
-                 OMP_NUM_THREADS = cores // N. Each run's output goes to RUN_DIR/compare.log.
+                 OMP_NUM_THREADS = cores // N (at most the OMP_NUM_THREADS you set). Each run's
+                 output goes to RUN_DIR/compare.log.
                  Without --launcher each slot is one Python process that runs its train.py and
                  eval.py mains one after another (scripts/compare_worker.py): a Python start with
                  torch costs ~7 s of CPU, which a fresh process per step paid twice per run;
@@ -36,7 +37,9 @@ the runs folder, in MLFLOW_TRACKING_URI or else the offline store RUNS_DIR/mlflo
 After each run a progress line says how many of the plan's runs are finished and about how long the
 rest will take at the pace so far (scripts/compare_progress.py).
 Cached features (--features DIR, a folder of scripts/extract_features.py): the same plan, each run a linear
-head on the cached features (data.dataset=features data.root=DIR added to every run's overrides), with the
+head on the cached features (data.dataset=features data.root=DIR and the folder's identity,
+data.features_source_sha256 / features_settings_sha256, added to every run's overrides: a run trained on
+features since re-extracted at DIR is refused, never mixed into the report), with the
 same report, statistics, prediction sets, selective prediction and OOD detection (--ood-dataset auto: the
 folder's OOD features, DIR/ood, when it has them). Without --launcher and --jobs, train.py and eval.py then
 run inside this process, one after the other (a probe trains in well under a second; a fresh Python with
@@ -72,9 +75,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+from _root import ROOT  # the repository root, on sys.path (scripts/_root.py)
 
 from common.startup import say_loading  # noqa: E402  (standard library only)
 
@@ -85,10 +86,11 @@ from engine.children import ChildProcesses  # noqa: E402
 from engine.cli import run_cli  # noqa: E402
 from common import rundir  # noqa: E402
 from common.errors import UserError  # noqa: E402
-from common.io import atomic_write_text, json_text, read_json, write_json  # noqa: E402
+from common.io import atomic_write_text, ensure_folder, json_text, prepare_output, read_json, write_json, writing  # noqa: E402
 from engine.runlock import RunLock  # noqa: E402
 from models.registry import HEAD_NAMES, check_settings  # noqa: E402
 
+FEATURE_IDENTITY_KEYS = ("features_source_sha256", "features_settings_sha256")  # data.* keys, data/features.py
 REPORT_SOURCE = "compare_source.json"  # in a report folder: the runs folder its report is of
 
 
@@ -193,13 +195,17 @@ def feature_overrides(features, overrides):
     """The overrides --features DIR adds to every run (checked: DIR must be a feature folder)."""
     if features is None:
         return []
+    from data.features import identity as feature_identity
     from data.features import read_meta
 
-    clash = [o for o in overrides if o.split("=", 1)[0] in ("data.dataset", "data.root")]
+    keys = ("data.dataset", "data.root", *(f"data.{k}" for k in FEATURE_IDENTITY_KEYS))
+    clash = [o for o in overrides if o.split("=", 1)[0] in keys]
     if clash:
-        raise UserError(f"--features sets data.dataset=features and data.root; drop the override '{clash[0]}'")
-    read_meta(features)  # one line for a missing folder or one without features.json
-    return ["data.dataset=features", f"data.root={features}"]
+        raise UserError(f"--features sets {', '.join(keys)}; drop the override '{clash[0]}'")
+    # the folder's identity pins every run (train.py refuses other features) and enters each run's
+    # request: runs trained on features since re-extracted at DIR are refused, never mixed in
+    identity = dict(zip(FEATURE_IDENTITY_KEYS, feature_identity(read_meta(features))))
+    return ["data.dataset=features", f"data.root={features}", *(f"data.{k}='{v}'" for k, v in identity.items())]
 
 
 # ------------------------------------------------------------------------------------------ the plan
@@ -275,7 +281,7 @@ def check_report_dir(report_dir, runs_dir, overwrite, record=False):
     try:
         with open(path) as f:
             theirs = json.load(f).get("runs_dir")
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # (a path through a file: prepare_output says so, exit 74)
         theirs = None  # a new folder, or a report written before folders recorded their runs
     except (OSError, ValueError, AttributeError) as err:
         raise UserError(f"cannot read {path} ({err}); give another --report-dir, or --overwrite to replace it")
@@ -408,9 +414,9 @@ def _check_request(run_dir, request, create=True):
 
 
 def _in_todays_schema(request):
-    """A stored request with its resolved config read by today's loader: older key names (e.g.
-    model.img_size, now data.image_size) as they are now, keys added since at their defaults, so an
-    older comparison continues. A resolved config today's loader refuses is compared as stored."""
+    """A stored request with its resolved config read by today's loader: keys added since at their
+    defaults, so an older comparison continues. A resolved config today's loader refuses is compared
+    as stored."""
     import configs
 
     if not isinstance(request.get("resolved"), dict):
@@ -440,7 +446,8 @@ def _run(children, cmd, what):
 def device_env(slot, jobs, environ=None, gpu_count=None, cpu_count=None):
     """Environment of job slot `slot` (0..jobs-1): with GPUs, CUDA_VISIBLE_DEVICES = the visible GPUs
     slot, slot+jobs, ... (round-robin; a slot shares one when there are fewer GPUs than jobs);
-    without, OMP_NUM_THREADS = an equal share of the CPU cores (at least 1)."""
+    without, OMP_NUM_THREADS = an equal share of the CPU cores (at least 1), never more than an
+    OMP_NUM_THREADS the environment already sets (the user's cap is kept, not silently raised)."""
     env = dict(os.environ if environ is None else environ)
     gpu_count = _gpu_count() if gpu_count is None else gpu_count
     if gpu_count > 0:
@@ -450,7 +457,11 @@ def device_env(slot, jobs, environ=None, gpu_count=None, cpu_count=None):
         env["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
     else:
         cpu_count = _cpu_count() if cpu_count is None else cpu_count
-        env["OMP_NUM_THREADS"] = str(max(1, cpu_count // jobs))
+        share = max(1, cpu_count // jobs)
+        asked = env.get("OMP_NUM_THREADS", "").strip()
+        if asked.isdigit() and int(asked) >= 1:
+            share = min(share, int(asked))
+        env["OMP_NUM_THREADS"] = str(share)
     return env
 
 
@@ -489,11 +500,13 @@ def run_parallel(todo, commands, jobs, children, progress=None):
         try:
             env = workers[slot].env
             pinned = {k: env[k] for k in ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS") if k in env}
-            os.makedirs(run_dir, exist_ok=True)
             log = os.path.join(run_dir, rundir.COMPARE_LOG)
             steps = ([("training", commands.train(overrides))] if not trained else []) \
                 + [("evaluating", commands.evaluate(run_dir))]
-            with open(log, "a") as out:
+            with writing(log):
+                ensure_folder(run_dir)
+                out = open(log, "a")
+            with out:
                 for what, cmd in steps:
                     say(f"{tag}: {what} (slot {slot}, {' '.join(f'{k}={v}' for k, v in pinned.items())}; log {log})")
                     out.write(f"$ {' '.join(shlex.quote(c) for c in cmd)}\n")
@@ -622,9 +635,9 @@ def emit_slurm(path, plan, commands, stem, command, report_command):
         repo=shlex.quote(ROOT), config=shlex.quote(commands.config),
         cases="\n".join(cases), eval_file=shlex.quote(commands.eval_file),
         ood_check=shlex.quote(commands.ood) if commands.ood else "")
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     atomic_write_text(path, text)
-    os.chmod(path, 0o755)
+    with writing(path):
+        os.chmod(path, 0o755)
 
 
 def check_evaluated_cli(argv):
@@ -706,6 +719,7 @@ def compare(args, argv, plan, runs_dir, commands, report_dir=None, children=None
     if args.dry_run:
         print(f"report: {os.path.join(report_dir, 'report.md')} (not written by --dry-run)")
         return None
+    prepare_output(report_dir, folder=True)  # before any training: a report folder that cannot be written
     start = time.perf_counter()
     progress = Progress(len(todo), skipped=len(plan) - len(todo))
     if children is not None:

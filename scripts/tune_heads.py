@@ -21,15 +21,12 @@ import contextlib
 import json
 import os
 import subprocess
-import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
 from common.errors import UserError  # noqa: E402
-from common.io import write_json  # noqa: E402
+from common.io import ensure_folder, write_json, writing  # noqa: E402
 from compare_worker import InProcess, WorkerSlot  # noqa: E402
 from engine import tuning  # noqa: E402
 from engine.children import ChildProcesses  # noqa: E402
@@ -78,8 +75,9 @@ def trial_trainer(args, commands, children, compare):
 
     def train(overrides, run_dir):
         cmd = commands.train(overrides)
-        os.makedirs(run_dir, exist_ok=True)
         log = os.path.join(run_dir, rundir.COMPARE_LOG)
+        with writing(log):  # a trial folder that cannot be created: one line (exit 74)
+            ensure_folder(run_dir)
         if worker is not None:
             return worker.run(cmd, log)
         with open(log, "a") as out:

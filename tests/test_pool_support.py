@@ -140,8 +140,8 @@ class _DominantPatch(nn.Module):
 
 def _tiny_model(mapping, dominant=None):
     torch.manual_seed(0)
-    model = create_classifier(ModelConfig(name="resmlp_tiny", img_size=16, pool="hopfield", pool_mapping=mapping),
-                              HeadConfig(name="softmax"), 10).eval()
+    model = create_classifier(ModelConfig(name="resmlp_tiny", pool="hopfield", pool_mapping=mapping),
+                              HeadConfig(name="softmax"), 10, img_size=16).eval()
     if dominant is not None:
         model.norm = _DominantPatch(model.pool.query, dominant)
     return model
