@@ -54,11 +54,11 @@ from accelerate import Accelerator
 import data
 from common import rundir
 from common.errors import UserError
-from common.io import remove_stale_temp, write_json
+from common.io import prepare_output, write_json
 from data.classes import check_class_names
 from engine.checkpoint import file_sha256
 from engine.cli import run_cli
-from engine.runlock import RunLock
+from engine.runlock import writing_into
 from engine.trained_run import add_run_arguments, aps_seed, open_from_args, parse_with_overrides
 from evaluation import conformal, ood_eval, ood_report, pool_support, report, selective_report
 from evaluation import metrics as M
@@ -73,7 +73,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n")[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_arguments(p, data_flags=True, batch_help="per-process eval batch size")
-    p.add_argument("--split", default="val", choices=("val", "calib", "train"))
+    p.add_argument("--split", default="val", choices=("val", "calib", "train", "tune"))
     p.add_argument("--calib", default="auto", choices=CALIB_SOURCES,
                    help="prediction-set calibration data: auto = the calib split when the run held one "
                         "out (data.calib_fraction > 0), else half of the evaluated split; none = skip")
@@ -195,6 +195,8 @@ def selective_summary(records, head_name):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.output:
+        prepare_output(args.output)  # a bad --output is one line now, not after the forward passes
     run = open_from_args(args)
     cfg, weights, kind = run.cfg, run.weights, run.weights_kind
 
@@ -298,8 +300,7 @@ def write_outputs(result, records, output, pool_maps=None):
     line naming the file (WriteError, exit 74)."""
     folder = os.path.dirname(os.path.abspath(output))
     maps_path = rundir.pool_maps_path(output)
-    with RunLock(folder, purpose="eval"):  # one writer per folder
-        remove_stale_temp(folder, names=rundir.eval_outputs(output) + [maps_path])
+    with writing_into(folder, purpose="eval", names=rundir.eval_outputs(output) + [maps_path]):  # one writer per folder
         write_json(result, output)
         report.write_csv([report.flatten_metrics(result)], rundir.eval_csv_path(output))
         save_examples(records, rundir.examples_path(output), head=result["head"], split=result["split"],

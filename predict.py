@@ -8,8 +8,8 @@
 
 --checkpoint is a train.py run directory (its config.yaml, classes.json and model.safetensors, or
 model_ema.safetensors with --ema), one of its checkpoints, or a weights file with --config or --model,
-opened as eval.py opens it (engine/trained_run.py). --images is a folder (searched recursively), a glob or a list file (one path per
-line). Each image goes through the run's eval transform (data/transforms.py: any shape and mode).
+opened as eval.py opens it (engine/trained_run.py). --images is a folder (searched recursively), a
+glob or a list file (one path per line). Each image goes through the run's eval transform (data/transforms.py: any shape and mode).
 Per image the output (CSV or JSONL, by the extension of --output) has: the path, the top-k classes
 and probabilities (PROB_DIGITS significant digits; a sparse head lists only classes with p > 0, so
 fewer than k when its support is smaller), the head's support (sparse heads: the classes with p > 0) and the conformal
@@ -39,7 +39,7 @@ from torch.utils.data import DataLoader
 import data
 from common import rundir
 from common.errors import UserError
-from common.io import atomic_write_text, json_text
+from common.io import atomic_write_text, json_text, prepare_output
 from common.seeding import mix_seed
 from common.weights import read_state_dict
 from data.classes import check_class_names
@@ -48,6 +48,7 @@ from data.unlabeled import ImageBatches, list_images
 from engine.checkpoint import file_sha256
 from engine.cli import run_cli
 from engine.logging import console, progress_bar
+from engine.runlock import writing_into
 from engine.trained_run import add_run_arguments, open_from_args
 from evaluation import conformal
 from evaluation.calibration_file import conformal_path, load_thresholds
@@ -185,7 +186,7 @@ def forward_images(model, paths, transform, cfg, accelerator, *, batch_size, num
     tasks = [idx for idx, _ in eval_batches(len(paths), rank=accelerator.process_index,
                                             world_size=accelerator.num_processes, batch_size=batch_size)]
     workers = min(num_workers, len(tasks))
-    loader = DataLoader(ImageBatches(paths, transform, cfg.model.img_size), sampler=tasks, batch_size=None,
+    loader = DataLoader(ImageBatches(paths, transform, cfg.data.image_size), sampler=tasks, batch_size=None,
                         num_workers=workers, pin_memory=device.type == "cuda",
                         prefetch_factor=4 if workers > 0 else None)
     bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
@@ -286,19 +287,20 @@ def csv_text(rows, topk, sparse, set_keys):
 
 
 def write_predictions(rows, output, topk, sparse, thresholds):
-    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     if output.lower().endswith(".jsonl"):
         text = "".join(json_text(row) + "\n" for row in rows)
     else:
         set_keys = [(t["method"], f"{t['epsilon']:g}") for t in thresholds]
         text = csv_text(rows, topk, sparse, set_keys)
-    atomic_write_text(output, text)
+    with writing_into(os.path.dirname(os.path.abspath(output)), purpose="predict", names=[output]):
+        atomic_write_text(output, text)
 
 
 # ============================================================================ main
 def main(argv=None):
     args = parse_args(argv)
     check_args(args)
+    prepare_output(args.output)  # before the forward pass: a path through a file or a read-only folder is one line now
     run = open_from_args(args)
     cfg, weights, kind = run.cfg, run.weights, run.weights_kind
     transform = run.eval_transform()  # files of any size, as eval.py's pipeline transforms its split

@@ -69,11 +69,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-
-from common.startup import say_loading  # noqa: E402  (standard library only)
+from common.startup import say_loading  # (standard library only)
 
 say_loading("train.py")
 import torch  # noqa: E402
@@ -102,6 +98,7 @@ from engine.logging import EpochCSV, MetricsLog, console, format_eval, progress_
 from engine.optim import build_optimizer, build_scheduler  # noqa: E402
 from engine.preemption import PreemptionGuard, gloo_reduce_max  # noqa: E402
 from engine.rng import capture_rng_state, reseed, restore_rng_state  # noqa: E402
+from engine.run_sources import check_sources_outside_run  # noqa: E402
 from engine.run_start import prepare_run_dir  # noqa: E402
 from engine.runlock import RunLock  # noqa: E402
 from engine.trainer_state import Counters, TrainerState  # noqa: E402
@@ -266,6 +263,8 @@ def run_training(run, hooks=None):
     run.model.train()
     try:
         while run.state.epoch < run.cfg.optim.epochs:
+            if paused(run):
+                return 0
             if run_epoch(run, hooks):
                 return stopped_by_signal(run)
     except NonFiniteLoss as stop:
@@ -275,6 +274,17 @@ def run_training(run, hooks=None):
     if run.main_proc:
         write_summary(run)
     return 0
+
+
+def paused(run):
+    """train.pause_after=E: the run stops after epoch E, whose end saved a checkpoint, with no summary;
+    --resume auto continues it (compare_heads --tune trains a trial that way, E = each evaluation)."""
+    pause = run.cfg.train.pause_after
+    if pause is None or run.state.epoch < pause:
+        return False
+    run.say(f"paused after epoch {run.state.epoch} of {run.cfg.optim.epochs} (train.pause_after={pause}); "
+            f"--resume auto continues")
+    return True
 
 
 def run_epoch(run, hooks=None):
@@ -738,6 +748,7 @@ def setup(cfg, resume, overwrite, accept_changes=False):
     # to zero costs nothing (a census of one training step per head found none; the sparse-head
     # slowdowns first blamed on them came from other jobs sharing the cores). Deterministic either way.
     torch.set_flush_denormal(True)
+    check_sources_outside_run(cfg)  # a run never reads from (or could delete) its own directory: before it is touched
     accelerator, tracker_names = build_accelerator(cfg)
     main_proc = accelerator.is_main_process
     lock = RunLock(cfg.train.output_dir, purpose="training", enabled=main_proc,
@@ -767,7 +778,7 @@ def build_run(cfg, resume, overwrite, accept_changes, accelerator, tracker_names
 
     with accelerator.main_process_first():  # downloads / dataset caches are written once
         train_set = data_lib.build_dataset(cfg.data, "train")
-        val_set = data_lib.build_dataset(cfg.data, "val")
+        val_set = data_lib.build_dataset(cfg.data, cfg.train.eval_split)  # tune: compare_heads --tune's trials
     val_loader = data_lib.build_eval_loader(val_set, cfg.data, rank=accelerator.process_index, world_size=world,
                                             device=device)
     mixup = data_lib.build_mixup(cfg.data, num_classes)
@@ -777,7 +788,7 @@ def build_run(cfg, resume, overwrite, accept_changes, accelerator, tracker_names
     if features is not None:  # a linear probe on cached features, initialised as the image path's classifier
         raw_model = build_feature_probe(cfg, num_classes, features, lambda msg: console(msg, main_proc))
     else:
-        raw_model = create_classifier(cfg.model, cfg.head, num_classes)
+        raw_model = create_classifier(cfg.model, cfg.head, num_classes, img_size=cfg.data.image_size)
     if pretrained is not None:
         load_pretrained_weights(raw_model, pretrained, lambda msg: console(msg, main_proc))
     apply_freeze(raw_model, cfg.model.freeze)  # model.freeze=backbone: a linear probe

@@ -14,8 +14,13 @@ sysexits.h). `writing(path)` maps the OSErrors of other writes the same way (app
 the run lock's files).
 
 Temporary files: every one is named `NAME.tmp<pid>` (`temp_path`); a process killed mid-write
-leaves one behind, which `remove_stale_temp` deletes under the lock of the folder at the next start
-(engine/checkpoint.py for a run directory, eval.py for its --output files).
+leaves one behind, which `remove_stale_temp` deletes (only when that pid is gone) under the lock of
+the folder at the next start (engine/checkpoint.py for a run directory; engine.runlock.writing_into
+for the outputs of eval.py, predict.py, scripts/export.py and scripts/extract_features.py).
+
+Before the expensive work: `prepare_output(path)` creates the folder an output goes into and
+checks that a file can be created there, with the same error mapping (one line, exit 74), so a
+bad --output is refused before a forward pass over a dataset rather than after it.
 
 JSON: strict JSON everywhere (checkpoints, summary.json, metrics.jsonl, eval results). JSON has
 no NaN or infinity, so a non-finite float is written as null: a skipped update's loss, an empty
@@ -139,12 +144,47 @@ def remove_quietly(path):
         pass
 
 
+def pid_alive(pid):
+    """Whether process `pid` exists on this host (one owned by another user counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: it exists, owned by someone else
+        return True
+    return True
+
+
+def temp_writer_pid(name):
+    """The pid in a temporary file's name `NAME.tmp<pid>`, or None for another name."""
+    return int(name.rsplit(".tmp", 1)[1]) if is_temp_name(name) else None
+
+
+def _written_by_another_live_process(name):
+    pid = temp_writer_pid(name)
+    return pid != os.getpid() and pid_alive(pid)
+
+
 def ensure_folder(path):
     """os.makedirs(path, exist_ok=True), where a file in the way is ENOTDIR (makedirs says EEXIST)."""
     try:
         os.makedirs(path, exist_ok=True)
     except FileExistsError:
         raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path) from None
+
+
+def prepare_output(path, *, folder=False):
+    """Before the expensive work: create the folder `path` will be written into (`path` itself
+    when `folder`) and create and remove a temporary file there, so a path through a file, a
+    read-only filesystem or a folder without write permission is WriteError (one line naming
+    `path` and the cause, exit 74) now, not after the work. The probe is this process's own
+    temporary name, so a kill in between leaves what the next writer removes anyway."""
+    where = path if folder else os.path.dirname(os.path.abspath(path))
+    probe = temp_path(os.path.join(where, ".write-check") if folder else path)
+    with writing(path):
+        ensure_folder(where)
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT, 0o600))
+        os.remove(probe)
 
 
 def through_file(write_to):
@@ -245,8 +285,10 @@ def read_json(path):
 
 def remove_stale_temp(folder, names=None):
     """Delete the `NAME.tmp<pid>` files killed writes left in `folder` (only those of `names` when
-    given); -> their paths. Call it only while holding the folder's lock (engine/runlock.py), so a
-    live writer's temporary file is never deleted."""
+    given, and only where process <pid> is gone); -> their paths. Call it only while holding the
+    folder's lock (engine/runlock.py), so no writer of the folder is live; the pid check also keeps
+    the files of a live writer that does not take that lock. One named with this process's own pid
+    is a predecessor's (a restarted container reuses pids): this process writes none while it cleans."""
     if not os.path.isdir(folder):
         return []
     prefixes = None if names is None else tuple(os.path.basename(n) + ".tmp" for n in names)
@@ -254,7 +296,7 @@ def remove_stale_temp(folder, names=None):
     for name in sorted(os.listdir(folder)):
         path = os.path.join(folder, name)
         if is_temp_name(name) and (prefixes is None or name.startswith(prefixes)) \
-                and os.path.isfile(path) and not os.path.islink(path):
+                and os.path.isfile(path) and not os.path.islink(path) and not _written_by_another_live_process(name):
             remove_quietly(path)
             removed.append(path)
     return removed

@@ -64,6 +64,13 @@ EXAMPLES_SUFFIX = ".examples.safetensors"
 POOL_MAPS_SUFFIX = ".pool_maps.safetensors"  # model.pool=hopfield: the first images' pooling weights
 
 
+def inside(path, folder):
+    """Whether `path` is `folder` or lies inside it, links and relative parts resolved (either may
+    not exist yet)."""
+    path, folder = os.path.realpath(path), os.path.realpath(folder)
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
 def checkpoint_name(step):
     return f"step_{step:09d}"
 

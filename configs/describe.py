@@ -12,7 +12,7 @@ import yaml
 from common.intervals import parse_interval
 
 from .loader import _type_name, apply_overrides, config_from_dict, config_to_dict, load_config
-from .schema import ALIASES, CHOICES, RANGES, Config, schema_fields, section_names
+from .schema import CHOICES, RANGES, Config, schema_fields, section_names
 
 
 def _yaml_value(value):
@@ -58,7 +58,6 @@ def describe_config(cfg=None, source=None):
         indent = "  " if head else ""
         facts = _facts(key, tp, defaults[key], values[key], f.metadata.get("help", ""), f.metadata.get("range_doc"))
         lines.append(f"{indent}{leaf}: {_yaml_value(values[key])}  # {facts}")
-    lines += [f"# {old}: the old name of {new}, still read (older configs and runs)" for old, new in ALIASES.items()]
     lines.append(f"# sections: {', '.join(section_names())}")
     return "\n".join(lines)
 

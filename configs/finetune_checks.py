@@ -19,7 +19,12 @@ def _check_path_like(value, key):
 
 
 def check_finetune_settings(cfg):
-    model, train = cfg.model, cfg.train
+    model, train, data = cfg.model, cfg.train, cfg.data
+    for key in ("features_source_sha256", "features_settings_sha256"):
+        _check_sha256(getattr(data, key), f"data.{key}")
+        if getattr(data, key) is not None and data.dataset != "features":
+            raise UserError(f"data.{key} pins cached features but data.dataset={data.dataset}: set "
+                            f"data.dataset=features, or data.{key}=null")
     _check_path_like(model.pretrained, "model.pretrained")
     _check_path_like(train.teacher, "train.teacher")
     _check_path_like(train.teacher_weights, "train.teacher_weights")

@@ -11,9 +11,6 @@ named), a key given twice in one mapping at any depth (both lines named), bad ch
 that is not finite or outside its range (the schema's metadata), a YAML alias, an override into a
 key that holds a value rather than a section. Values quoted in errors are cut short.
 
-Old keys (schema.ALIASES: `model.img_size`, now data.image_size) are still read, so the config.yaml
-of an older run loads; a file that sets both to different values is refused.
-
 Why not OmegaConf: its structured configs coerce where this loader must refuse (a bool key takes
 3, "no" or "yes"; a str key takes 3), and its YAML and override parsers read `no` as False.
 """
@@ -35,11 +32,8 @@ from models.hopfield_pool import check_pool_k
 from models.registry import HPARAMS, check_settings
 
 from .finetune_checks import check_finetune_settings
-from .schema import ALIASES, CHOICES, RANGES, Config, is_key, schema_fields, section_names
+from .schema import CHOICES, RANGES, Config, schema_fields, section_names
 
-# Keys a run's config.yaml held before the change history moved beside it
-# (engine/resume_policy.py rundir.CONFIG_HISTORY): read and ignored.
-LEGACY_RUN_KEYS = ("history",)
 # How close an unknown key must be to a valid one (difflib ratio) to be suggested: below it, a
 # suggestion is more often wrong than right (learning_rate is not optim.clip_grad).
 SUGGEST_CUTOFF = 0.8
@@ -285,9 +279,13 @@ def _type_name(tp):
     origin = typing.get_origin(tp)
     if origin is typing.Union:
         args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return " or ".join(_type_name(a) for a in args) + " or null"
+        nullable = type(None) in typing.get_args(tp)
+        return " or ".join(_type_name(a) for a in args) + (" or null" if nullable else "")
     if origin in (tuple, typing.Tuple):
-        return "list of " + ", ".join(_type_name(a) for a in typing.get_args(tp))
+        args = typing.get_args(tp)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return "list of " + _type_name(args[0])
+        return "list of " + ", ".join(_type_name(a) for a in args)
     return getattr(tp, "__name__", str(tp))
 
 
@@ -353,7 +351,7 @@ def _build(cls, data, prefix="", sources=None):
     if not isinstance(data, dict):
         raise UserError(f"'{prefix.rstrip('.')}' must be a mapping of keys, got {_show(data)} ({type(data).__name__})")
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls) if is_key(f)}
+    names = {f.name for f in dataclasses.fields(cls)}
     kwargs = {}
     for key, value in data.items():
         full = prefix + str(key)
@@ -373,10 +371,8 @@ def _build(cls, data, prefix="", sources=None):
 
 
 def _leaves(obj, prefix=""):
-    """(dotted key, value) of every key of a config dataclass, depth first (derived fields left out)."""
+    """(dotted key, value) of every key of a config dataclass, depth first."""
     for f in dataclasses.fields(obj):
-        if not is_key(f):
-            continue
         value = getattr(obj, f.name)
         if dataclasses.is_dataclass(value):
             yield from _leaves(value, prefix + f.name + ".")
@@ -428,29 +424,6 @@ def check_head_settings(head):
         raise UserError(f"config key {err}") from None
 
 
-def _fold_aliases(data):
-    """An old key (schema.ALIASES) moves to the key it now is: the config.yaml of an older run, or
-    an older config, that sets model.img_size loads with it as data.image_size. Both set and
-    different: refused. `data` is not changed (the sections touched are copied)."""
-    for old, new in ALIASES.items():
-        (old_section, old_key), (new_section, new_key) = old.split("."), new.split(".")
-        section = data.get(old_section)
-        if not isinstance(section, dict) or old_key not in section:
-            continue
-        data[old_section] = section = dict(section)
-        value = section.pop(old_key)
-        target = data.get(new_section)
-        target = {} if target is None else target
-        if not isinstance(target, dict):
-            continue  # _build names the section that is not a mapping
-        data[new_section] = target = dict(target)
-        if new_key in target and target[new_key] != value:
-            raise UserError(f"{old} ({_show(value)}) differs from {new} ({_show(target[new_key])}): {old} is the old "
-                            f"name of {new}; set {new} only")
-        target.setdefault(new_key, value)
-    return data
-
-
 def _fold_tensorboard(data):
     """train.tensorboard, the one tracker switch before train.log_with: true = auto (TensorBoard
     when installed), false = none. Set together with a train.log_with that says otherwise: refused."""
@@ -473,20 +446,12 @@ def _fold_tensorboard(data):
     return data
 
 
-def _is_legacy_history(value):
-    """The `history` list train.py wrote into config.yaml before it moved to its own file."""
-    return isinstance(value, list) and all(isinstance(e, dict) and "changes" in e for e in value)
-
-
 def config_from_dict(data, default_name="run", sources=None):
     """Build and check a Config from a nested dict (a YAML file's, after overrides). `sources`:
     {dotted key: 'file:line'}, so that an unknown key or a wrong type names where it was written."""
     data = dict(data)
-    for key in LEGACY_RUN_KEYS:  # an older run's config.yaml stays a valid --config
-        if key in data and _is_legacy_history(data[key]):
-            del data[key]
     data.setdefault("name", default_name)
-    cfg = _check(_build(Config, _fold_tensorboard(_fold_aliases(data)), sources=sources))
+    cfg = _check(_build(Config, _fold_tensorboard(data), sources=sources))
     cfg.train.output_dir = cfg.train.output_dir.replace("{name}", cfg.name)
     return cfg
 
@@ -506,9 +471,9 @@ def _plain(value):
 
 def config_to_dict(cfg):
     """The one conversion of a config (or a section of one) to plain nested dicts and lists: its
-    keys only (no derived field), tuples as lists. config.yaml and the resume fingerprint hold it."""
+    keys, tuples as lists. config.yaml and the resume fingerprint hold it."""
     return {f.name: config_to_dict(getattr(cfg, f.name)) if dataclasses.is_dataclass(getattr(cfg, f.name))
-            else _plain(getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if is_key(f)}
+            else _plain(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
 
 
 def save_config(cfg, path):

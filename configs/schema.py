@@ -8,21 +8,22 @@ of what is known about its key (`setting` writes it):
 - range: a numeric interval checked at load ("[0, 1)": [ ] closed, ( ) open, inf unbounded; a
   tuple's every element; every float must also be finite);
 - choices: the closed vocabulary of a str key;
+- search: the range compare_heads --tune samples the key from (common/search_space.py), inside `range`;
 - resume: what a resume may do with the key (engine/resume_policy.py): FREE (changes freely),
   FROZEN (never: another model, dataset, sample order or optimizer), OPTIMIZER (with
   --resume-with-changes, and the lr schedule is rebuilt); absent: changes with
   --resume-with-changes only.
 
-RANGES, CHOICES and RESUME_CLASS below are derived from the metadata; nothing else lists them.
+RANGES, CHOICES, SEARCH and RESUME_CLASS below are derived from the metadata; nothing else lists them.
 
-The image size has one key, data.image_size. `model.img_size` (the model's copy, which the model
-builder reads) is derived from it; older configs and run directories that set `model.img_size`
-still load: the loader reads it as data.image_size (a one-line error when both are set and differ).
+The image size has one key, data.image_size; the model is built at it (models.create_classifier's
+img_size), with no copy in the model section.
 """
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass, make_dataclass
 from typing import Optional, Tuple, Union, get_type_hints
 
 from common.intervals import parse_interval
+from common.search_space import parse_search
 from data.names import BACKENDS
 from data.registry import dataset_names, describe_datasets
 from data.transforms import INTERPOLATIONS, TRAIN_CROPS
@@ -72,7 +73,7 @@ class DataConfig:
     backend: str = setting("auto", "decoding/augmentation: pil (timm/PIL), dali (NVIDIA DALI), auto (dali when "
                            f"installed, on CUDA, for {'/'.join(dataset_names(dali=True))}; else pil)",
                            choices=BACKENDS)
-    image_size: int = setting(32, "side of the square images the model sees (the model's img_size too)",
+    image_size: int = setting(32, "side of the square images the model sees and is built for",
                               range="[1, inf)", resume=FROZEN)
     batch_size: int = setting(128, "training batch per process", range="[1, inf)")
     eval_batch_size: int = setting(256, "evaluation batch per process", range="[1, inf)", resume=FREE)
@@ -98,6 +99,9 @@ class DataConfig:
     skip_corrupt: bool = setting(False, "skip undecodable images (counted) instead of stopping")
     calib_fraction: float = setting(0.0, "fraction of TRAIN held out (deterministically) as the calib split "
                                     "for prediction sets", range="[0, 1)", resume=FROZEN)
+    tune_fraction: float = setting(0.0, "fraction of TRAIN (after the calib hold-out) held out (deterministically) "
+                                   "as the tune split, what compare_heads --tune selects settings on",
+                                   range="[0, 1)", resume=FROZEN)
     builtin_train_size: int = setting(20000, "built-in dataset: training images", range="[1, inf)", resume=FROZEN)
     builtin_val_size: int = setting(2000, "built-in dataset: validation images", range="[1, inf)")
     builtin_seed: int = setting(0, "built-in dataset: generator seed", resume=FROZEN)
@@ -116,6 +120,13 @@ class DataConfig:
                                         range="[1, inf)", resume=FROZEN)
     cache_dir: Optional[str] = setting(None, "built-in dataset cache; null: $XDG_CACHE_HOME or ~/.cache "
                                        "/resmlp-data", resume=FREE)
+    # data.dataset=features: which features (data/features.py), as model.pretrained_sha256 names the weights
+    features_source_sha256: Optional[str] = setting(None, "data.dataset=features: sha256 of the weights the "
+                                                    "features were extracted from, filled in by train.py; set it "
+                                                    "to pin them", resume=FROZEN)
+    features_settings_sha256: Optional[str] = setting(None, "data.dataset=features: sha256 of how they were "
+                                                      "extracted (views, augment, dataset, the source's config), "
+                                                      "filled in by train.py; set it to pin them", resume=FROZEN)
 
 
 @dataclass
@@ -127,9 +138,6 @@ class ModelConfig:
     drop_path: float = setting(0.0, "stochastic depth rate, uniform over blocks as in the paper", range="[0, 1)")
     init_values: Optional[float] = setting(None, "LayerScale init; null: by depth (0.1 / 1e-5 / 1e-6)",
                                            range="(0, inf)", resume=FROZEN)
-    # Not a key: data.image_size, copied here by Config for the model builder. An old config's
-    # `model.img_size` is read as data.image_size (configs/loader.py).
-    img_size: int = field(default=32, metadata={"derived_from": "data.image_size"})
     # Start from pretrained weights (engine/finetune.py): the classifier is re-initialised when the
     # class count or the classifier kind differs; the weights' image size is kept (data.image_size
     # follows it: the token-mixing layers fix the patch count).
@@ -180,11 +188,11 @@ class OptimConfig:
     # Linear scaling rule (Goyal et al. 2017): the lr actually used is
     # lr * global_batch / lr_base_batch, global_batch = batch_size * processes * grad_accum.
     lr: float = setting(5e-3, "peak learning rate at a global batch of lr_base_batch (scaled linearly)",
-                        range="(0, inf)", resume=OPTIMIZER)
+                        range="(0, inf)", search="log [1e-4, 0.1]", resume=OPTIMIZER)
     lr_base_batch: int = setting(2048, "global batch at which lr applies unscaled", range="[1, inf)",
                                  resume=OPTIMIZER)
     weight_decay: float = setting(0.2, "weight decay (not on biases, Affine/norm parameters, LayerScale, alpha)",
-                                  range="[0, inf)", resume=OPTIMIZER)
+                                  range="[0, inf)", search="log [1e-4, 1]", resume=OPTIMIZER)
     betas: Tuple[float, float] = setting((0.9, 0.999), "Adam/LAMB betas", range="[0, 1)", resume=OPTIMIZER)
     momentum: float = setting(0.9, "sgd only: momentum", range="[0, 1)", resume=OPTIMIZER)
     clip_grad: Optional[float] = setting(None, "max global gradient norm; null: no clipping", range="(0, inf)")
@@ -207,6 +215,11 @@ class TrainConfig:
     mixed_precision: str = setting("no", "autocast precision (fp16: CUDA only)", choices=("no", "bf16", "fp16"))
     grad_accum: int = setting(1, "micro-batches per optimizer update", range="[1, inf)")
     eval_every: int = setting(1, "evaluate every N epochs (and after the last one)", range="[1, inf)", resume=FREE)
+    eval_split: str = setting("val", "the split the per-epoch evaluations use: val, or tune (data.tune_fraction's "
+                              "hold-out of train; compare_heads --tune's trials select on it)", choices=("val", "tune"))
+    pause_after: Optional[int] = setting(None, "stop after this many epochs with the epoch's checkpoint and exit 0, "
+                                         "without a summary (--resume auto continues); null: train every epoch",
+                                         range="[1, inf)", resume=FREE)
     log_every: int = setting(10, "log every N optimizer updates", range="[1, inf)", resume=FREE)
     save_every: int = setting(500, "checkpoint every N optimizer updates (and at each epoch end)",
                               range="[1, inf)", resume=FREE)
@@ -261,23 +274,13 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
 
-    def __post_init__(self):
-        self.model.img_size = self.data.image_size  # one key: data.image_size (see the module docstring)
-
 
 # ----------------------------------------------------------------------------- derived tables
-def is_key(f):
-    """False for a field that is derived, not set by a config (ModelConfig.img_size)."""
-    return "derived_from" not in f.metadata
-
-
 def schema_fields(cls=Config, prefix=""):
     """{dotted key: (dataclasses.Field, type)} of every config key, in declaration order."""
     out = {}
     hints = get_type_hints(cls)
     for f in fields(cls):
-        if not is_key(f):
-            continue
         if is_dataclass(hints[f.name]):
             out.update(schema_fields(hints[f.name], prefix + f.name + "."))
         else:
@@ -300,9 +303,14 @@ def _metadata_table(name):
 RANGES = _metadata_table("range")
 for _interval in RANGES.values():
     parse_interval(_interval)
+# compare_heads --tune's search ranges of schema keys (common/search_space.py), e.g. {"optim.lr": "log [1e-4, 0.1]"};
+# the heads' own are declared in models/registry.py.
+SEARCH = _metadata_table("search")
+for _key, _search in SEARCH.items():  # a search range inside the key's own range
+    _ends = parse_search(_search)
+    if _ends.low not in parse_interval(RANGES[_key]) or _ends.high not in parse_interval(RANGES[_key]):
+        raise ValueError(f"{_key}: search range {_search!r} reaches outside its range {RANGES[_key]!r}")
 # Closed vocabularies checked at load time, e.g. {"model.norm": NORMS}.
 CHOICES = _metadata_table("choices")
 # What a resume may do with each key: FREE, FROZEN, OPTIMIZER, or None (with --resume-with-changes).
 RESUME_CLASS = {key: f.metadata.get("resume") for key, (f, _) in schema_fields().items()}
-# Old keys still read, and the key each now is: {"model.img_size": "data.image_size"}.
-ALIASES = {f"model.{f.name}": f.metadata["derived_from"] for f in fields(ModelConfig) if "derived_from" in f.metadata}

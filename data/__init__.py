@@ -22,7 +22,7 @@ from timm.data import Mixup
 from common.errors import UserError
 
 from .classes import class_names
-from .datasets import build_dataset, calib_indices, num_classes
+from .datasets import build_dataset, calib_indices, num_classes, split_positions
 from .dali_loader import explain_backend, resolve_backend
 from .features import FeatureEvalLoader, FeatureTrainLoader
 from .loaders import EvalLoader, TrainLoader
@@ -69,5 +69,6 @@ def build_mixup(cfg, num_classes):
 
 
 __all__ = ["DATASETS", "dataset_names", "dataset_spec", "is_features", "build_dataset", "num_classes", "class_names",
-           "calib_indices", "build_train_loader", "build_eval_loader", "build_mixup", "TrainLoader", "EvalLoader",
+           "calib_indices", "split_positions", "build_train_loader", "build_eval_loader", "build_mixup", "TrainLoader",
+           "EvalLoader",
            "explain_backend", "resolve_backend"]

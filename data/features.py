@@ -15,11 +15,17 @@ A split's rows load as one (N, D) tensor in dataset order, so the samplers (data
 the eval batches see the same positions as the image path; with K augmented train views, epoch e
 trains on view e % K (the cache's stand-in for drawing a new augmentation each epoch).
 
+Identity: a run on a feature folder records the sha256 of the weights it was extracted from
+(features.json's source_sha256: data.features_source_sha256) and of how it was extracted
+(`EXTRACTION_KEYS`: data.features_settings_sha256), frozen keys of the resume fingerprint, so a
+folder re-extracted at the same path is never trained or compared on as if it were the old one.
+
 A feature dataset has no pixels: every image transform and Mixup/CutMix is refused for it
 (`check_feature_config`), except the crop/flip defaults (data.hflip, data.crop_padding), which
 describe the image path and are ignored here with a note (the features were extracted with the
 transform features.json records).
 """
+import hashlib
 import json
 import os
 
@@ -33,6 +39,9 @@ META_FILE = "features.json"
 CLASSIFIER_FILE = "classifier.safetensors"
 OOD_SUBDIR = "ood"
 FORMAT_VERSION = 1
+# what a folder's features depend on besides the source weights (features.json keys); a rerun of
+# the extraction adds shards only with the same ones (and the same shard size)
+EXTRACTION_KEYS = ("views", "augment", "config", "dataset")
 # image-only settings that must stay off (their defaults) for cached features: (key, off value)
 _REFUSED = (("mixup", 0.0), ("cutmix", 0.0), ("reprob", 0.0), ("auto_augment", None), ("color_jitter", 0.0))
 
@@ -67,6 +76,12 @@ def read_meta(root):
     if dim < 1 or not classes:
         raise UserError(f"{path} records feature_dim={dim} and {len(classes)} classes; extract the features again")
     return meta
+
+
+def identity(meta):
+    """(source sha256, settings sha256) of a folder's features.json `meta` (see the module docstring)."""
+    settings = json.dumps({k: meta.get(k) for k in EXTRACTION_KEYS}, sort_keys=True, separators=(",", ":"))
+    return meta.get("source_sha256"), hashlib.sha256(settings.encode()).hexdigest()
 
 
 def class_names(root):
@@ -118,6 +133,11 @@ class FeatureDataset:
 
     def view(self, epoch):
         return self.views[epoch % self.views.shape[0]]
+
+    def subset(self, positions):
+        """The rows at `positions` (every view), e.g. the tune split's hold-out of train."""
+        idx = torch.as_tensor(positions, dtype=torch.int64)
+        return FeatureDataset(self.views[:, idx], self.labels[idx], self.index[idx], self.num_classes, self.name)
 
     def __len__(self):
         return int(self.labels.numel())

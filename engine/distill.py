@@ -21,21 +21,24 @@ precision (Accelerate's autocast), inside the training step with no host read; i
 on the device when the teacher takes another fixed size. It is deterministic, so a resumed run is
 exact; it is not part of the checkpoint (its file's sha256 is in the config instead).
 """
+import copy
 import os
 
+import timm
 import torch
 import torch.nn.functional as F
 
 from common import rundir
 from common.errors import UserError
 from configs.loader import load_run_config
+from configs.schema import HeadConfig
 from data.classes import class_mismatch, class_names, load_class_names
 from models import MODEL_NAMES, create_classifier
-from models.convert import convert_state_dict, read_state_dict
+from models.convert import convert_state_dict
 from models.heads import softmax
 from models.pretrained import renamed_state_dict, weights_patch_grid
 
-from .finetune import hashed_file
+from .finetune import hashed_weights
 
 
 class Distiller:
@@ -86,12 +89,10 @@ def _converted(state_dict, model, what):
 
 
 def _head_cfg(name):
-    from configs.schema import HeadConfig
-
     return HeadConfig(name=name)
 
 
-def _run_dir_teacher(path, data_cfg, num_classes):
+def _run_dir_teacher(path, sd, data_cfg, num_classes):
     tcfg = load_run_config(path)
     saved = load_class_names(path)
     if saved is not None:
@@ -101,38 +102,29 @@ def _run_dir_teacher(path, data_cfg, num_classes):
                             f"this dataset's classes")
     elif len(class_names(data_cfg)) != num_classes:
         raise UserError(f"train.teacher: {path} has no classes list and another class count")
-    teacher = create_classifier(tcfg.model, tcfg.head, num_classes)
-    sd = read_state_dict(os.path.join(path, rundir.WEIGHTS))
+    teacher = create_classifier(tcfg.model, tcfg.head, num_classes, img_size=tcfg.data.image_size)
     _load_strict(teacher, _converted(sd, teacher, f"train.teacher {path}"), f"train.teacher {path}")
     return teacher, teacher.output_head, teacher.img_size
 
 
-def _weights_teacher(file, model_cfg, num_classes):
+def _weights_teacher(file, sd, model_cfg, image_size, num_classes):
     """A weights file of the student's architecture (model.name, model.norm), at its own image size."""
-    import copy
-
-    sd = read_state_dict(file)
     head = renamed_state_dict(sd).get("head.weight")
     if head is not None and head[1].shape[0] != num_classes:
         raise UserError(f"train.teacher {file}: its classifier ('{head[0]}') predicts {head[1].shape[0]} classes, the "
                         f"dataset has {num_classes}; a teacher must predict the dataset's classes")
     grid = weights_patch_grid(sd)
     tcfg = copy.copy(model_cfg)
-    tcfg.img_size, tcfg.drop_path = (grid[0] if grid else model_cfg.img_size), 0.0
+    tcfg.drop_path = 0.0
     keys = set(renamed_state_dict(sd))  # a cosine classifier (am_softmax) has no bias
-    teacher = create_classifier(tcfg, _head_cfg("softmax" if "head.bias" in keys else "am_softmax"), num_classes)
+    teacher = create_classifier(tcfg, _head_cfg("softmax" if "head.bias" in keys else "am_softmax"), num_classes,
+                                img_size=grid[0] if grid else image_size)
     _load_strict(teacher, _converted(sd, teacher, f"train.teacher {file}"), f"train.teacher {file}")
     return teacher, softmax, teacher.img_size
 
 
-def _timm_teacher(name, weights, num_classes):
-    import timm
-
-    if weights is None:
-        raise UserError(f"train.teacher={name} (a timm model) needs its weights: set train.teacher_weights=FILE "
-                        f"(.safetensors or .pth; nothing is downloaded)")
+def _timm_teacher(name, weights, sd, num_classes):
     teacher = timm.create_model(name, num_classes=num_classes)
-    sd = read_state_dict(weights)
     if name in MODEL_NAMES:
         sd = _converted(sd, teacher, f"train.teacher_weights {weights} for {name} with {num_classes} classes")
     _load_strict(teacher, sd, f"train.teacher_weights {weights} for {name} with {num_classes} classes")
@@ -157,23 +149,23 @@ def build_distiller(cfg, num_classes, accelerator):
     tc = cfg.train
     if tc.distill == "none":
         return None
-    import timm
-
     spec = tc.teacher
     if os.path.isdir(spec) and os.path.isfile(os.path.join(spec, rundir.CONFIG)):
         if tc.teacher_weights is not None:
             raise UserError("train.teacher_weights goes with a timm model name; a run directory brings its weights")
-        _, tc.teacher_sha256 = hashed_file(spec, tc.teacher_sha256, "train.teacher")
-        teacher, mapping, size = _run_dir_teacher(spec, cfg.data, num_classes)
+        _, tc.teacher_sha256, sd = hashed_weights(spec, tc.teacher_sha256, "train.teacher")
+        teacher, mapping, size = _run_dir_teacher(spec, sd, cfg.data, num_classes)
     elif os.path.exists(spec):
         if tc.teacher_weights is not None:
             raise UserError("train.teacher_weights goes with a timm model name; train.teacher is a file already")
-        file, tc.teacher_sha256 = hashed_file(spec, tc.teacher_sha256, "train.teacher")
-        teacher, mapping, size = _weights_teacher(file, cfg.model, num_classes)
+        file, tc.teacher_sha256, sd = hashed_weights(spec, tc.teacher_sha256, "train.teacher")
+        teacher, mapping, size = _weights_teacher(file, sd, cfg.model, cfg.data.image_size, num_classes)
     elif timm.is_model(spec):
-        if tc.teacher_weights is not None:
-            _, tc.teacher_sha256 = hashed_file(tc.teacher_weights, tc.teacher_sha256, "train.teacher")
-        teacher, mapping, size = _timm_teacher(spec, tc.teacher_weights, num_classes)
+        if tc.teacher_weights is None:
+            raise UserError(f"train.teacher={spec} (a timm model) needs its weights: set train.teacher_weights=FILE "
+                            f"(.safetensors or .pth; nothing is downloaded)")
+        _, tc.teacher_sha256, sd = hashed_weights(tc.teacher_weights, tc.teacher_sha256, "train.teacher")
+        teacher, mapping, size = _timm_teacher(spec, tc.teacher_weights, sd, num_classes)
     else:
         raise UserError(f"train.teacher {spec!r:.80} is neither a run directory, a weights file nor a timm model name")
     teacher.eval().requires_grad_(False).to(accelerator.device)

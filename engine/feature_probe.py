@@ -2,6 +2,8 @@
 the linear probe (models/linear_probe.py) that trains on it.
 
 `resolve_features` (train.py, before the resume fingerprint): reads FEATURE_DIR/features.json,
+records the folder's identity (data.features_source_sha256 and features_settings_sha256: frozen
+resume keys, in config.yaml and summary.json; a pinned one must match),
 refuses what cannot apply (model.pretrained, model.freeze=backbone: the backbone ran already, at
 extraction; train.distill: a teacher needs the images; Mixup/CutMix and pixel augmentations: data/features.py) and sets the model keys that
 decide the classifier's initial weights (model.name, norm, init_values, pool..., data.image_size)
@@ -40,6 +42,7 @@ def resolve_features(cfg, say):
                         f"needs the images; distil on the image path, or set train.distill=none")
     feature_data.check_feature_config(cfg.data)
     meta = feature_data.read_meta(root)
+    record_identity(cfg, meta)
     source = meta.get("config") or {}
     changed = []
     for key in SOURCE_MODEL_KEYS:
@@ -49,7 +52,7 @@ def resolve_features(cfg, say):
     size = source.get("data", {}).get("image_size")
     if size is not None and cfg.data.image_size != size:
         changed.append(f"data.image_size={size} (the config had {cfg.data.image_size})")
-        cfg.data.image_size = cfg.model.img_size = size
+        cfg.data.image_size = size
     calib = float(source.get("data", {}).get("calib_fraction", 0.0)) if "calib" in meta["counts"] else 0.0
     if cfg.data.calib_fraction != calib:
         changed.append(f"data.calib_fraction={calib:g} (the config had {cfg.data.calib_fraction:g})")
@@ -63,9 +66,25 @@ def resolve_features(cfg, say):
     return meta
 
 
+_IDENTITY_KEYS = (("features_source_sha256", "from other weights"), ("features_settings_sha256", "with other settings"))
+
+
+def record_identity(cfg, meta):
+    """data.features_source_sha256 / features_settings_sha256 := the folder's (data/features.py
+    `identity`); a pinned one must match (UserError, one line)."""
+    for (key, how), have in zip(_IDENTITY_KEYS, feature_data.identity(meta)):
+        pinned = getattr(cfg.data, key)
+        if pinned is not None and pinned != have:
+            raise UserError(f"data.{key}: the features in {cfg.data.root} were extracted {how} than the config "
+                            f"pins (sha256 {have}, pinned {pinned}); restore those features, or start a new run "
+                            f"with data.{key}=null")
+        setattr(cfg.data, key, have)
+
+
 def build_feature_probe(cfg, num_classes, meta, say):
     """The probe of a features run, initialised as the image-path probe is (see the module docstring)."""
-    like = create_classifier(cfg.model, cfg.head, num_classes)  # the image path's draws from the init stream
+    # the image path's draws from the init stream
+    like = create_classifier(cfg.model, cfg.head, num_classes, img_size=cfg.data.image_size)
     probe, not_loaded = create_linear_probe(int(meta["feature_dim"]), num_classes, cfg.head, like=like,
                                             source_classifier=feature_data.read_classifier(cfg.data.root))
     text = f"; not loaded: {'; '.join(not_loaded)}" if not_loaded else "; the source's classifier loaded"
@@ -75,7 +94,13 @@ def build_feature_probe(cfg, num_classes, meta, say):
 
 
 def build_eval_probe(cfg, num_classes):
-    """A probe of the feature folder's dimension, for eval.py to load trained weights into."""
+    """A probe of the feature folder's dimension, for eval.py to load trained weights into; features
+    of other weights than the probe was trained on (data.features_source_sha256) are refused."""
     meta = feature_data.read_meta(cfg.data.root)
+    trained_on, here = cfg.data.features_source_sha256, meta.get("source_sha256")
+    if trained_on is not None and trained_on != here:
+        raise UserError(f"the features in data.root={cfg.data.root} were extracted from other weights (sha256 "
+                        f"{str(here)[:12]}…) than the probe was trained on ({trained_on[:12]}…); evaluate it on "
+                        f"features of its own source, or extract them again from it")
     probe, _ = create_linear_probe(int(meta["feature_dim"]), num_classes, cfg.head)
     return probe

@@ -2,8 +2,9 @@
 before anything is built, and `load_pretrained_weights` on the new model).
 
 `resolve_pretrained` finds the weights file (a run or checkpoint directory's model.safetensors, or
-the file itself), hashes it (a pinned model.pretrained_sha256 must match; otherwise the hash is
-recorded, so config.yaml, summary.json and the resume fingerprint name the exact file), and keeps
+the file itself), reads it once and hashes the bytes it loads (a pinned model.pretrained_sha256
+must match; otherwise the hash is recorded, so config.yaml, summary.json and the resume fingerprint
+name the exact weights loaded, even when the source run exports new ones meanwhile), and keeps
 the weights' image size: the token-mixing layers fix the patch count, so data.image_size (and the
 model's copy of it) is set to it and the data pipeline resizes the images (one line says so when the
 config asked for another size). `load_pretrained_weights` fits the weights into the model
@@ -14,8 +15,8 @@ from dataclasses import dataclass
 
 from common import rundir
 from common.errors import UserError
-from models.convert import read_state_dict
-from models.pretrained import file_sha256, fit_pretrained, weights_patch_grid
+from common.weights import read_hashed_state_dict
+from models.pretrained import fit_pretrained, weights_patch_grid
 
 
 
@@ -41,14 +42,15 @@ def weights_file(path, key):
     return path
 
 
-def hashed_file(path, pinned, key):
-    """(file, sha256) for `path`; a pinned sha256 (`{key}_sha256`) must match."""
+def hashed_weights(path, pinned, key):
+    """(file, sha256, state dict) for `path`, the sha256 of the bytes the state dict was read from;
+    a pinned sha256 (`{key}_sha256`) must match."""
     file = weights_file(path, key)
-    sha = file_sha256(file)
+    state_dict, sha = read_hashed_state_dict(file)
     if pinned is not None and pinned != sha:
         raise UserError(f"{key}: {file} has sha256 {sha}, the config pins {pinned} ({key}_sha256): the file changed; "
                         f"restore it, or start a new run with {key}_sha256=null")
-    return file, sha
+    return file, sha, state_dict
 
 
 def resolve_pretrained(cfg, say):
@@ -56,16 +58,15 @@ def resolve_pretrained(cfg, say):
     docstring); -> PretrainedWeights, or None without model.pretrained. Changes `cfg` in place."""
     if cfg.model.pretrained is None:
         return None
-    file, sha = hashed_file(cfg.model.pretrained, cfg.model.pretrained_sha256, "model.pretrained")
+    file, sha, state_dict = hashed_weights(cfg.model.pretrained, cfg.model.pretrained_sha256, "model.pretrained")
     cfg.model.pretrained_sha256 = sha
-    state_dict = read_state_dict(file)
     grid = weights_patch_grid(state_dict)
-    if grid is not None and grid[0] != cfg.model.img_size:
+    if grid is not None and grid[0] != cfg.data.image_size:
         size, patch, side = grid
         say(f"model.pretrained: {file} was trained at {size} px ({side}x{side} patches of {patch} px, fixed by its "
             f"token-mixing layers): data.image_size set to {size} (the config had "
-            f"{cfg.model.img_size}); the data pipeline resizes the images to {size} px")
-        cfg.model.img_size = cfg.data.image_size = size
+            f"{cfg.data.image_size}); the data pipeline resizes the images to {size} px")
+        cfg.data.image_size = size
     return PretrainedWeights(cfg.model.pretrained, file, sha, state_dict)
 
 
@@ -78,8 +79,11 @@ def load_pretrained_weights(model, weights, say):
 
 
 def summary_fields(cfg):
-    """What summary.json records of the run's starting weights and teacher."""
+    """What summary.json records of the run's starting weights, teacher and cached features."""
     out = {}
+    if cfg.data.dataset == "features":
+        out["features"] = {"root": cfg.data.root, "source_sha256": cfg.data.features_source_sha256,
+                           "settings_sha256": cfg.data.features_settings_sha256}
     if cfg.model.pretrained is not None:
         out["pretrained"] = {"path": cfg.model.pretrained, "sha256": cfg.model.pretrained_sha256,
                              "freeze": cfg.model.freeze}

@@ -19,9 +19,7 @@ derived from it:
   (OPTIM_KEYS, class OPTIMIZER), evaluated at the current update (so a new lr or epoch count takes
   effect from this step on), `change_record` is the metrics.jsonl row and
   `save_config_with_history` writes config.yaml (always a plain, valid `--config` file) and appends
-  the change to its history, RUN_DIR/config_history.yaml (rundir.CONFIG_HISTORY). Runs written
-  before kept the history inside config.yaml as a `history` key: it is read from there (and moved
-  to the history file at the next save), and the config loader ignores it.
+  the change to its history, RUN_DIR/config_history.yaml (rundir.CONFIG_HISTORY).
 
 Keys present on only one side (added to the schema after the checkpoint was written) are not
 compared: the checkpoint cannot say what it used. The fingerprint is TrainerState.config
@@ -139,6 +137,27 @@ def format_changes(changes):
     return ", ".join(f"{c.key}={c.old!r} -> {c.new!r}" for c in changes)
 
 
+# The sha256 keys of what a run reads from outside itself (filled in by train.py): a change means the
+# file (or feature folder) changed under the same path since the run started, said so in those words.
+SOURCE_HASH_KEYS = {
+    "model.pretrained_sha256": "the file at model.pretrained changed",
+    "train.teacher_sha256": "the file at train.teacher changed",
+    "data.features_source_sha256": "the features at data.root were re-extracted from other weights",
+    "data.features_settings_sha256": "the features at data.root were re-extracted with other settings",
+}
+
+
+def _short(sha):
+    return f"{sha[:12]}…" if isinstance(sha, str) else repr(sha)
+
+
+def describe_source_changes(changes):
+    """'the file at model.pretrained changed since this run started (sha256 18cd… → 1766…)', one
+    clause per changed SOURCE_HASH_KEYS key of `changes`; '' when none changed."""
+    return "; ".join(f"{SOURCE_HASH_KEYS[c.key]} since this run started (sha256 {_short(c.old)} → {_short(c.new)})"
+                     for c in changes if c.key in SOURCE_HASH_KEYS)
+
+
 def check_resume_changes(saved, current, *, checkpoint, accept_changes=False, allowlist=RESUME_ALLOWLIST):
     """Compare fingerprints; returns the accepted changes (empty when none).
 
@@ -146,6 +165,13 @@ def check_resume_changes(saved, current, *, checkpoint, accept_changes=False, al
     `accept_changes` (the --resume-with-changes flag) is off."""
     changes = config_changes(saved, current, allowlist)
     frozen = [c for c in changes if c.key in FROZEN_KEYS]
+    sources = describe_source_changes(changes)
+    if sources and (frozen or not accept_changes):
+        others = [c for c in changes if c.key not in SOURCE_HASH_KEYS]
+        also = f"; other changes: {format_changes(others)}" if others else ""
+        how = ("restore it to resume, or start a new run in another train.output_dir" if frozen else
+               f"restore it to resume, or pass {RESUME_FLAG} to go on with the new one")
+        raise UserError(f"checkpoint {checkpoint} cannot be resumed: {sources}{also}; {how}")
     if frozen:
         raise UserError(
             f"checkpoint {checkpoint} cannot be resumed with {format_changes(frozen)} (a checkpoint of another "
@@ -226,9 +252,9 @@ def history_path(config_path):
 
 
 def read_config_history(config_path):
-    """The change history of the run whose config.yaml is `config_path`: its history file, or (a run
-    written before the file existed) config.yaml's own `history` key; [] when neither holds one.
-    A file that is not UTF-8, malformed or has duplicate keys is a one-line UserError."""
+    """The change history of the run whose config.yaml is `config_path` (its history file beside it);
+    [] when there is none. A file that is not UTF-8, malformed or has duplicate keys is a one-line
+    UserError."""
     path = history_path(config_path)
     if os.path.isfile(path):
         history, _ = read_yaml_file(path, "config history")
@@ -236,11 +262,7 @@ def read_config_history(config_path):
             raise UserError(f"{path} must be a list of changes, got {type(history).__name__}; restore it or "
                             f"delete it (the history is a record, not a setting)")
         return list(history or [])
-    if not os.path.isfile(config_path):
-        return []
-    data, _ = read_yaml_file(config_path, "run config")
-    legacy = data.get("history") if isinstance(data, dict) else None
-    return list(legacy) if isinstance(legacy, list) else []
+    return []
 
 
 def save_config_with_history(path, cfg, entry=None, keep_history=True):
@@ -258,5 +280,4 @@ def save_config_with_history(path, cfg, entry=None, keep_history=True):
     elif os.path.isfile(hist):
         os.remove(hist)
     data = dict(cfg if isinstance(cfg, Mapping) else config_to_dict(cfg))
-    data.pop("history", None)  # a dict read from an older run's config.yaml
     atomic_write_text(path, yaml.safe_dump(data, sort_keys=False))

@@ -35,7 +35,7 @@ import uuid
 
 from common import rundir
 from common.errors import UserError
-from common.io import ensure_folder, through_file, write_error, write_file
+from common.io import ensure_folder, pid_alive, remove_stale_temp, through_file, write_error, write_file
 
 _UNREADABLE_GRACE_S = 10.0  # an unparsable lock younger than this may be mid-creation (O_EXCL fallback)
 
@@ -62,21 +62,16 @@ def _proc_start(pid):
         return None
 
 
-def _pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    except OSError:
-        return True
-    return True
-
-
 def _describe(holder):
     return (f"pid {holder.get('pid')} on {holder.get('host')}, since {holder.get('since')}"
             + (f", {holder['purpose']}" if holder.get("purpose") else ""))
+
+
+def process_record():
+    """This process as a holder: pid, host, boot id and start time, what `stale_reason` checks (a lock
+    file's record; compare_heads --tune's trials name their process this way too)."""
+    pid = os.getpid()
+    return {"pid": pid, "host": socket.gethostname(), "boot_id": _boot_id(), "proc_start": _proc_start(pid)}
 
 
 def stale_reason(holder, host=None):
@@ -90,7 +85,7 @@ def stale_reason(holder, host=None):
     boot = _boot_id()
     if holder.get("boot_id") and boot and holder["boot_id"] != boot:
         return "the host has rebooted since"
-    if not _pid_alive(pid):
+    if not pid_alive(pid):
         return f"process {pid} is gone"
     recorded, now = holder.get("proc_start"), _proc_start(pid)
     if recorded is not None and now is not None and recorded != now:
@@ -152,11 +147,9 @@ class RunLock:
 
     # -------------------------------------------------------------- acquire / release
     def _new_record(self):
-        pid = os.getpid()
-        return {"pid": pid, "host": socket.gethostname(),
+        return {**process_record(),
                 "since": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
-                "purpose": self.purpose, "boot_id": _boot_id(), "proc_start": _proc_start(pid),
-                "token": uuid.uuid4().hex}
+                "purpose": self.purpose, "token": uuid.uuid4().hex}
 
     def _try_create(self, record):
         """True when this process created the lock file; False when it already exists."""
@@ -268,3 +261,16 @@ class RunLock:
     def __exit__(self, *exc):
         self.release()
         return False
+
+
+@contextlib.contextmanager
+def writing_into(folder, *, purpose, names=None, subfolders=(), enabled=True, warn=print):
+    """Hold FOLDER's lock while writing outputs there, after removing the temporary files that
+    killed writers left (common.io.remove_stale_temp: only those of `names` when given, only of
+    dead pids), in FOLDER and in its `subfolders`: eval.py's, predict.py's, the export's and the
+    feature extraction's outputs. Disabled (`enabled=False`, the other ranks): neither."""
+    with RunLock(folder, purpose=purpose, enabled=enabled, warn=warn):
+        if enabled:
+            for where in [folder, *(os.path.join(folder, s) for s in subfolders)]:
+                remove_stale_temp(where, names=names)
+        yield

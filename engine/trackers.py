@@ -21,7 +21,6 @@ import os
 from common import rundir
 from common.errors import UserError
 from common.io import read_json, write_json
-from configs.schema import TRACKER_NAMES
 
 MLFLOW_DB = "mlflow.db"
 MLFLOW_URI_ENV = "MLFLOW_TRACKING_URI"
@@ -51,6 +50,15 @@ def tracker_names(log_with):
             raise UserError(f"train.log_with={name} needs the {name} package, which is not installed: "
                             f"pip install {name}, or remove {name} from train.log_with")
     return names
+
+
+def quiet_mlflow():
+    """Import mlflow and keep its store's INFO lines ("Creating initial MLflow database tables...")
+    out of the run's log (mlflow sets its loggers up when imported: quietened after that)."""
+    import mlflow  # noqa: F401
+
+    for name in ("alembic", "mlflow"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def tensorboard_dir(run_dir):
@@ -89,10 +97,7 @@ def start(accelerator, names, cfg, params, resuming):
     init_kwargs = {}
     if "mlflow" in names:
         os.environ.setdefault(MLFLOW_URI_ENV, "sqlite:///" + os.path.abspath(os.path.join(run_dir, MLFLOW_DB)))
-        import mlflow  # noqa: F401 - it sets its loggers up when imported: quieten them after that
-
-        for name in ("alembic", "mlflow"):  # the store's "Creating initial MLflow database tables..." lines
-            logging.getLogger(name).setLevel(logging.WARNING)
+        quiet_mlflow()
         mlflow_kwargs = {"run_name": cfg.name}
         run_id = _saved(run_dir).get("mlflow_run_id") if resuming else None
         if run_id:

@@ -75,7 +75,7 @@ class TrainedRun:
         when native_size is None; data/transforms.py eval_transform describes it), checked to give the
         model's input size."""
         transform = build_eval_transform(self.cfg.data, native_size)
-        size = self.cfg.model.img_size
+        size = self.cfg.data.image_size
         probe = transform(Image.new("RGB", (37, 53)))  # an odd, non-square size
         if tuple(probe.shape) != (3, size, size):
             raise UserError(f"the eval transform (data.train_crop={self.cfg.data.train_crop}) gives "
@@ -113,8 +113,9 @@ def open_run(path, *, config=None, model=None, head=None, img_size=None, ema=Fal
     if not model:
         raise UserError(f"{path} is a weights file: say what to build with --config CFG.yaml "
                         f"or --model NAME (e.g. --model resmlp_s12 --dataset imagefolder --data-root DIR)")
-    if not img_size:
-        flags = _flag_overrides(model, head, VARIANTS.get(model, {}).get("img_size", DEFAULT_IMG_SIZE)) + list(overrides)
+    if not img_size:  # the variant's own size
+        img_size = VARIANTS.get(model, {}).get("img_size", DEFAULT_IMG_SIZE)
+        flags = _flag_overrides(model, head, img_size) + list(overrides)
     name = os.path.splitext(os.path.basename(path))[0]
     cfg = configs.config_from_dict({}, default_name=name)
     cfg = configs.config_from_dict(apply_overrides(config_to_dict(cfg), flags), default_name=cfg.name)
@@ -166,11 +167,11 @@ def build_model(cfg, weights, num_classes):
         load_into(model, state_dict, weights)
         return model.eval()
     grid = weights_patch_grid(state_dict)
-    if grid is not None and grid[0] != cfg.model.img_size and grid[1] == VARIANTS[cfg.model.name]["patch_size"]:
+    if grid is not None and grid[0] != cfg.data.image_size and grid[1] == VARIANTS[cfg.model.name]["patch_size"]:
         # the token-mixing layers fix the patch count: name the size, not the first mismatched tensor
         raise UserError(f"{weights} was trained at {grid[0]} px ({grid[2]}x{grid[2]} patches) but the config has "
-                        f"data.image_size={cfg.model.img_size}: set data.image_size={grid[0]}")
-    model = models.create_classifier(cfg.model, cfg.head, num_classes)
+                        f"data.image_size={cfg.data.image_size}: set data.image_size={grid[0]}")
+    model = models.create_classifier(cfg.model, cfg.head, num_classes, img_size=cfg.data.image_size)
     # UserError naming the first mismatched key
     load_into(model, convert_state_dict(state_dict, model), weights)
     # timm reads a model's data config from pretrained_cfg: the run's eval transform, not the variant's

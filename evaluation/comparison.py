@@ -22,7 +22,7 @@ import os
 import statistics
 
 from common import rundir
-from common.io import atomic_write_text, read_json, write_json
+from common.io import atomic_write_text, prepare_output, read_json, write_json
 from models.registry import is_sparse
 
 from . import metrics, ood_report, paired, plots, pool_report, report, sanity, selective_report, summary
@@ -476,7 +476,7 @@ def write_report(variants, report_dir, title, command, weights="raw", notes=(), 
     variants: {name: [load_run(...)]}; pairs: [(variant, baseline variant)] for the paired statistics;
     missing: planned run directories without results (named in the report).
     Returns (table text, report.md path, paired results)."""
-    os.makedirs(report_dir, exist_ok=True)
+    prepare_output(report_dir, folder=True)
     header, rows = summary_table(variants)
     acc_curves, hists, diagrams, cov_curves, points = _plot_inputs(variants)
     files = {k: os.path.join(report_dir, v) for k, v in plots.PLOT_FILES.items()}

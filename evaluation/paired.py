@@ -143,6 +143,8 @@ def across_rows(results):
                          _interval(r["t_low"], r["t_high"], scale, digits),
                          f"{r['sign_flip_p']:.3g} (min {r['min_sign_flip_p']:.3g})",
                          _interval(r["boot_low"], r["boot_high"], scale, digits),
-                         "n/a" if not np.isfinite(mdd[0]) else "–".join(f"{scale * v:.{digits}f}" for v in mdd) + unit,
-                         "n/a" if r["n_seeds"] < 2 else "–".join(str(v) if v is not None else "> 1000" for v in needed)])
+                         "n/a" if not np.isfinite(mdd[0])
+                         else "–".join(f"{scale * v:.{digits}f}" for v in mdd) + unit,
+                         "n/a" if r["n_seeds"] < 2
+                         else "–".join(str(v) if v is not None else "> 1000" for v in needed)])
     return header, rows

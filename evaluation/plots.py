@@ -29,9 +29,11 @@ OVERCONFIDENT_COLOR = "#e8837f"   # confidence above accuracy: from the accuracy
 UNDERCONFIDENT_COLOR = "#82c982"  # confidence below accuracy: from the confidence up to the accuracy
 
 
-def _save(fig, path):
-    """The figure as a PNG, written atomically (common.io: a failure is one line, no temp file left)."""
-    fig.tight_layout()
+def _save(fig, path, tight=True):
+    """The figure as a PNG, written atomically (common.io: a failure is one line, no temp file left);
+    `tight=False` keeps a layout the caller made (constrained, or tight with a margin)."""
+    if tight:
+        fig.tight_layout()
     try:
         atomic_write(path, through_file(lambda f: fig.savefig(f, format="png", dpi=110)))
     finally:
@@ -49,6 +51,43 @@ def same_as_earlier(series):
         else:
             seen[key] = variant
     return out
+
+
+def plot_tuning_history(name, trials, path):
+    """trials: [{"number", "state", "value"}] of one study -> each trial's tune top-1 (pruned: at the
+    epoch it stopped) and the best complete one so far (compare_heads --tune)."""
+    fig, ax = plt.subplots(figsize=(6.0, 3.8))
+    for state, marker, label in (("COMPLETE", "o", "complete"), ("PRUNED", "x", "pruned (its last epoch)")):
+        pts = [(t["number"], 100 * t["value"]) for t in trials if t["state"] == state and t["value"] is not None]
+        if pts:
+            ax.scatter(*zip(*pts), marker=marker, s=28, label=label, color="C0" if state == "COMPLETE" else "C3")
+    best, steps = -math.inf, []
+    for t in sorted(trials, key=lambda t: t["number"]):
+        if t["state"] == "COMPLETE" and t["value"] is not None:
+            best = max(best, 100 * t["value"])
+        if best > -math.inf:
+            steps.append((t["number"], best))
+    if steps:
+        ax.step(*zip(*steps), where="post", color="C1", lw=1.5, label="best complete so far")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("trial")
+    ax.set_ylabel("tune top-1 (%)")
+    ax.set_title(f"Tuning history: {name}", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, path)
+
+
+def plot_tuning_importance(name, importances, path):
+    """importances: {setting: Optuna's importance (sums to 1)} -> horizontal bars, largest on top."""
+    items = sorted(importances.items(), key=lambda kv: kv[1])
+    fig, ax = plt.subplots(figsize=(5.5, 0.5 + 0.45 * len(items) + 0.8))
+    ax.barh([k for k, _ in items], [v for _, v in items], color="C0")
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("importance (fANOVA share of the tune top-1's variance)")
+    ax.set_title(f"Setting importance: {name}", fontsize=10)
+    ax.grid(alpha=0.3, axis="x")
+    _save(fig, path)
 
 
 def plot_accuracy_curves(curves, path, weights="raw"):
@@ -175,8 +214,7 @@ def plot_reliability(diagrams, path):
                         Patch(color=UNDERCONFIDENT_COLOR, label="gap up to accuracy: underconfident"),
                         Patch(color="0.6", label="samples per bin (lower panels)")],
                loc="outside lower center", ncol=2 if cols < 3 else 4, fontsize=8, frameon=False)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path, tight=False)
 
 
 def plot_coverage_vs_set_size(curves, points, path, epsilons=(0.1, 0.05)):
@@ -299,8 +337,7 @@ def plot_ood_histograms(hists, path, ood_name):
                         Patch(color="C3", alpha=0.45, label=labels["out"])],
                loc="upper center", ncol=2, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.45 / fig.get_figheight()))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path, tight=False)
 
 
 POOL_MAPS_FILE = "pool_support_maps.png"  # hopfield-pooled runs only (not in PLOT_FILES: avg runs have none)
@@ -360,7 +397,4 @@ def plot_pool_support_maps(rows, path):
     fig.suptitle("Hopfield pooling support: outlined patches are used (yellow → red: small → the image's "
                  "largest weight), dark ones unused", fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()), h_pad=1.0)  # room for the title
-    try:
-        atomic_write(path, through_file(lambda f: fig.savefig(f, format="png", dpi=110)))
-    finally:
-        plt.close(fig)
+    _save(fig, path, tight=False)

@@ -587,6 +587,21 @@ def two_figures(x):
     return f"{x:.{max(0, 1 - math.floor(math.log10(abs(x))))}f}"
 
 
+def seeds_range_text(result):
+    """'6–420 seeds', '30 to more than 1000 seeds': the seeds the observed difference would need, over
+    the seed s.d.'s χ² interval (an across_trainings entry's seeds_needed_low / _high)."""
+    low, high = result["seeds_needed_low"], result["seeds_needed_high"]
+    over = f"more than {_MAX_SEEDS_SEARCHED}"
+    return (f"{over} seeds" if low is None else
+            f"{low}–{high} seeds" if high is not None and high != low else
+            f"{low} seeds" if high is not None else f"{low} to {over} seeds")
+
+
+def mdd_range_text(result):
+    """'2.4–29 pt': the 80%-power minimum detectable difference over the seed s.d.'s χ² interval."""
+    return f"{two_figures(100 * result['mdd_low'])}–{two_figures(100 * result['mdd_high'])} pt"
+
+
 def power_range_text(result):
     """The power clause of a not-significant verdict: the seed s.d.'s χ² interval, the MDD over it and
     the seeds a true difference of the observed size would need over it, e.g. "the per-seed
@@ -594,14 +609,10 @@ def power_range_text(result):
     interval): MDD 2.4–29 pt (80% power, non-central t); were the true difference the observed −1.2 pt,
     it would take 6–420 seeds; plan seeds from a pilot"."""
     n, power, level = result["n_seeds"], f"{100 * result['power']:g}%", f"{100 * result['level']:g}%"
-    low, high = result["seeds_needed_low"], result["seeds_needed_high"]
-    over = f"more than {_MAX_SEEDS_SEARCHED}"
-    seeds = (f"{over} seeds" if low is None else
-             f"{low}–{high} seeds" if high is not None and high != low else
-             f"{low} seeds" if high is not None else f"{low} to {over} seeds")
+    seeds = seeds_range_text(result)
     return (f"the per-seed differences have s.d. {100 * result['sd']:.1f} pt, but with {n} seeds the seed s.d. is "
             f"known only to [{100 * result['sd_low']:.1f}, {100 * result['sd_high']:.1f}] pt ({level} χ² interval): "
-            f"MDD {two_figures(100 * result['mdd_low'])}–{two_figures(100 * result['mdd_high'])} pt ({power} power, "
+            f"MDD {mdd_range_text(result)} ({power} power, "
             f"non-central t); were the true difference the observed {signed_points(result['difference'])} pt, it "
             f"would take {seeds}; plan seeds from a pilot")
 

@@ -10,7 +10,7 @@ conclusion: with other numbers the sentences change.
 from models.registry import is_sparse
 
 from . import report, sanity
-from .statistics import signed_points
+from .statistics import mdd_range_text, seeds_range_text, signed_points
 
 MINUS = "\u2212"
 
@@ -128,12 +128,12 @@ def settle_line(results, rising):
     open_ = [res for res in results if res["across"]["top1"]["n_seeds"] >= 2
              and not res["across"]["top1"]["significant"]
              and not any(c["nothing_learned"] for c in res["learned"].values())]
-    if open_:
-        need = [f"{res['variant']} ≥ {res['across']['top1']['seeds_needed']}" if res["across"]["top1"]["seeds_needed"]
-                else f"{res['variant']} more than 1000" for res in open_]
-        mdd = max(res["across"]["top1"]["mdd"] for res in open_)
-        steps.append(f"more seeds: these {open_[0]['across']['top1']['n_seeds']} detect only top-1 differences "
-                     f"above ~{100 * mdd:.1f} pt; the observed ones need {', '.join(need)} seeds")
+    if open_ and all("mdd_low" in res["across"]["top1"] for res in open_):  # the verdicts' own power ranges
+        mdd = ", ".join(f"{res['variant']} {mdd_range_text(res['across']['top1'])}" for res in open_)
+        need = ", ".join(f"{res['variant']} {seeds_range_text(res['across']['top1'])}" for res in open_)
+        steps.append(f"more seeds: {open_[0]['across']['top1']['n_seeds']} seeds detect (80% power) only top-1 "
+                     f"differences above {mdd} (ranges: the seed-to-seed s.d. is itself uncertain); the observed "
+                     f"ones would take {need}")
     if any(res["across"]["top1"]["n_seeds"] < 2 for res in results):
         steps.append("at least 3 seeds (--seeds 0 1 2)")
     if rising:

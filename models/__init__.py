@@ -1,4 +1,6 @@
 """Models: the ResMLP family (models/resmlp.py) and the swappable output heads (models/heads.py)."""
+import timm
+
 from .convert import convert_state_dict, load_pretrained
 from .heads import (HEAD_NAMES, OutputHead, build_output_head, entmax15, entmax15_loss, entmax_bisect,
                     entmax_bisect_loss, softmax, softmax_loss, sparsemax, sparsemax_loss)
@@ -6,8 +8,9 @@ from .registry import HPARAMS
 from .resmlp import MODEL_NAMES, Affine, ResMLP, create_resmlp  # importing registers resmlp_* with timm
 
 
-def create_classifier(model_cfg, head_cfg, num_classes):
-    """Build the configured ResMLP and attach its output head as `model.output_head`.
+def create_classifier(model_cfg, head_cfg, num_classes, *, img_size):
+    """Build the configured ResMLP for `img_size` x `img_size` images (a config's data.image_size) and
+    attach its output head as `model.output_head`.
 
     `model(x)` returns logits, exactly as a timm model; `model.output_head(logits)` gives the
     head's probabilities and `model.output_head.loss(logits, target)` its Fenchel-Young loss.
@@ -15,14 +18,12 @@ def create_classifier(model_cfg, head_cfg, num_classes):
     With a head flagged cosine_classifier (am_softmax), `model.head` is a CosineLinear (scale * cosine,
     no bias). The head's settings are the config's head section (models/registry.py names them).
     """
-    import timm
-
     # model_cfg.name was checked by the config loader (schema choices); timm.create_model reaches
     # create_resmlp, which names the valid variants for a direct caller
     model = timm.create_model(
         model_cfg.name,
         num_classes=num_classes,
-        img_size=model_cfg.img_size,
+        img_size=img_size,
         norm=model_cfg.norm,
         drop_path_rate=model_cfg.drop_path,
         init_values=model_cfg.init_values,

@@ -20,11 +20,10 @@ checkpoint's output_head entries are ignored when loaded into a bare ResMLP.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
 from common.errors import UserError
+from common.weights import read_state_dict
 
 _TIMM_RENAMES = ((".linear_tokens.", ".cross_patch."), (".mlp_channels.", ".mlp."))
 _FB_RENAMES = (("patch_embed.", "stem."), (".attn.", ".cross_patch."), (".gamma_1", ".ls1"),
@@ -53,6 +52,16 @@ def _rename(key: str, fmt: str) -> str:
     return key[1:]
 
 
+POOL_PREFIX = "pool."  # model.pool=hopfield's learned query (models/hopfield_pool.py); average pooling has none
+
+
+def settings_behind(key):
+    """The config keys that decide whether a model has tensor `key`: the pooling's own tensors come
+    with model.pool, the others with model.name and model.norm."""
+    return "model.pool (hopfield has a learned query, avg none)" if key.startswith(POOL_PREFIX) \
+        else "model.name or model.norm"
+
+
 def convert_state_dict(state_dict, model) -> dict:
     """Return `state_dict` (this project's, timm's or FB's) renamed and reshaped for `model`.
 
@@ -71,7 +80,7 @@ def convert_state_dict(state_dict, model) -> dict:
             continue  # a run's output-head state, loaded into a bare ResMLP: not part of it
         if new_key not in target:
             raise UserError(f"checkpoint key '{key}' has no counterpart in {type(model).__name__} "
-                            f"(detected {fmt} format); is this checkpoint for another architecture or variant?")
+                            f"(detected {fmt} format); was it trained with another {settings_behind(new_key)}?")
         want = target[new_key].shape
         if value.shape != want and value.numel() == want.numel() and new_key.endswith((".alpha", ".beta")):
             value = value.reshape(want)  # timm stores Affine α/β as (1, 1, d)
@@ -86,7 +95,7 @@ def convert_state_dict(state_dict, model) -> dict:
             out[key] = value
             continue
         raise UserError(f"checkpoint is missing '{key}' (detected {fmt} format); "
-                        f"is it for another architecture or variant?")
+                        f"was it trained with another {settings_behind(key)}?")
     return out
 
 
@@ -106,27 +115,6 @@ def to_timm_state_dict(state_dict) -> dict:
             value = value.reshape(1, 1, -1)  # timm stores Affine α/β as (1, 1, d)
         out[key] = value
     return out
-
-
-def read_state_dict(path: str) -> dict:
-    """Tensors from a .safetensors or torch (.pth/.pt/.bin) file; unwraps a top-level 'model' key."""
-    if not os.path.isfile(path):
-        raise UserError(f"weights file not found: {path}")
-    if path.endswith(".safetensors"):
-        from safetensors.torch import load_file
-        try:
-            return load_file(path)
-        except Exception as e:  # corrupt / not safetensors
-            raise UserError(f"cannot read {path} as safetensors: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
-    try:
-        sd = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"cannot read {path} as a torch weights file (weights_only=True): {msg}") from None
-    for wrapper in ("model", "state_dict"):
-        if isinstance(sd, dict) and isinstance(sd.get(wrapper), dict):
-            sd = sd[wrapper]
-    return sd
 
 
 def load_pretrained(model, path: str):

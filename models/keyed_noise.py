@@ -6,7 +6,9 @@ size and the world size. Evaluation needs each example's noise to follow the exa
 the split) instead: here every element is a counter-based hash (Salmon et al. 2011, "Parallel random
 numbers: as easy as 1, 2, 3", the idea; the 32-bit mixer is Wellons' "lowbias32") of its key, drawn
 with integer tensor arithmetic on the keys' device (the seed's share on the host, with the same
-operations on Python integers): no host read, fixed shapes, the same numbers on CPU and CUDA. Values are kept in [0, 2^32) in int64 and every product is split into 16-bit halves,
+operations on Python integers): no host read, fixed shapes, and the same integers on every
+device (the float transforms after them round as any float op does).
+Values are kept in [0, 2^32) in int64 and every product is split into 16-bit halves,
 so no integer operation overflows.
 
 Resolution: a uniform carries 24 random bits in float32 (as torch.rand) and 32 in float64.

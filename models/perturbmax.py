@@ -7,7 +7,8 @@ Cuturi, Vert & Bach, NeurIPS 2020, "Learning with Differentiable Perturbed Optim
 With Gumbel noise and sigma = 1, p_sigma is exactly softmax (the Gumbel-max trick) and L is the
 cross-entropy in expectation (for soft targets too: F(z) - E[Z_1] is then logsumexp(z)). The
 reported per-row loss is that Monte-Carlo estimate as it is, unclamped: a confidently right row's
-estimate is negative in about half the draws, and clamping those at 0 would bias the mean upward. L is the perturbed Fenchel-Young loss F(z) + Omega(q) - <z, q>
+estimate is negative in about half the draws, and clamping those at 0 would bias the mean upward.
+L is the perturbed Fenchel-Young loss F(z) + Omega(q) - <z, q>
 with Omega(e_y) = -sigma E[Z_1] (exact for one-hot targets; for soft targets it differs from the
 FY loss by a term of q only, so gradients are the same). Its Monte-Carlo gradient is the mean of
 the draws' one-hot argmaxes minus q, the gradient of the Monte-Carlo estimate of F itself.
@@ -116,28 +117,46 @@ def check_ids(ids, rows: int):
     return ids.reshape(-1)
 
 
-def _draws(z: Tensor, sigma: float, samples: int, noise: str, seed: int, step: int, ids=None):
-    """(mean one-hot argmax (R, K), mean max (R,), noise (M, R, K)) of rows z (R, K): the noise of one
-    (seed, step) draw, or with `ids` (R,) the keyed noise of (seed, ids[r]) for each row."""
-    if ids is None:
-        eps = draw_noise((samples,) + tuple(z.shape), noise, seed, step, z)
-    else:
-        eps = keyed_noise(row_keys(seed, check_ids(ids, z.shape[0])), samples, z.shape[-1], noise, z.dtype)
+NOISE_CHUNK = 1 << 22  # keyed noise without a backward is drawn this many elements at a time (memory)
+
+
+def _from_noise(z: Tensor, sigma: float, samples: int, eps: Tensor):
+    """(mean one-hot argmax (R, K), mean max (R,)) of rows z (R, K) under noise eps (M, R, K)."""
     perturbed = z.unsqueeze(0) + sigma * eps
     best, winner = perturbed.max(-1)  # (M, R)
     counts = torch.zeros_like(z).scatter_add_(-1, winner.transpose(0, 1), torch.ones_like(best).transpose(0, 1))
     alive = (z > float("-inf")).any(-1, keepdim=True)  # an all -inf row: no winner, zeros
-    p = counts.div_(samples).mul_(alive)
-    return p, best.mean(0), eps
+    return counts.div_(samples).mul_(alive), best.mean(0)
+
+
+def _draws(z: Tensor, sigma: float, samples: int, noise: str, seed: int, step: int, ids=None, keep_noise=True):
+    """(mean one-hot argmax (R, K), mean max (R,), noise (M, R, K)) of rows z (R, K): the noise of one
+    (seed, step) draw, or with `ids` (R,) the keyed noise of (seed, ids[r]) for each row. Keyed noise
+    that no backward needs (`keep_noise` False: noise None) is drawn a block of rows at a time, which
+    gives the same numbers (each row's noise is its own) in bounded memory: a whole split at once."""
+    if ids is None:
+        eps = draw_noise((samples,) + tuple(z.shape), noise, seed, step, z)
+        return (*_from_noise(z, sigma, samples, eps), eps)
+    keys = row_keys(seed, check_ids(ids, z.shape[0]))
+    if keep_noise:
+        eps = keyed_noise(keys, samples, z.shape[-1], noise, z.dtype)
+        return (*_from_noise(z, sigma, samples, eps), eps)
+    block = max(1, NOISE_CHUNK // max(1, samples * z.shape[-1]))  # host shapes: no device read
+    parts = [_from_noise(z[s:s + block], sigma, samples, keyed_noise(keys[s:s + block], samples, z.shape[-1],
+                                                                     noise, z.dtype))
+             for s in range(0, z.shape[0], block)]
+    if not parts:
+        return (*_from_noise(z, sigma, samples, z.new_zeros((samples,) + tuple(z.shape))), None)
+    return torch.cat([p for p, _ in parts]), torch.cat([f for _, f in parts]), None
 
 
 def _grad_nu(eps: Tensor, noise: str) -> Tensor:
     return eps if noise == "gaussian" else 1.0 - torch.exp(-eps)
 
 
-def _perturbmax_rows(rows: Tensor, sigma: float, samples: int, noise: str, seed: int, step: int, ids):
-    p, _, eps = _draws(rows, sigma, samples, noise, seed, step, ids)
-    return p, (rows, eps)
+def _perturbmax_rows(rows: Tensor, sigma: float, samples: int, noise: str, seed: int, step: int, ids, keep_noise):
+    p, _, eps = _draws(rows, sigma, samples, noise, seed, step, ids, keep_noise)
+    return p, (rows, eps) if keep_noise else ()
 
 
 def _perturbmax_backward(rows: Tensor, eps: Tensor, g_rows: Tensor, sigma: float, noise: str) -> Tensor:
@@ -151,7 +170,10 @@ class PerturbmaxFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, dim: int, sigma: float, samples: int, noise: str, seed: int, step: int, ids):
         ctx.sigma, ctx.noise = sigma, noise
-        return rows_forward(ctx, x, dim, lambda rows: _perturbmax_rows(rows, sigma, samples, noise, seed, step, ids))
+        # no backward, no saved noise: keyed draws in blocks of rows (an inference context has no flags)
+        keep = bool(getattr(ctx, "needs_input_grad", (True,))[0])
+        return rows_forward(ctx, x, dim,
+                            lambda rows: _perturbmax_rows(rows, sigma, samples, noise, seed, step, ids, keep))
 
     @staticmethod
     def backward(ctx, g: Tensor):
@@ -173,7 +195,7 @@ class _PerturbedFYLoss(RowGradientLoss):
     @staticmethod
     def forward(ctx, z: Tensor, target: Tensor, sigma: float, samples: int, noise: str, seed: int, step: int, ids):
         zf = compute_dtype(z)
-        p, f, _ = _draws(zf, sigma, samples, noise, seed, step, ids)
+        p, f, _ = _draws(zf, sigma, samples, noise, seed, step, ids, keep_noise=False)  # the loss keeps p - q only
         shift = sigma * (EULER_GAMMA if noise == "gumbel" else 0.0)
         # unclamped: the estimate's mean is the loss (a per-row clamp at 0 would bias it upward)
         if target.dtype.is_floating_point:

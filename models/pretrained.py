@@ -20,7 +20,7 @@ import torch
 
 from common.errors import UserError
 
-from .convert import _rename, detect_format
+from .convert import _rename, detect_format, settings_behind
 
 CLASSIFIER_PREFIX = "head."
 OUTPUT_HEAD_PREFIX = "output_head."
@@ -89,8 +89,8 @@ def fit_pretrained(model, state_dict):
         if key.startswith((CLASSIFIER_PREFIX, OUTPUT_HEAD_PREFIX)):
             continue
         if key not in src:
-            raise UserError(f"the weights lack '{key}' (found {len(src)} tensors); are they for another model "
-                            f"variant or norm (model.name, model.norm)?")
+            raise UserError(f"the weights lack '{key}' (found {len(src)} tensors); were they trained with another "
+                            f"{settings_behind(key)}?")
         name, value = src[key]
         if value.shape != want.shape and value.numel() == want.numel() and key.endswith((".alpha", ".beta")):
             value = value.reshape(want.shape)  # timm stores Affine alpha/beta as (1, 1, d)
@@ -100,8 +100,8 @@ def fit_pretrained(model, state_dict):
         loaded[key] = value
     for key, (name, _) in src.items():
         if key not in target and not key.startswith((CLASSIFIER_PREFIX, OUTPUT_HEAD_PREFIX)):
-            raise UserError(f"weights key '{name}' has no counterpart in the model ('{key}'); are they for another "
-                            f"model variant or norm (model.name, model.norm)?")
+            raise UserError(f"weights key '{name}' has no counterpart in the model ('{key}'); were they trained with "
+                            f"another {settings_behind(key)}?")
     reason = _classifier_mismatch(src, target)
     head_keys = [k for k in target if k.startswith(CLASSIFIER_PREFIX)]
     state_keys = [k for k in target if k.startswith(OUTPUT_HEAD_PREFIX)]

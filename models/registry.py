@@ -26,6 +26,7 @@ from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 from common.errors import UserError
 from common.intervals import RangeCheck
+from common.search_space import parse_search
 
 from .am_softmax import am_softmax_loss, check_margin, check_scale
 from .losses import entmax15_loss, entmax_bisect_loss, softmax_loss, sparsemax_loss
@@ -43,7 +44,8 @@ class HParam:
     a one-line UserError naming head.<name>; a number's check is its module's
     common.intervals.RangeCheck, and `range` (the --help-config text) is that check's `.range`.
     `only_for_head`: setting it away from its default with another head is an error (a changed
-    setting is never silently ignored)."""
+    setting is never silently ignored). `search`: the range compare_heads --tune samples it from
+    (common/search_space.py; None: not tuned), inside `range`."""
 
     name: str
     type: type
@@ -52,6 +54,7 @@ class HParam:
     check: Callable[[Any], Any]
     doc: str
     only_for_head: bool = False
+    search: Optional[str] = None  # compare_heads --tune's range, e.g. "log [0.1, 3]" (common/search_space.py)
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,13 @@ def _validate_hparam(spec_name: str, hp: HParam) -> None:
         _fail(spec_name, f"head.{hp.name} shows range {hp.range!r} but its check enforces {hp.check.range!r}")
     if hp.check(hp.default) != hp.default:
         _fail(spec_name, f"the default of head.{hp.name} does not pass its own check")
+    if hp.search is not None:  # a search range inside what the check accepts
+        try:
+            rng = parse_search(hp.search)
+            for end in (rng.low, rng.high):
+                hp.check(int(end) if rng.integer else end)
+        except (ValueError, UserError) as err:
+            _fail(spec_name, f"head.{hp.name}: search range {hp.search!r}: {err}")
     other = HPARAMS.get(hp.name)
     if other is not None and (other.default, other.type) != (hp.default, hp.type):
         _fail(spec_name, f"head.{hp.name} is declared by another head with another default or type")
@@ -190,18 +200,21 @@ def _check_k_classes(settings: dict, num_classes: int) -> None:
 
 # ------------------------------------------------------------------------------- the declarations
 ALPHA = HParam("alpha", float, 1.5, check_alpha.range, check_alpha,
-               "entmax_bisect only: in [1, 2], strictly inside when learned")
+               "entmax_bisect only: in [1, 2], strictly inside when learned", search="[1.05, 2]")
 LEARN_ALPHA = HParam("learn_alpha", bool, False, "true | false", check_flag("learn_alpha"),
                      "entmax_bisect only: alpha = 1 + sigmoid(alpha_logit) is trained", only_for_head=True)
 GAMMA = HParam("gamma", float, 2.0, check_gamma_value.range, check_gamma_value,
-               "normmax only: gamma > 1 (Santos et al. 2024 use 2)")
+               "normmax only: gamma > 1 (Santos et al. 2024 use 2)", search="log [1.1, 8]")
 K = HParam("k", int, 5, "[1, num_classes]", check_k,
-           "sparse_softmax only: classes kept, 1 <= k <= num_classes (5: the top-5 metric)")
-ORDER = HParam("order", int, 2, check_order.range, check_order, "taylor_softmax only: even order >= 2 (2: 1 + x + x^2/2)")
+           "sparse_softmax only: classes kept, 1 <= k <= num_classes (5: the top-5 metric)",
+           search="int log [2, 20]")  # capped at the class count when tuned
+ORDER = HParam("order", int, 2, check_order.range, check_order, "taylor_softmax only: even order >= 2 (2: 1 + x + x^2/2)",
+               search="int [2, 6] step 2")
 SCALE = HParam("scale", float, 30.0, check_scale.range, check_scale,
-               "am_softmax only: s > 0, logits = s * cos (Wang et al. 2018 use 30)")
+               "am_softmax only: s > 0, logits = s * cos (Wang et al. 2018 use 30)", search="log [4, 64]")
 MARGIN = HParam("margin", float, 0.35, check_margin.range, check_margin,
-                "am_softmax only: m >= 0 subtracted from the true cosine in training (paper: 0.35)")
+                "am_softmax only: m >= 0 subtracted from the true cosine in training (paper: 0.35)",
+                search="[0, 0.5]")
 
 register(HeadSpec(
     "softmax", MAPPINGS["softmax"].apply, lambda z, t, s, training, **kw: softmax_loss(z, t, **kw),
@@ -245,7 +258,7 @@ register(HeadSpec(
 
 SIGMA = HParam("sigma", float, 1.0, check_sigma.range, check_sigma,
                "perturbmax only: noise scale sigma (Gumbel, sigma = 1: softmax in expectation), at least "
-               f"float32's resolution next to logits up to +-{LOGIT_SCALE:g}")
+               f"float32's resolution next to logits up to +-{LOGIT_SCALE:g}", search="log [0.1, 3]")
 SAMPLES = HParam("samples", int, 16, check_samples.range, check_samples, "perturbmax only: Monte-Carlo draws per row")
 NOISE = HParam("noise", str, "gumbel", " | ".join(NOISES), check_noise, "perturbmax only: noise distribution")
 

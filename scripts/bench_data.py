@@ -22,21 +22,20 @@ DALI-GPU row (wall img/s) when a CUDA GPU is present.
 import argparse
 import os
 import pickle
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
-import numpy as np  # noqa: E402
-import timm  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from PIL import Image  # noqa: E402
+import numpy as np
+import timm
+import torch
+import torch.nn.functional as F
+from PIL import Image
 
-import data  # noqa: E402
-from configs.schema import DataConfig  # noqa: E402
-from data.dali_pipeline import dali_available  # noqa: E402  (DALI itself stays optional: imported inside)
+import data
+from configs.schema import DataConfig
+from data.dali_pipeline import dali_available  # (DALI itself stays optional: imported inside)
 
 
 def write_cifar_fixture(root, n):

@@ -16,19 +16,19 @@ import argparse
 import os
 import random
 import statistics
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
-import torch  # noqa: E402
-from safetensors.torch import save_file  # noqa: E402
+import torch
+from accelerate.state import AcceleratorState, GradientState
+from safetensors.torch import save_file
 
-import configs  # noqa: E402
-import train  # noqa: E402
-from configs.schema import HeadConfig, ModelConfig  # noqa: E402
-from models import create_classifier  # noqa: E402
+import configs
+import train
+from configs.schema import HeadConfig, ModelConfig
+from models import create_classifier
 
 
 def parse_args(argv=None):
@@ -46,7 +46,7 @@ def parse_args(argv=None):
 
 def write_weights(path, model_name, image_size, num_classes=10):
     torch.manual_seed(1)
-    net = create_classifier(ModelConfig(name=model_name, img_size=image_size), HeadConfig(), num_classes)
+    net = create_classifier(ModelConfig(name=model_name), HeadConfig(), num_classes, img_size=image_size)
     save_file({k: v.contiguous() for k, v in net.state_dict().items()}, path)
 
 
@@ -68,12 +68,10 @@ def variants(args, tmp):
 
 
 def build_run(args, tmp, name, overrides):
-    from accelerate.state import AcceleratorState, GradientState
-
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
     data = {
-        "name": "bench", "model": {"name": args.model, "img_size": args.image_size}, "head": {"name": args.head},
+        "name": "bench", "model": {"name": args.model}, "head": {"name": args.head},
         "data": {"dataset": "builtin10", "image_size": args.image_size, "batch_size": args.batch, "num_workers": 0,
                  "builtin_train_size": args.batch * 8, "builtin_val_size": 64},
         "optim": {"epochs": 1000, "warmup_epochs": 0},

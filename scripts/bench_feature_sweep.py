@@ -29,13 +29,13 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
+from _root import ROOT  # the repository root, on sys.path (scripts/_root.py)
 
-import yaml  # noqa: E402
+import yaml
 
-from models.heads import HEAD_NAMES  # noqa: E402
+from common.io import atomic_write_text, prepare_output
+from engine.cli import run_cli
+from models.heads import HEAD_NAMES
 
 TARGET_S = 60.0
 # The data of the sweep: builtin100 at 32 px, 10% of train held out to calibrate the prediction sets.
@@ -65,8 +65,7 @@ def parse_args(argv=None):
 
 
 def write_yaml(obj, path):
-    with open(path, "w") as f:
-        yaml.safe_dump(obj, f)
+    atomic_write_text(path, yaml.safe_dump(obj))
     return path
 
 
@@ -92,7 +91,7 @@ def run(cmd, cpu=None):
 def main(argv=None):
     args = parse_args(argv)
     work = args.work or tempfile.mkdtemp(prefix="bench_features_")
-    os.makedirs(work, exist_ok=True)
+    prepare_output(work, folder=True)  # a folder that cannot be written: one line (exit 74) before any timing
     for old in ("runs_f", "report_f", "report_f2", "runs_i", "report_i"):  # this script's own outputs: timed afresh
         shutil.rmtree(os.path.join(work, old), ignore_errors=True)
     data = QUICK_DATA if args.quick else DATA
@@ -151,4 +150,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

@@ -26,20 +26,20 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from _root import ROOT  # the repository root, on sys.path (scripts/_root.py)
 
-import timm  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+import timm
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
 
-import models  # noqa: E402,F401  (registers resmlp_* with timm)
-from common import rundir  # noqa: E402
-from common.io import write_json  # noqa: E402
-from models.convert import convert_state_dict  # noqa: E402
+import models  # noqa: F401  (registers resmlp_* with timm)
+from common import rundir
+from common.io import prepare_output, write_json, writing
+from models.convert import convert_state_dict
 
-from engine.children import ChildProcesses, StoppedBySignal  # noqa: E402
+from engine.children import ChildProcesses, StoppedBySignal
+from engine.cli import run_cli
 
 # Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s, from the vendors' data sheets.
 PEAK_BF16_TFLOPS = {
@@ -142,7 +142,9 @@ def run_script(children, args, timeout, log):
     runs our signals reach it, a time limit kills it with exit 124); return (exit code, seconds).
     Raises StoppedBySignal once this script was signalled."""
     t0 = time.perf_counter()
-    with open(log, "w") as f, children:
+    with writing(log):
+        f = open(log, "w")
+    with f, children:
         rc = children.run([sys.executable, *args], timeout=timeout, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
     children.check_stopped(f"{args[0]} stopped (exit {rc}); nothing more is measured", rc)
     return rc, time.perf_counter() - t0
@@ -208,7 +210,7 @@ def main(argv=None):
     if device.type == "cuda" and not torch.cuda.is_available():
         print("error: no CUDA GPU visible; use --device cpu --quick for a smoke run", file=sys.stderr)
         return 2
-    os.makedirs(args.out, exist_ok=True)
+    prepare_output(args.out, folder=True)  # a folder that cannot be written: one line (exit 74) before measuring
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     peak, source = peak_tflops(name, args.peak_tflops)
     res = {"device": name, "torch": torch.__version__, "peak_tflops": peak, "peak_source": source}
@@ -253,7 +255,7 @@ def run_parts(args, device, res, peak, save, children):
         log = os.path.join(args.out, "step_overhead.txt")
         rc, wall = run_script(children, ["scripts/bench_train_heads.py", "--device", dev, "--bf16", "--quick",
                                "--classes", "1000", "--batch-size", str(args.batch_size if dev == "cuda" else 16),
-                               "model.name=resmlp_s12", "model.img_size=224", "data.image_size=224"], 120, log)
+                               "model.name=resmlp_s12", "data.image_size=224"], 120, log)
         res["step_overhead"] = {"exit_code": rc, "wall_s": wall, "log": log}
         save()
     if "train" not in args.skip and dev == "cuda":
@@ -263,4 +265,4 @@ def run_parts(args, device, res, peak, save, children):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

@@ -18,19 +18,18 @@ On CUDA it is wall time around synchronized calls, device path only (the one CUD
     python scripts/bench_heads.py [--quick] [--device cpu|cuda|all] [--reps N] [--threads 1,2]
 """
 import argparse
-import os
 import random
 import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
-from models.mappings import threshold_path  # noqa: E402
-from models.registry import HEADS, check_settings  # noqa: E402
+from models.mappings import threshold_path
+from models.registry import HEADS, check_settings
 
 try:
     import entmax as entmax_pkg  # oracle only

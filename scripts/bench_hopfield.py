@@ -32,21 +32,20 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+from _root import ROOT  # the repository root, on sys.path (scripts/_root.py)
 
-import torch  # noqa: E402
+import torch
 
-import configs  # noqa: E402
-from common import rundir  # noqa: E402
-from common.errors import UserError  # noqa: E402
-from engine.children import ChildProcesses  # noqa: E402
-from engine.cli import run_cli  # noqa: E402
-from engine.optim import build_optimizer  # noqa: E402
-from models import create_classifier  # noqa: E402
-from models.hopfield_pool import POOL_MAPPINGS  # noqa: E402
-from models.mapping_table import MAPPINGS  # noqa: E402
+import configs
+from common import rundir
+from common.errors import UserError
+from engine.children import ChildProcesses
+from engine.cli import run_cli
+from engine.optim import build_optimizer
+from evaluation import comparison, paired, report
+from models import create_classifier
+from models.hopfield_pool import POOL_MAPPINGS
+from models.mapping_table import MAPPINGS
 
 ANCHOR = "avg"
 NUM_CLASSES = 10  # the built-in data's
@@ -93,14 +92,14 @@ def make_step(model, opt, x, y):
 def step_times(cfg, mappings, batch, rounds, steps, pool_k):
     """{variant: [seconds per step]} over interleaved rounds, the same batch for every variant."""
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(batch, 3, cfg.model.img_size, cfg.model.img_size, generator=g)
+    x = torch.randn(batch, 3, cfg.data.image_size, cfg.data.image_size, generator=g)
     y = torch.randint(0, NUM_CLASSES, (batch,), generator=g)
     fns = {}
     for mapping in [None] + mappings:
         model_cfg = dataclasses.replace(cfg.model, pool="avg" if mapping is None else "hopfield",
                                         pool_mapping=mapping or "softmax", pool_k=pool_k_of(mapping, pool_k))
         torch.manual_seed(0)
-        model = create_classifier(model_cfg, cfg.head, NUM_CLASSES).train()
+        model = create_classifier(model_cfg, cfg.head, NUM_CLASSES, img_size=cfg.data.image_size).train()
         opt = build_optimizer(model, cfg.optim, global_batch=cfg.optim.lr_base_batch)
         fns[variant_name(mapping)] = make_step(model, opt, x, y)
         for _ in range(2):  # warm-up (allocator, lazy init)
@@ -117,7 +116,7 @@ def step_times(cfg, mappings, batch, rounds, steps, pool_k):
 
 def print_speed(times, cfg, batch, rounds, steps):
     anchor = statistics.median(times[ANCHOR])
-    print(f"step overhead: {cfg.model.name} ({cfg.model.img_size} px, {(cfg.model.img_size // 4) ** 2} patches), "
+    print(f"step overhead: {cfg.model.name} ({cfg.data.image_size} px, {(cfg.data.image_size // 4) ** 2} patches), "
           f"batch {batch}, {cfg.optim.name}, fp32, threads {torch.get_num_threads()}, {rounds} rounds x {steps} "
           f"steps, interleaved")
     print(f"{'pooling':<22}{'step ms':>10}{'img/s':>9}{'ratio vs avg':>14}")
@@ -148,8 +147,6 @@ def train_and_evaluate(children, config, overrides, run_dir):
 
 def accuracy_runs(args, mappings, runs_dir, children):
     """{variant: {seed: comparison.load_run(...)}} after training and evaluating every missing run."""
-    from evaluation import comparison
-
     runs = {}
     for mapping in [None] + mappings:
         name = variant_name(mapping)
@@ -172,8 +169,6 @@ def _mean_sd(values):
 
 
 def print_accuracy(runs):
-    from evaluation import paired
-
     print(f"\n{'pooling':<22}{'top-1 (mean ± sd over seeds)':>30}{'support mean (patches)':>26}")
     for name, by_seed in runs.items():
         m, s = _mean_sd([r["result"]["top1"] for r in by_seed.values()])
@@ -189,8 +184,6 @@ def print_accuracy(runs):
         results.append(res)
     if not results:
         return []
-    from evaluation import report
-
     print("\nAcross trainings (the seed is the unit):")
     header, rows = paired.across_rows(results)
     print(report.text_table(header, [r for r in rows if r[1] == "top-1"]))

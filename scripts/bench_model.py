@@ -13,20 +13,18 @@ interleaved repetitions with alternating order, and the ratio is the median of p
 ratios. Compilation happens in the warm-up steps, which are not timed.
 """
 import argparse
-import os
 import statistics
-import sys
 import time
 from functools import partial
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from timm.models.mlp_mixer import Affine as TimmAffine, MlpMixer, ResBlock  # noqa: E402
+import torch
+import torch.nn.functional as F
+from timm.models.mlp_mixer import Affine as TimmAffine, MlpMixer, ResBlock
 
-from models.convert import convert_state_dict  # noqa: E402
-from models.resmlp import VARIANTS, create_resmlp  # noqa: E402
+from models.convert import convert_state_dict
+from models.resmlp import VARIANTS, create_resmlp
 
 FULL_CASES = (("resmlp_cifar_s12", 64), ("resmlp_s12", 16))
 QUICK_CASES = (("resmlp_cifar_s12", 32),)

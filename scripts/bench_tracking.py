@@ -10,15 +10,12 @@ offline default); TensorBoard to event files there. A missing tracker package is
 """
 import argparse
 import os
-import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
-import torch  # noqa: E402
+import torch
 
 
 def make_step(batch):
@@ -26,7 +23,7 @@ def make_step(batch):
     from models import create_classifier
 
     torch.manual_seed(0)
-    model = create_classifier(ModelConfig(name="resmlp_tiny", img_size=32), HeadConfig(), 10)
+    model = create_classifier(ModelConfig(name="resmlp_tiny"), HeadConfig(), 10, img_size=32)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
 
@@ -49,13 +46,10 @@ def time_tracker(name, steps, batch, folder):
     GradientState._reset_state()
     os.makedirs(folder, exist_ok=True)
     if name == "mlflow":
+        from engine.trackers import quiet_mlflow
+
         os.environ["MLFLOW_TRACKING_URI"] = "sqlite:///" + os.path.join(folder, "mlflow.db")
-        import logging
-
-        import mlflow  # noqa: F401
-
-        logging.getLogger("alembic").setLevel(logging.WARNING)
-        logging.getLogger("mlflow").setLevel(logging.WARNING)
+        quiet_mlflow()
     accelerator = Accelerator(cpu=True, log_with=None if name == "none" else [name],
                               project_config=ProjectConfiguration(project_dir=folder, logging_dir=folder))
     accelerator.init_trackers(f"bench_{name}", config={"steps": steps, "batch": batch})

@@ -13,25 +13,24 @@ over softmax as a percentage of the step (target: <= 2% at 1000 classes).
 import argparse
 import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
-import torch  # noqa: E402
+import torch
 
-import configs  # noqa: E402
-from engine.cli import run_cli  # noqa: E402
-from engine.optim import build_optimizer  # noqa: E402
-from models import create_classifier  # noqa: E402
-from models.heads import HEAD_NAMES  # noqa: E402
+import configs
+from engine.cli import run_cli
+from engine.optim import build_optimizer
+from models import create_classifier
+from models.heads import HEAD_NAMES
 
 
 
 def build(cfg, head, num_classes, device):
     cfg.head.name = head
     torch.manual_seed(0)
-    model = create_classifier(cfg.model, cfg.head, num_classes).to(device).train()
+    model = create_classifier(cfg.model, cfg.head, num_classes, img_size=cfg.data.image_size).to(device).train()
     opt = build_optimizer(model, cfg.optim, global_batch=cfg.optim.lr_base_batch)
     return model, opt
 
@@ -81,7 +80,7 @@ def main(argv=None):
     heads = args.heads.split(",")
 
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(args.batch_size, 3, cfg.model.img_size, cfg.model.img_size, generator=g).to(device)
+    x = torch.randn(args.batch_size, 3, cfg.data.image_size, cfg.data.image_size, generator=g).to(device)
     if args.hard_targets:
         target = torch.randint(0, args.classes, (args.batch_size,), generator=g).to(device)
     else:  # Mixup-like rows: two classes mixed, label-smoothed
@@ -110,7 +109,7 @@ def main(argv=None):
             times[h].append(time.perf_counter() - t0)
 
     anchor = statistics.median(times["softmax"]) if "softmax" in times else None
-    print(f"model {cfg.model.name} ({cfg.model.img_size}px), {args.classes} classes, batch {args.batch_size}, "
+    print(f"model {cfg.model.name} ({cfg.data.image_size}px), {args.classes} classes, batch {args.batch_size}, "
           f"{'bf16' if args.bf16 else 'fp32'}, {cfg.optim.name}, {'hard' if args.hard_targets else 'soft'} targets, "
           f"device {device}, threads {torch.get_num_threads()}, {args.rounds} rounds x {args.steps} steps, "
           f"denormals {'kept' if args.keep_denormals else 'flushed'}")

@@ -12,17 +12,15 @@ other jobs, --threads 1 is faster and the CPU seconds are the meaningful cost.
 """
 import argparse
 import math
-import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
-import data  # noqa: E402
-from configs.schema import DataConfig  # noqa: E402
+import data
+from configs.schema import DataConfig
 
 
 def make_model(num_classes):

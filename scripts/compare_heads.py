@@ -7,6 +7,7 @@
     python scripts/compare_heads.py ... --emit-slurm compare.sbatch   # then: sbatch compare.sbatch
     python scripts/compare_heads.py ... --report-only                 # aggregate the finished runs
     python scripts/compare_heads.py --config CFG --features FEATURE_DIR --heads ... --seeds ...   # cached features
+    python scripts/compare_heads.py ... --tune [--trials N] [--pruner median|hyperband|none] [--storage URL]
 
 For each variant (head × norm × α) and seed the run directory is RUNS_DIR/<variant>-s<seed>. The plan
 (run directories, configs, commands) is one function of the arguments, the same in every mode.
@@ -21,7 +22,8 @@ Modes:
   (default)      one run after another, output on the terminal;
   --jobs N       N runs at once, each pinned to its share of the machine: with GPUs, CUDA_VISIBLE_DEVICES
                  gives job slot j the GPUs j, j+N, ... (round-robin); on CPU each job gets
-                 OMP_NUM_THREADS = cores // N. Each run's output goes to RUN_DIR/compare.log.
+                 OMP_NUM_THREADS = cores // N (at most the OMP_NUM_THREADS you set). Each run's
+                 output goes to RUN_DIR/compare.log.
                  Without --launcher each slot is one Python process that runs its train.py and
                  eval.py mains one after another (scripts/compare_worker.py): a Python start with
                  torch costs ~7 s of CPU, which a fresh process per step paid twice per run;
@@ -35,11 +37,16 @@ the runs folder, in MLFLOW_TRACKING_URI or else the offline store RUNS_DIR/mlflo
 After each run a progress line says how many of the plan's runs are finished and about how long the
 rest will take at the pace so far (scripts/compare_progress.py).
 Cached features (--features DIR, a folder of scripts/extract_features.py): the same plan, each run a linear
-head on the cached features (data.dataset=features data.root=DIR added to every run's overrides), with the
+head on the cached features (data.dataset=features data.root=DIR and the folder's identity,
+data.features_source_sha256 / features_settings_sha256, added to every run's overrides: a run trained on
+features since re-extracted at DIR is refused, never mixed into the report), with the
 same report, statistics, prediction sets, selective prediction and OOD detection (--ood-dataset auto: the
 folder's OOD features, DIR/ood, when it has them). Without --launcher and --jobs, train.py and eval.py then
 run inside this process, one after the other (a probe trains in well under a second; a fresh Python with
 torch costs several), exactly as their command lines would run them.
+Tuning (--tune, scripts/tune_heads.py and engine/tuning.py): first one Optuna study per variant, the
+same --trials each, on a tune split held out of train (data.tune_fraction); then each variant's best
+settings and the config's own are both trained over --seeds and compared on val, which no trial read.
 Signals: SIGTERM / SIGINT / SIGUSR1 are forwarded to the running train.py / eval.py children
 (engine/children.py), which save and stop; compare_heads then exits with their code (143 ...), a
 second signal kills them, and no child outlives it.
@@ -68,9 +75,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+from _root import ROOT  # the repository root, on sys.path (scripts/_root.py)
 
 from common.startup import say_loading  # noqa: E402  (standard library only)
 
@@ -81,10 +86,11 @@ from engine.children import ChildProcesses  # noqa: E402
 from engine.cli import run_cli  # noqa: E402
 from common import rundir  # noqa: E402
 from common.errors import UserError  # noqa: E402
-from common.io import atomic_write_text, json_text, read_json, write_json  # noqa: E402
+from common.io import atomic_write_text, ensure_folder, json_text, prepare_output, read_json, write_json, writing  # noqa: E402
 from engine.runlock import RunLock  # noqa: E402
 from models.registry import HEAD_NAMES, check_settings  # noqa: E402
 
+FEATURE_IDENTITY_KEYS = ("features_source_sha256", "features_settings_sha256")  # data.* keys, data/features.py
 REPORT_SOURCE = "compare_source.json"  # in a report folder: the runs folder its report is of
 
 
@@ -142,6 +148,21 @@ def parse_args(argv=None):
     p.add_argument("--no-mlflow", action="store_true",
                    help="do not log the comparison to MLflow (default when mlflow is installed: one experiment, "
                         "in MLFLOW_TRACKING_URI or RUNS_DIR/mlflow.db; scripts/compare_tracking.py)")
+    tune = p.add_argument_group("tuning (--tune: each variant tuned with Optuna on the tune split, then compared; "
+                                "scripts/tune_heads.py)")
+    tune.add_argument("--tune", action="store_true",
+                      help="tune optim.lr, optim.weight_decay and each head's own settings per variant, the same "
+                           "--trials each, on data.tune_fraction of train; then train the best settings over --seeds "
+                           "and compare them, and the untuned settings, on val")
+    tune.add_argument("--trials", type=int, default=20, help="finished (complete or pruned) trials per variant")
+    tune.add_argument("--pruner", default="median", choices=("median", "hyperband", "none"),
+                      help="stops trials behind on the per-epoch tune curve (none: every trial trains its budget)")
+    tune.add_argument("--storage", default=None, metavar="URL",
+                      help="Optuna storage shared by every process tuning this comparison: sqlite:///PATH, "
+                           "postgresql://..., or journal:PATH (a file on a shared filesystem); default "
+                           "sqlite:///RUNS_DIR/tune/studies.db")
+    tune.add_argument("--tune-only", action="store_true",
+                      help="run the trials, then stop (SLURM array tasks; the verdict runs come after)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="list what would run, run nothing")
     mode.add_argument("--emit-slurm", metavar="FILE", default=None,
@@ -161,6 +182,11 @@ def parse_args(argv=None):
     if args.emit_slurm and args.launcher:
         raise UserError("--launcher does not apply to --emit-slurm: each array task launches through "
                         "scripts/slurm_train.sh (accelerate launch per node); set GPUS_PER_NODE instead")
+    if args.trials < 1:
+        raise UserError(f"--trials must be at least 1, got {args.trials}")
+    given = [a for a in ("--trials", "--pruner", "--storage", "--tune-only") if any(o.split("=")[0] == a for o in options)]
+    if given and not args.tune:
+        raise UserError(f"{given[0]} applies to --tune; add --tune")
     args.overrides = overrides + feature_overrides(args.features, overrides)
     return args
 
@@ -169,13 +195,17 @@ def feature_overrides(features, overrides):
     """The overrides --features DIR adds to every run (checked: DIR must be a feature folder)."""
     if features is None:
         return []
+    from data.features import identity as feature_identity
     from data.features import read_meta
 
-    clash = [o for o in overrides if o.split("=", 1)[0] in ("data.dataset", "data.root")]
+    keys = ("data.dataset", "data.root", *(f"data.{k}" for k in FEATURE_IDENTITY_KEYS))
+    clash = [o for o in overrides if o.split("=", 1)[0] in keys]
     if clash:
-        raise UserError(f"--features sets data.dataset=features and data.root; drop the override '{clash[0]}'")
-    read_meta(features)  # one line for a missing folder or one without features.json
-    return ["data.dataset=features", f"data.root={features}"]
+        raise UserError(f"--features sets {', '.join(keys)}; drop the override '{clash[0]}'")
+    # the folder's identity pins every run (train.py refuses other features) and enters each run's
+    # request: runs trained on features since re-extracted at DIR are refused, never mixed in
+    identity = dict(zip(FEATURE_IDENTITY_KEYS, feature_identity(read_meta(features))))
+    return ["data.dataset=features", f"data.root={features}", *(f"data.{k}='{v}'" for k, v in identity.items())]
 
 
 # ------------------------------------------------------------------------------------------ the plan
@@ -204,21 +234,33 @@ def _variants(args):
     return out
 
 
-def plan_runs(args):
-    """[(variant name, seed, run_dir, overrides)] in the order they will run, and the runs folder."""
-    stem = os.path.splitext(os.path.basename(args.config))[0]
-    runs_dir = args.runs_dir or os.path.join("runs", "compare", stem)
+def default_runs_dir(args):
+    return args.runs_dir or os.path.join("runs", "compare", os.path.splitext(os.path.basename(args.config))[0])
+
+
+def variant_overrides(args, head, alpha, norm):
+    """What a variant adds to the comparison's overrides (its head, alpha, norm)."""
+    ov = [f"head.name={head}"]
+    if alpha is not None:
+        ov.append(f"head.alpha={alpha}")
+    if head == "entmax_bisect" and args.learn_alpha:
+        ov.append("head.learn_alpha=true")
+    if norm:
+        ov.append(f"model.norm={norm}")
+    return ov
+
+
+def plan_runs(args, runs_dir=None, extra=None):
+    """[(variant name, seed, run_dir, overrides)] in the order they will run, and the runs folder.
+    `extra`: {variant name: overrides it adds} (--tune: its tuned settings)."""
+    runs_dir = runs_dir or default_runs_dir(args)
     plan = []
     for name, _, norm, head, alpha in _variants(args):
         for seed in args.seeds:
             run_dir = os.path.join(runs_dir, f"{name}-s{seed}")
-            ov = list(args.overrides) + [f"head.name={head}", f"train.seed={seed}", f"train.output_dir={run_dir}"]
-            if alpha is not None:
-                ov.append(f"head.alpha={alpha}")
-            if head == "entmax_bisect" and args.learn_alpha:
-                ov.append("head.learn_alpha=true")
-            if norm:
-                ov.append(f"model.norm={norm}")
+            ov = list(args.overrides) + (extra or {}).get(name, []) \
+                + [f"head.name={head}", f"train.seed={seed}", f"train.output_dir={run_dir}"] \
+                + variant_overrides(args, head, alpha, norm)[1:]
             plan.append((name, seed, run_dir, ov))
     return plan, runs_dir
 
@@ -239,7 +281,7 @@ def check_report_dir(report_dir, runs_dir, overwrite, record=False):
     try:
         with open(path) as f:
             theirs = json.load(f).get("runs_dir")
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # (a path through a file: prepare_output says so, exit 74)
         theirs = None  # a new folder, or a report written before folders recorded their runs
     except (OSError, ValueError, AttributeError) as err:
         raise UserError(f"cannot read {path} ({err}); give another --report-dir, or --overwrite to replace it")
@@ -372,9 +414,9 @@ def _check_request(run_dir, request, create=True):
 
 
 def _in_todays_schema(request):
-    """A stored request with its resolved config read by today's loader: older key names (e.g.
-    model.img_size, now data.image_size) as they are now, keys added since at their defaults, so an
-    older comparison continues. A resolved config today's loader refuses is compared as stored."""
+    """A stored request with its resolved config read by today's loader: keys added since at their
+    defaults, so an older comparison continues. A resolved config today's loader refuses is compared
+    as stored."""
     import configs
 
     if not isinstance(request.get("resolved"), dict):
@@ -404,7 +446,8 @@ def _run(children, cmd, what):
 def device_env(slot, jobs, environ=None, gpu_count=None, cpu_count=None):
     """Environment of job slot `slot` (0..jobs-1): with GPUs, CUDA_VISIBLE_DEVICES = the visible GPUs
     slot, slot+jobs, ... (round-robin; a slot shares one when there are fewer GPUs than jobs);
-    without, OMP_NUM_THREADS = an equal share of the CPU cores (at least 1)."""
+    without, OMP_NUM_THREADS = an equal share of the CPU cores (at least 1), never more than an
+    OMP_NUM_THREADS the environment already sets (the user's cap is kept, not silently raised)."""
     env = dict(os.environ if environ is None else environ)
     gpu_count = _gpu_count() if gpu_count is None else gpu_count
     if gpu_count > 0:
@@ -414,7 +457,11 @@ def device_env(slot, jobs, environ=None, gpu_count=None, cpu_count=None):
         env["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
     else:
         cpu_count = _cpu_count() if cpu_count is None else cpu_count
-        env["OMP_NUM_THREADS"] = str(max(1, cpu_count // jobs))
+        share = max(1, cpu_count // jobs)
+        asked = env.get("OMP_NUM_THREADS", "").strip()
+        if asked.isdigit() and int(asked) >= 1:
+            share = min(share, int(asked))
+        env["OMP_NUM_THREADS"] = str(share)
     return env
 
 
@@ -453,11 +500,13 @@ def run_parallel(todo, commands, jobs, children, progress=None):
         try:
             env = workers[slot].env
             pinned = {k: env[k] for k in ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS") if k in env}
-            os.makedirs(run_dir, exist_ok=True)
             log = os.path.join(run_dir, rundir.COMPARE_LOG)
             steps = ([("training", commands.train(overrides))] if not trained else []) \
                 + [("evaluating", commands.evaluate(run_dir))]
-            with open(log, "a") as out:
+            with writing(log):
+                ensure_folder(run_dir)
+                out = open(log, "a")
+            with out:
                 for what, cmd in steps:
                     say(f"{tag}: {what} (slot {slot}, {' '.join(f'{k}={v}' for k, v in pinned.items())}; log {log})")
                     out.write(f"$ {' '.join(shlex.quote(c) for c in cmd)}\n")
@@ -586,9 +635,9 @@ def emit_slurm(path, plan, commands, stem, command, report_command):
         repo=shlex.quote(ROOT), config=shlex.quote(commands.config),
         cases="\n".join(cases), eval_file=shlex.quote(commands.eval_file),
         ood_check=shlex.quote(commands.ood) if commands.ood else "")
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     atomic_write_text(path, text)
-    os.chmod(path, 0o755)
+    with writing(path):
+        os.chmod(path, 0o755)
 
 
 def check_evaluated_cli(argv):
@@ -632,11 +681,27 @@ def main(argv=None):
 
     config = os.path.abspath(args.config)
     base_cfg = configs.load_config(config, args.overrides)  # fail fast on a bad config / override
-    plan, runs_dir = plan_runs(args)
-    pairs = baseline_pairs(args)  # checks --baseline before anything runs
     commands = Commands(args, config, resolve_ood(args, base_cfg))
+    if args.tune:
+        import tune_heads
+
+        return tune_heads.main(args, argv, base_cfg, commands, compare=sys.modules[__name__])
+    plan, runs_dir = plan_runs(args)
+    compare(args, argv, plan, runs_dir, commands)
+    return 0
+
+
+def compare(args, argv, plan, runs_dir, commands, report_dir=None, children=None, title_note=""):
+    """Train and evaluate what `plan` still misses (or, in the other modes, emit / list / report it),
+    then write the report; -> (report.md path, paired results), None when nothing was reported
+    (--emit-slurm, --dry-run). `children`: a runner to use (--tune runs several plans under one)."""
+    import configs
+
+    raw = list(argv) if argv is not None else sys.argv[1:]
+    config = commands.config
+    pairs = baseline_pairs(args)  # checks --baseline before anything runs
     stem = os.path.splitext(os.path.basename(args.config))[0]
-    report_dir = report_dir_of(args, runs_dir, stem)
+    report_dir = report_dir or report_dir_of(args, runs_dir, stem)
     check_report_dir(report_dir, runs_dir, args.overwrite)  # before any training, not after
     requests = {}
     for _, _, run_dir, ov in plan:
@@ -649,24 +714,33 @@ def main(argv=None):
         emit_slurm(args.emit_slurm, plan, commands, stem, _command_line(argv), _command_line(_report_only_argv(raw)))
         print(f"wrote {args.emit_slurm}: a SLURM array job of {len(plan)} task(s), one per run in {runs_dir}; "
               f"submit it with: sbatch {args.emit_slurm}")
-        return 0
+        return None
     todo = runs_to_do(plan, commands, args)
     if args.dry_run:
         print(f"report: {os.path.join(report_dir, 'report.md')} (not written by --dry-run)")
-        return 0
+        return None
+    prepare_output(report_dir, folder=True)  # before any training: a report folder that cannot be written
     start = time.perf_counter()
-    with ChildProcesses() as children:  # signals go on to train.py / eval.py, which save and stop
-        if args.features and args.jobs == 1 and not args.launcher:
-            children = InProcess(children)  # a probe trains in far less time than a Python start takes
-        progress = Progress(len(todo), skipped=len(plan) - len(todo))
+    progress = Progress(len(todo), skipped=len(plan) - len(todo))
+    if children is not None:
         trained_now, evaluated_now = run_todo(todo, commands, requests, args.jobs, children, progress)
-    path, missing = write_comparison_report(plan, commands, args, pairs, stem, _command_line(argv),
-                                            report_dir, runs_dir)
+    else:
+        with ChildProcesses() as launcher:  # signals go on to train.py / eval.py, which save and stop
+            trained_now, evaluated_now = run_todo(todo, commands, requests, args.jobs, runner(args, launcher),
+                                                  progress)
+    path, missing, paired = write_comparison_report(plan, commands, args, pairs, stem, _command_line(argv),
+                                                    report_dir, runs_dir, title_note=title_note)
     log_to_mlflow(plan, commands, args, runs_dir, report_dir)
     print(f"{trained_now} training run(s) and {evaluated_now} evaluation(s) done now in "
           f"{time.perf_counter() - start:.0f}s; {len(plan) - len(missing)} of {len(plan)} run(s) in {runs_dir}")
     print(f"report: {path}")
-    return 0
+    return path, paired
+
+
+def runner(args, children):
+    """What runs the train.py / eval.py steps: `children` (signals forwarded), or with --features,
+    one job and no --launcher, this process (a probe trains in far less time than a Python start takes)."""
+    return InProcess(children) if args.features and args.jobs == 1 and not args.launcher else children
 
 
 def runs_to_do(plan, commands, args):
@@ -734,9 +808,9 @@ def log_to_mlflow(plan, commands, args, runs_dir, report_dir, trial=None):
           f"mlflow ui --backend-store-uri {uri}")
 
 
-def write_comparison_report(plan, commands, args, pairs, stem, command, report_dir, runs_dir):
+def write_comparison_report(plan, commands, args, pairs, stem, command, report_dir, runs_dir, title_note=""):
     """Report the finished runs (naming the missing ones) and print its table and sentences;
-    -> (report.md path, missing run dirs)."""
+    -> (report.md path, missing run dirs, paired results)."""
     from evaluation import comparison, summary
 
     weights = "ema" if args.ema else "raw"
@@ -760,7 +834,7 @@ def write_comparison_report(plan, commands, args, pairs, stem, command, report_d
     with RunLock(report_dir, purpose="compare_heads report"):  # one writer of the report folder
         check_report_dir(report_dir, runs_dir, args.overwrite, record=True)
         table, path, paired_results = comparison.write_report(
-            variants, report_dir, f"Head comparison: {stem}", command, weights=weights,
+            variants, report_dir, f"Head comparison: {stem}{title_note}", command, weights=weights,
             notes=notes, pairs=pairs, missing=missing)
     print(f"\n{table}\n")
     verdicts, checks = comparison.verdict_lines(variants, paired_results)
@@ -775,7 +849,7 @@ def write_comparison_report(plan, commands, args, pairs, stem, command, report_d
     print("\n".join(f"- {line}" for line in summary.plain_words(variants, paired_results,
                                                                 comparison.mean_curves(variants))))
     print()
-    return path, missing
+    return path, missing, paired_results
 
 if __name__ == "__main__":
     run_cli(main)

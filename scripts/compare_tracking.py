@@ -18,14 +18,13 @@ artifacts of one more MLflow run, tagged kind=report.
 """
 import csv
 import importlib.util
-import logging
 import math
 import os
 
 import configs
 from common import rundir
 from common.io import read_json
-from engine.trackers import MLFLOW_DB, MLFLOW_URI_ENV, flat_params
+from engine.trackers import MLFLOW_DB, MLFLOW_URI_ENV, flat_params, quiet_mlflow
 
 REPORT_TAG = "report"
 
@@ -120,11 +119,9 @@ def log_report(client, experiment_id, report_dir):
 
 def log_comparison(runs, runs_dir, report_dir):
     """`runs`: [(run_dir, eval result dict, tags dict)] of the finished runs. -> (tracking URI, experiment)."""
-    import mlflow  # noqa: F401 - it sets its loggers up when imported: quieten them after that
     from mlflow.tracking import MlflowClient
 
-    for name in ("alembic", "mlflow"):  # the store's "Creating initial MLflow database tables..." lines
-        logging.getLogger(name).setLevel(logging.WARNING)
+    quiet_mlflow()
     uri, name = tracking_uri(runs_dir), experiment_name(runs_dir)
     client = MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name(name)

@@ -28,12 +28,10 @@ import subprocess
 import sys
 import traceback
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
-from common.errors import UserError  # noqa: E402
-from engine.children import exit_status  # noqa: E402
+from common.errors import UserError
+from engine.children import exit_status
 
 ENTRY_POINTS = {"train.py": "train", "eval.py": "eval"}  # what a worker runs: a command's script -> module
 BUG_EXIT = 1  # a step raised something other than a UserError: the worker stops after it

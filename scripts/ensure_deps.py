@@ -17,13 +17,11 @@ import sysconfig
 import tempfile
 from importlib import metadata
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
-from common.errors import UserError  # noqa: E402  (standard library only: fine in a bare environment)
-from engine.children import ChildProcesses  # noqa: E402
-from engine.cli import run_cli  # noqa: E402
+from common.errors import UserError  # (standard library only: fine in a bare environment)
+from engine.children import ChildProcesses
+from engine.cli import run_cli
 
 # Where to go instead of this Python (make's default, or an environment of one's own).
 FIX = ("run make without PYTHON= (it makes and uses the project's .venv), or point PYTHON= at a virtual or "

@@ -31,26 +31,25 @@ import argparse
 import contextlib
 import copy
 import os
-import sys
 import warnings
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
-import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
+import torch
+import torch.nn as nn
 
-from common import rundir  # noqa: E402
-from common.errors import UserError  # noqa: E402
-from common.io import atomic_write, atomic_write_text, ensure_folder, write_json  # noqa: E402
-from data.classes import class_map_text  # noqa: E402
-from data.transforms import eval_transform  # noqa: E402
-from engine.cli import run_cli  # noqa: E402
-from engine.runlock import RunLock  # noqa: E402
-from engine.trained_run import add_run_arguments, open_from_args, parse_with_overrides  # noqa: E402
-from models.mappings import threshold_path  # noqa: E402
-from models.registry import head_spec  # noqa: E402
+from common import rundir
+from common.errors import UserError
+from common.io import atomic_write, atomic_write_text, prepare_output, write_json
+from data.classes import class_map_text
+from data.transforms import eval_transform
+from engine.cli import run_cli
+from engine.runlock import writing_into
+from engine.trained_run import add_run_arguments, open_from_args, parse_with_overrides
+from models.mappings import threshold_path
+from models.registry import head_spec
+
+import export_timm  # (scripts/export_timm.py, beside this one)
 
 FILE_FORMATS = ("onnx", "torchscript")  # one file and its sidecar
 FORMATS = FILE_FORMATS + ("timm",)  # timm: a folder (scripts/export_timm.py)
@@ -141,7 +140,7 @@ def split_head(model: nn.Module):
 
 
 def example_images(cfg, batch: int = 2) -> torch.Tensor:
-    size = cfg.model.img_size
+    size = cfg.data.image_size
     return torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(0))
 
 
@@ -183,7 +182,7 @@ def save_export(module: nn.Module, cfg, fmt: str, output: str, head_name: str) -
 
 def sidecar(cfg, model, classes, fmt: str, head_probabilities: bool, output: str) -> dict:
     head = model.output_head
-    size = cfg.model.img_size
+    size = cfg.data.image_size
     spec = eval_transform(cfg.data)  # the transform eval.py applies to this run's images
     return {
         "format": fmt, "file": os.path.basename(output),
@@ -231,8 +230,6 @@ def expected_warnings_filtered(size):
 
 def export_timm_folder(args) -> str:
     """--format timm: the folder timm loads (scripts/export_timm.py), under the folder's lock."""
-    import export_timm
-
     if args.head_probabilities:
         raise UserError("--format timm exports timm's model, which returns logits: drop --head-probabilities "
                         "(config.json says how to get the head's probabilities), or use --format onnx")
@@ -240,10 +237,10 @@ def export_timm_folder(args) -> str:
     export_timm.check_folder(folder, args.overwrite)
     run = open_from_args(args)
     export_timm.check_exportable(run.cfg, head_spec(run.cfg.head.name))  # before reading the weights
+    prepare_output(folder, folder=True)  # a path through a file or a read-only folder: one line, before them too
     classes = run.classes()
     cfg, model = run.cfg, run.build_model(len(classes))
-    ensure_folder(folder)
-    with RunLock(folder, purpose="export"):
+    with writing_into(folder, purpose="export"):  # its own folder: a killed export's temp files go first
         export_timm.write_folder(folder, cfg, model, classes)
     return folder
 
@@ -273,6 +270,7 @@ def export(args) -> str:
     for path in (output, output + ".json"):
         if os.path.lexists(path) and not args.overwrite:
             raise UserError(f"{path} exists; pass --overwrite to replace it, or choose --output")
+    prepare_output(output)  # a path through a file or a read-only folder: one line before the model is built
     cfg, model, classes = load_classifier(args)
     class_map = check_class_map(os.path.dirname(os.path.abspath(output)), classes, args.overwrite)
     head = model.output_head
@@ -281,9 +279,9 @@ def export(args) -> str:
                         f"draws come from a torch.Generator, which ONNX has no operator for; export the logits "
                         f"(drop --head-probabilities) or use --format torchscript")
     folder = os.path.dirname(os.path.abspath(output))
-    ensure_folder(folder)
-
-    with RunLock(folder, purpose="export"), expected_warnings_filtered(cfg.model.img_size):  # one writer per folder
+    # one writer per folder (a run directory: not while it trains); a killed export's temp files go first
+    with writing_into(folder, purpose="export", names=[output, output + ".json", class_map]), \
+            expected_warnings_filtered(cfg.data.image_size):
         module = build_exported(model, cfg, fmt, args.head_probabilities)
         save_export(module, cfg, fmt, output, model.output_head.name)
         write_json(sidecar(cfg, model, classes, fmt, args.head_probabilities, output), output + ".json")

@@ -15,6 +15,7 @@ converted weights must give this model's logits (within LOGIT_TOLERANCE) or noth
 """
 import os
 
+import timm
 import torch
 
 from common import rundir
@@ -54,9 +55,9 @@ def refusal(cfg, spec) -> str:
                 f"which timm's linear head cannot hold")
     if cfg.model.pool != "avg":
         return f"timm's ResMLP pools by averaging; this run uses model.pool={cfg.model.pool}"
-    if cfg.model.img_size != VARIANTS[name]["img_size"]:
+    if cfg.data.image_size != VARIANTS[name]["img_size"]:
         return (f"timm's {TIMM_ARCHITECTURES[name]} takes {VARIANTS[name]['img_size']} px images; "
-                f"this run's model.img_size is {cfg.model.img_size}")
+                f"this run's data.image_size is {cfg.data.image_size}")
     return None
 
 
@@ -120,14 +121,12 @@ classes in label order (timm's `--class-map`).
 
 def build_timm_model(cfg, model, classes):
     """timm's own model with this run's weights, loaded strictly, and checked against `model`."""
-    import timm
-
     data_cfg = eval_transform(cfg.data).timm_config()
     timm_model = timm.create_model(TIMM_ARCHITECTURES[cfg.model.name], num_classes=len(classes),
                                    pretrained_cfg_overlay=data_cfg).eval()
     state = to_timm_state_dict(model.state_dict())
     timm_model.load_state_dict(state, strict=True)
-    size = cfg.model.img_size
+    size = cfg.data.image_size
     x = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         diff = (timm_model(x) - model(x)).abs().max().item()

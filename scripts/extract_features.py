@@ -33,38 +33,35 @@ import copy
 import json
 import math
 import os
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from accelerate import Accelerator  # noqa: E402
+import numpy as np
+import torch
+from accelerate import Accelerator
 
-import data  # noqa: E402
-from common.errors import UserError  # noqa: E402
-from common.io import write_json  # noqa: E402
-from common.seeding import mix_seed_array  # noqa: E402
-from common.weights import read_safetensors_metadata, save_safetensors  # noqa: E402
-from configs.loader import config_to_dict  # noqa: E402
-from data import features as F  # noqa: E402
-from data.classes import save_class_names  # noqa: E402
-from data.loaders import TaskLoader  # noqa: E402
-from engine.cli import run_cli  # noqa: E402
-from engine.logging import progress_bar  # noqa: E402
-from engine.runlock import RunLock  # noqa: E402
-from engine.trained_run import add_run_arguments, open_from_args, parse_with_overrides  # noqa: E402
-from evaluation import ood_report  # noqa: E402
-from models import create_classifier  # noqa: E402
-from models.convert import read_state_dict  # noqa: E402
-from models.pretrained import (CLASSIFIER_PREFIX, OUTPUT_HEAD_PREFIX, file_sha256, fit_pretrained,  # noqa: E402
-                               renamed_state_dict, weights_patch_grid)
+import data
+from common import rundir
+from common.errors import UserError
+from common.io import prepare_output, write_json
+from common.seeding import mix_seed_array
+from common.weights import read_hashed_state_dict, read_safetensors_metadata, save_safetensors
+from configs.loader import config_to_dict
+from data import features as F
+from data.classes import save_class_names
+from data.loaders import TaskLoader
+from engine.cli import run_cli
+from engine.logging import progress_bar
+from engine.runlock import writing_into
+from engine.trained_run import add_run_arguments, open_from_args, parse_with_overrides
+from evaluation import ood_report
+from models import create_classifier
+from models.pretrained import (CLASSIFIER_PREFIX, OUTPUT_HEAD_PREFIX, fit_pretrained, renamed_state_dict,
+                               weights_patch_grid)
 
 DEFAULT_SHARD_SIZE = 8192
 # what must be the same for a rerun to add shards to an existing folder
-SETTINGS_KEYS = ("source_sha256", "views", "augment", "shard_size", "config", "dataset")
+SETTINGS_KEYS = ("source_sha256", *F.EXTRACTION_KEYS, "shard_size")
 
 
 def parse_args(argv=None):
@@ -93,16 +90,16 @@ def parse_args(argv=None):
 
 
 # ------------------------------------------------------------------------------------------ the model
-def build_source_model(cfg, weights, num_classes, say):
-    """The source classifier with the weights fitted as model.pretrained fits them (the backbone
-    strictly; the classifier where its class count and kind fit); -> (model, source classifier tensors)."""
-    state_dict = read_state_dict(weights)
+def build_source_model(cfg, weights, state_dict, num_classes, say):
+    """The source classifier with `state_dict` (read from the file `weights`) fitted as model.pretrained
+    fits it (the backbone strictly; the classifier where its class count and kind fit); -> (model,
+    source classifier tensors)."""
     grid = weights_patch_grid(state_dict)
-    if grid is not None and grid[0] != cfg.model.img_size:
+    if grid is not None and grid[0] != cfg.data.image_size:
         say(f"{weights} was trained at {grid[0]} px ({grid[2]}x{grid[2]} patches): data.image_size set to "
-            f"{grid[0]} (the config had {cfg.model.img_size}); the images are resized to it")
-        cfg.data.image_size = cfg.model.img_size = grid[0]
-    model = create_classifier(cfg.model, cfg.head, num_classes)
+            f"{grid[0]} (the config had {cfg.data.image_size}); the images are resized to it")
+        cfg.data.image_size = grid[0]
+    model = create_classifier(cfg.model, cfg.head, num_classes, img_size=cfg.data.image_size)
     not_loaded = fit_pretrained(model, state_dict)
     if not_loaded:
         say(f"{weights}: not loaded: {'; '.join(not_loaded)} (the classifier does not enter the features)")
@@ -258,6 +255,14 @@ def ood_config(cfg, args):
 
 def main(argv=None):
     args = parse_args(argv)
+    out = args.output
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise UserError(f"--output {out} is a file; give a folder")
+    if os.path.exists(args.checkpoint) and rundir.inside(args.checkpoint, out):
+        raise UserError(f"--output {out} holds the source --checkpoint {args.checkpoint}: the extraction would write "
+                        f"into what it reads; give another --output, e.g. --output "
+                        f"features/{os.path.basename(os.path.normpath(args.checkpoint))}")
+    prepare_output(out, folder=True)  # a path through a file or a read-only folder: one line before any forward
     run = open_from_args(args)
     cfg, weights, kind = run.cfg, run.weights, run.weights_kind
     if data.is_features(cfg.data):
@@ -272,15 +277,15 @@ def main(argv=None):
         if main_proc:
             print(msg, flush=True)
 
-    model, classifier = build_source_model(cfg, weights, data.num_classes(cfg.data), say)
+    state_dict, sha256 = read_hashed_state_dict(weights)  # the hash of the very bytes the model is built from
+    model, classifier = build_source_model(cfg, weights, state_dict, data.num_classes(cfg.data), say)
     if ood_cfg is not None:
-        ood_cfg.data.image_size = ood_cfg.model.img_size = cfg.data.image_size
+        ood_cfg.data.image_size = cfg.data.image_size
     model.to(accelerator.device)
-    source = {"path": args.checkpoint, "file": weights, "weights": kind, "sha256": file_sha256(weights)}
-    out = args.output
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise UserError(f"--output {out} is a file; give a folder")
-    with RunLock(out, purpose="feature extraction", enabled=main_proc):
+    source = {"path": args.checkpoint, "file": weights, "weights": kind, "sha256": sha256}
+    # one writer per folder; the temporary shards and files of a killed extraction go first
+    subfolders = splits + ([F.OOD_SUBDIR, os.path.join(F.OOD_SUBDIR, "val")] if ood_cfg is not None else [])
+    with writing_into(out, purpose="feature extraction", subfolders=subfolders, enabled=main_proc):
         extract_folder(model, cfg, out, splits, views=args.views, augment=args.augment, shard_size=args.shard_size,
                        source=source, classifier=classifier, accelerator=accelerator, say=say,
                        ood=ood_cfg.data.dataset if ood_cfg is not None else None)

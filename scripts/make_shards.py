@@ -9,14 +9,13 @@ folder's order and bytes, so a run on the shards sees the same batches as one on
 """
 import argparse
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
-from common.errors import UserError  # noqa: E402
-from common.io import writing  # noqa: E402
-from data.shards import INDEX_NAME, write_shards  # noqa: E402
-from engine.cli import run_cli  # noqa: E402
+from common.errors import UserError
+from common.io import writing
+from data.shards import INDEX_NAME, write_shards
+from engine.cli import run_cli
 
 
 def main(argv=None):

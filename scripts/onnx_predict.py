@@ -125,17 +125,38 @@ def main(argv=None):
     p.add_argument("--batch-size", type=int, default=32)
     args = p.parse_args(argv)
     try:
+        if args.output:
+            write_output(args.output, None)  # before the forward passes: a destination that cannot be written
         rows = predict(args.model, args.images, args.batch_size)
+        text = "".join(json.dumps(r) + "\n" for r in rows)
+        if args.output:
+            write_output(args.output, text)
+        else:
+            sys.stdout.write(text)
     except Refused as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    text = "".join(json.dumps(r) + "\n" for r in rows)
-    if args.output:
-        with open(args.output, "w") as f:
-            f.write(text)
-    else:
-        sys.stdout.write(text)
+    except OSError as err:  # as the project's writer reports one (common/io.py, which this script does not import)
+        why = "a part of the path is a file, not a folder" if isinstance(err, (FileExistsError, NotADirectoryError)) \
+            else err.strerror or str(err)
+        print(f"error: cannot write {args.output}: {why}; choose a writable --output", file=sys.stderr)
+        return 74
     return 0
+
+
+def write_output(path, text):
+    """`text` to `path` atomically (a temporary file beside it, then a rename), its folder created;
+    `text` None only checks that the file can be created there."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w") as f:
+            f.write(text or "")
+        if text is not None:
+            os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import os
 import runpy
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
 
 def main(argv):
@@ -21,13 +21,11 @@ def main(argv):
         print("error: give the path of a timm script first, e.g. pytorch-image-models/validate.py, then its "
               "arguments", file=sys.stderr)
         return 2
-    if ROOT not in sys.path:
-        sys.path.insert(0, ROOT)
     import models  # noqa: F401 - registers this project's ResMLP variants with timm
 
     script = os.path.abspath(argv[0])
     sys.argv = [script, *argv[1:]]
-    sys.path.insert(0, os.path.dirname(script))
+    sys.path.insert(0, os.path.dirname(script))  # as `python SCRIPT` has it (the layering test's one exception)
     runpy.run_path(script, run_name="__main__")
     return 0
 

@@ -1,10 +1,17 @@
 import os
 import sys
 
-# Tests import the project packages (models, data, configs) from the repository root.
+# Tests import the project packages (models, data, configs) from the repository root, and the
+# scripts as modules from scripts/ (where each finds its scripts/_root.py): the tests' one sys.path edit.
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+for path in (os.path.join(ROOT, "scripts"), ROOT):
+    if path not in sys.path:
+        sys.path.insert(0, path)
+
+# Every process a test starts (train.py, compare_heads' runs, accelerate's ranks) inherits one thread;
+# this process too (torch reads it at import).
+os.environ["OMP_NUM_THREADS"] = "1"
+os.environ["MKL_NUM_THREADS"] = "1"
 
 import torch  # noqa: E402
 
@@ -14,6 +21,18 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 import pytest  # noqa: E402
+
+# Files whose tests start several real processes (signals, kills, multi-process launches) or train
+# the shared tiny runs, heaviest first: they run first, so pytest-xdist's workers begin with them
+# and the short tests fill the end of the run instead of one long test making a tail.
+SLOW_FIRST = ("test_compare_worker.py", "test_launcher_signals.py", "test_resume_world_size.py",
+              "test_train_resume.py", "test_train_distributed.py", "test_eval.py", "test_compare.py",
+              "test_pool_support.py", "test_predict.py", "test_run_safety.py", "test_launch_lines.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))  # stable: file order kept otherwise
 
 
 @pytest.fixture(autouse=True)

@@ -297,7 +297,8 @@ def test_clean_stale_temp_removes_leftovers_and_recovers_a_finished_save(tmp_pat
     os.makedirs(partial)
     open(os.path.join(partial, "model.safetensors"), "wb").write(b"x" * 10)
     os.makedirs(os.path.join(root, ".tmp-old-" + rundir.checkpoint_name(5)))  # step_5 exists: a leftover
-    for name in ("model.safetensors.tmp12345", "config.yaml.tmp77"):
+    # temp files of killed writers: pids above Linux's PID_MAX_LIMIT (2^22), so surely no live process's
+    for name in ("model.safetensors.tmp4194305", "config.yaml.tmp4194306"):
         open(os.path.join(run, name), "w").write("half")
     keep = ["notes.tmp", "model.safetensors"]
     for name in keep:
@@ -309,7 +310,7 @@ def test_clean_stale_temp_removes_leftovers_and_recovers_a_finished_save(tmp_pat
     with RunLock(run):
         removed = ck.clean_stale_temp(run, warn=warnings.append)
     assert sorted(os.path.basename(p) for p in removed) == sorted(
-        ["model.safetensors.tmp12345", "config.yaml.tmp77", ".tmp-" + rundir.checkpoint_name(12),
+        ["model.safetensors.tmp4194305", "config.yaml.tmp4194306", ".tmp-" + rundir.checkpoint_name(12),
          ".tmp-old-" + rundir.checkpoint_name(5)])
     assert [s for s, _ in ck.list_checkpoints(root)] == [5, 9]
     assert ck.validation_error(os.path.join(root, rundir.checkpoint_name(9))) is None

@@ -23,7 +23,7 @@ HEADS = ("softmax", "sparsemax")
 # 256 train samples (25% held out for calibration), 101 val samples: not divisible by the batch
 # size nor by 2 processes, so padded or duplicated samples would show in the counts.
 TINY_CONFIG = """\
-model: {name: resmlp_tiny, img_size: 32}
+model: {name: resmlp_tiny}
 head: {name: softmax}
 data: {dataset: builtin10, image_size: 32, batch_size: 64, eval_batch_size: 32, num_workers: 0,
        builtin_train_size: 256, builtin_val_size: 101, calib_fraction: 0.25}

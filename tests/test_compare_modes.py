@@ -91,6 +91,7 @@ def test_every_mode_runs_the_same_plan(sandbox, monkeypatch, capsys):
     monkeypatch.setattr(compare_heads.WorkerSlot, "run", lambda self, cmd, log: fake(cmd, env=self.env))
     monkeypatch.setattr(compare_heads, "_gpu_count", lambda: 0)
     monkeypatch.setattr(compare_heads, "_cpu_count", lambda: 4)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # tests/conftest.py sets 1: no cap here
     assert compare_heads.main(_args(root, "--jobs", "2")) == 0
     assert sorted(c[:2] for c in parallel) == sorted(c[:2] for c in sequential)
     assert {c[2] for c in parallel} == {("2", None)}  # 4 cores / 2 jobs
@@ -149,6 +150,9 @@ def test_device_env_round_robin():
     cpu = [compare_heads.device_env(s, 2, env, gpu_count=0, cpu_count=2) for s in (0, 1)]
     assert [e["OMP_NUM_THREADS"] for e in cpu] == ["1", "1"] and "CUDA_VISIBLE_DEVICES" not in cpu[0]
     assert compare_heads.device_env(0, 4, env, gpu_count=0, cpu_count=2)["OMP_NUM_THREADS"] == "1"
+    capped = dict(env, OMP_NUM_THREADS="1")  # the user's own setting is a cap, never raised
+    assert compare_heads.device_env(0, 1, capped, gpu_count=0, cpu_count=4)["OMP_NUM_THREADS"] == "1"
+    assert compare_heads.device_env(0, 2, dict(env, OMP_NUM_THREADS="8"), gpu_count=0, cpu_count=4)["OMP_NUM_THREADS"] == "2"
     assert env == {"PATH": "x"}  # the caller's mapping is left alone
 
 

@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 from common import rundir
 from engine import checkpoint as ck
 from engine.children import ChildProcesses
-from test_compare import TINY_CONFIG
+from test_compare import TINY_CONFIG, tiny_run_dir
 from test_train_helpers import ROOT, subprocess_env
 
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
@@ -83,13 +83,13 @@ def test_a_worker_runs_steps_as_fresh_processes_would(tmp_path):
 
 
 def test_a_dead_worker_fails_its_step_and_the_next_step_gets_a_new_one(tmp_path):
-    config = tmp_path / "tiny.yaml"
-    config.write_text(TINY_CONFIG)
-    run = tmp_path / "run"
+    run = tmp_path / "run"  # a copy of the session's tiny trained run: the steps here only evaluate it
+    shutil.copytree(tiny_run_dir("softmax"), run)
     log = str(tmp_path / "worker.log")
     with ChildProcesses() as children:
         slot = WorkerSlot(children, subprocess_env())
-        assert slot.run(_train(config, run, "softmax", 0), log) == 0
+        assert slot.run(_eval(run), log) == 0  # the slot's worker, alive
+        os.remove(run / "eval.json")  # the next one comes from the new worker
         slot.proc.kill()
         slot.proc.wait()
         assert slot.run(_eval(run), log) == 137  # 128 + SIGKILL, as a shell reports it

@@ -7,7 +7,7 @@ and the help a user gets:
 - unknown keys: a suggestion only when one is close, the YAML file and line named;
 - `train.py --help-config`: every key with type, default, range or choices and meaning, itself a
   valid config; with --config, that config resolved;
-- one image-size key (data.image_size; model.img_size read as its old name);
+- one image-size key (data.image_size; the model section has no copy of it);
 - a run's config.yaml (after --resume-with-changes too) is a valid --config for train.py and
   eval.py, and eval.py takes one of the run's checkpoint directories.
 """
@@ -24,8 +24,7 @@ from common import rundir
 from common.errors import UserError
 from configs import config_from_dict, load_config, load_run_config
 from configs.loader import suggest_key
-from configs.schema import ALIASES, CHOICES, RANGES, schema_fields
-from engine import resume_policy as rp
+from configs.schema import CHOICES, RANGES, schema_fields
 from test_train_helpers import ROOT, reset_accelerate_state, run_inprocess, subprocess_env, tiny_cfg, write_cfg
 
 
@@ -222,7 +221,7 @@ def test_help_config_lists_every_key_and_is_itself_a_config(tmp_path, capsys):
         if not key.startswith("head.") or key in ("head.name", "head.learn_alpha"):
             assert f.metadata.get("help"), f"{key} has no help in configs/schema.py"
     assert "lr: 0.005  # float, > 0; peak learning rate" in text
-    assert all(f"{old}: the old name of {new}" in text for old, new in ALIASES.items())
+    assert "img_size" not in text  # one image-size key, data.image_size
     # the text is a valid config: the defaults
     saved = _write(tmp_path / "help.yaml", text)
     assert load_config(saved, ["name=run"]) == config_from_dict({})
@@ -260,49 +259,17 @@ def test_tables_are_derived_from_the_field_metadata():
     assert {"model.name", "model.norm", "head.name", "data.dataset", "data.backend", "train.compile"} <= set(CHOICES)
 
 
-def test_one_image_size_key_and_the_old_one_is_read_as_it(tmp_path):
+def test_one_image_size_key(tmp_path):
     cfg = load_config(_write(tmp_path / "a.yaml", "data: {image_size: 16}\n"))
-    assert cfg.model.img_size == cfg.data.image_size == 16
+    assert cfg.data.image_size == 16 and not hasattr(cfg.model, "img_size")
     assert "img_size" not in configs.config_to_dict(cfg)["model"] and "model.img_size" not in schema_fields()
-    old = load_config(_write(tmp_path / "b.yaml", "model: {img_size: 24}\n"))  # an older config
-    assert old.data.image_size == old.model.img_size == 24
-    assert load_config(_write(tmp_path / "c.yaml", "model: {img_size: 24}\ndata: {image_size: 24}\n")) == \
-        load_config(_write(tmp_path / "c.yaml", "data: {image_size: 24}\n"))
-    msg = _load_error(_write(tmp_path / "d.yaml", "model: {img_size: 24}\ndata: {image_size: 32}\n"))
-    assert "model.img_size (24) differs from data.image_size (32)" in msg and "set data.image_size only" in msg
-    assert load_config(_write(tmp_path / "e.yaml", "{}\n"), ["model.img_size=8"]).data.image_size == 8
+    msg = _load_error(_write(tmp_path / "b.yaml", "model: {img_size: 24}\n"))
+    assert "unknown config key 'model.img_size'" in msg and "data.image_size" in msg
 
 
-def test_an_older_runs_config_yaml_loads_as_a_config(tmp_path):
-    """Written by an older version: model.img_size beside data.image_size, and the change history inside."""
-    cfg = config_from_dict({"optim": {"lr": 0.02}, "data": {"image_size": 16}})
-    old = configs.config_to_dict(cfg)
-    old["model"]["img_size"] = 16
-    old["history"] = [rp.history_entry([rp.Change("optim.lr", 5e-3, 2e-2)], step=8, checkpoint="c")]
-    run = tmp_path / "run"
-    run.mkdir()
-    _write(run / "config.yaml", yaml.safe_dump(old, sort_keys=False))
-    assert load_config(str(run / "config.yaml")) == load_run_config(str(run)) == cfg
-    # a `history` key that is not such a record stays an unknown key
+def test_history_is_no_config_key(tmp_path):
+    """The change history lives beside config.yaml (config_history.yaml): a `history` key is unknown."""
     assert "unknown config key 'history'" in _load_error(_write(tmp_path / "h.yaml", "history: 3\n"))
-
-
-def test_a_comparison_recorded_before_the_one_image_key_continues(tmp_path):
-    """compare_heads compares each run's recorded resolved config with today's: an older record (with
-    model.img_size) is read as today's loader reads it, and a real difference is still refused."""
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
-    import compare_heads
-
-    cfg_path = _write(tmp_path / "c.yaml", "data: {image_size: 16}\n")
-    request = {"config": cfg_path, "overrides": [], "resolved": configs.config_to_dict(load_config(cfg_path))}
-    old = json.loads(json.dumps(request))
-    old["resolved"]["model"]["img_size"] = 16
-    (tmp_path / rundir.COMPARE_REQUEST).write_text(json.dumps(old))
-    compare_heads._check_request(str(tmp_path), request)  # no refusal
-    old["resolved"]["optim"]["lr"] = 1.0
-    (tmp_path / rundir.COMPARE_REQUEST).write_text(json.dumps(old))
-    with pytest.raises(UserError, match="optim.lr: 1.0 -> 0.005"):
-        compare_heads._check_request(str(tmp_path), request)
 
 
 # ----------------------------------------------------------------------------- a run's own files
@@ -365,13 +332,3 @@ def test_eval_takes_a_checkpoint_directory_of_a_run(resumed_run, tmp_path, capsy
     assert (cfg.optim.lr, cfg.optim.epochs) == (5e-3, 1)
 
 
-def test_non_utf8_run_config_is_one_line_on_resume(resumed_run, tmp_path, capsys):
-    import shutil
-
-    run = str(tmp_path / "run")
-    shutil.copytree(resumed_run, run)
-    os.remove(os.path.join(run, rundir.CONFIG_HISTORY))  # a run from before the history file
-    cfg_path = write_cfg(tiny_cfg(run, "optim.epochs=2", "optim.lr=2e-2", "train.keep_last=10"), tmp_path / "cfg.yaml")
-    _write(os.path.join(run, "config.yaml"), b"name: tiny\xff\n")
-    code, err = _cli(capsys, _train_main(), ["--config", cfg_path, "--resume", "auto"])
-    assert code == 2 and err.count("\n") == 1 and "config.yaml is not UTF-8 text (byte 10" in err, err

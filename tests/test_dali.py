@@ -499,7 +499,7 @@ def test_train_py_resume_mid_epoch_bit_identical(mixed, tmp_path):
     from test_train_helpers import run_inprocess, tiny_cfg, weights
 
     recipe = ["data.dataset=imagefolder", f"data.root={mixed}", "data.backend=dali", "data.num_workers=1",
-              "data.batch_size=4", "data.eval_batch_size=8", "data.image_size=16", "model.img_size=16",
+              "data.batch_size=4", "data.eval_batch_size=8", "data.image_size=16",
               "data.auto_augment=rand-m9-mstd0.5-inc1", "data.reprob=0.25", "data.mixup=0.8", "data.cutmix=1.0",
               "data.repeated_aug=true", "optim.epochs=2", "train.save_every=4", "train.eval_every=1",
               "train.keep_last=10"]

@@ -35,7 +35,7 @@ def _save_model(path, seed=0, num_classes=10, **model):
     from models import create_classifier
 
     torch.manual_seed(seed)
-    net = create_classifier(ModelConfig(name="resmlp_tiny", img_size=16, **model), HeadConfig(), num_classes)
+    net = create_classifier(ModelConfig(name="resmlp_tiny", **model), HeadConfig(), num_classes, img_size=16)
     save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(path))
     return net.eval()
 
@@ -233,7 +233,7 @@ def test_a_timm_teacher_with_its_weights_file_and_a_teacher_at_another_image_siz
     assert run.cfg.train.teacher_sha256 and run.fingerprint["train.teacher_sha256"] == run.cfg.train.teacher_sha256
 
     small = _save_model(tmp_path / "t16.safetensors", seed=4)  # 16 px: 4 x 4 patches
-    run = _setup(tiny_cfg(str(tmp_path / "b"), "model.img_size=32", "data.image_size=32", "train.distill=soft",
+    run = _setup(tiny_cfg(str(tmp_path / "b"), "data.image_size=32", "train.distill=soft",
                           f"train.teacher={tmp_path / 't16.safetensors'}", *FAST))
     images, _ = _batch(run)
     assert images.shape[-1] == 32 and run.distiller.input_size == 16

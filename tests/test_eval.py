@@ -187,7 +187,7 @@ def test_training_eval_and_eval_py_agree_on_the_same_weights(tmp_path):
         assert records["top5_hit"].double().mean().item() == result["top5"]
         assert records["support_size"].double().mean().item() == pytest.approx(result["support_mean"], rel=1e-12)
         # Independent reference: a plain fp32 forward over the val split in dataset order.
-        model = create_classifier(cfg.model, cfg.head, 10).eval()
+        model = create_classifier(cfg.model, cfg.head, 10, img_size=cfg.data.image_size).eval()
         model.load_state_dict(load_file(os.path.join(run, "model.safetensors" if weights == "raw" else "model_ema.safetensors")))
         val = build_dataset(cfg.data, "val")
         with torch.no_grad():
@@ -210,7 +210,7 @@ def _forward_probs(run, dataset_name=None):
     from models import create_classifier
 
     cfg = configs.load_run_config(run, [])
-    model = create_classifier(cfg.model, cfg.head, 10).eval()
+    model = create_classifier(cfg.model, cfg.head, 10, img_size=cfg.data.image_size).eval()
     model.load_state_dict(load_file(os.path.join(run, "model.safetensors")))
     data_cfg = copy.deepcopy(cfg.data)
     if dataset_name:

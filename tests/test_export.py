@@ -36,7 +36,7 @@ def make_run(root, head="softmax", model=None, **head_settings):
     run.mkdir()
     cfg = config_from_dict({"model": {"name": "resmlp_tiny", **(model or {})}, "head": {"name": head, **head_settings},
                             "data": {"mean": [0.5, 0.4, 0.3], "std": [0.2, 0.25, 0.3]}})
-    model = create_classifier(cfg.model, cfg.head, len(CLASSES))
+    model = create_classifier(cfg.model, cfg.head, len(CLASSES), img_size=cfg.data.image_size)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -37,7 +37,7 @@ def make_run(root, name="resmlp_s12", head="sparsemax", weights=True, **model):
     if not weights:  # a run the export must refuse before it reads any weights
         (run / "model.safetensors").write_bytes(b"")
         return run, None
-    net = create_classifier(cfg.model, cfg.head, len(CLASSES))
+    net = create_classifier(cfg.model, cfg.head, len(CLASSES), img_size=cfg.data.image_size)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for key, p in net.named_parameters():

@@ -338,7 +338,8 @@ def test_ranks_share_the_shards_and_together_write_the_one_process_folder(tmp_pa
             self.device = torch.device("cpu")
 
     cfg = configs.load_run_config(source, PROBE_DATA)
-    model, _ = extract_features.build_source_model(cfg, os.path.join(source, "model.safetensors"), 100, print)
+    weights = os.path.join(source, "model.safetensors")
+    model, _ = extract_features.build_source_model(cfg, weights, load_file(weights), 100, print)
     ds = data.build_dataset(cfg.data, "train")
     out = str(tmp_path / "f")
     written = []

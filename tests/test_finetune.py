@@ -88,7 +88,7 @@ def _project_weights(tmp_path):
     from models import create_classifier
 
     torch.manual_seed(3)
-    model = create_classifier(ModelConfig(name="resmlp_tiny", img_size=16), HeadConfig(), 10)
+    model = create_classifier(ModelConfig(name="resmlp_tiny"), HeadConfig(), 10, img_size=16)
     return {k: v.clone() for k, v in model.state_dict().items() if not k.startswith("output_head.")}
 
 
@@ -125,10 +125,10 @@ def test_timm_and_fb_weight_files_load_the_same_way(tmp_path, fmt):
 
 
 def test_the_weights_image_size_is_kept_and_said(tmp_path, source, capsys):
-    cfg = tiny_cfg(str(tmp_path / "run"), "model.norm=batchnorm", "model.img_size=32", "data.image_size=32",
+    cfg = tiny_cfg(str(tmp_path / "run"), "model.norm=batchnorm", "data.image_size=32",
                    f"model.pretrained={source}", *FAST)
     _, run = _setup(cfg)
-    assert run.cfg.model.img_size == run.cfg.data.image_size == 16 and run.raw_model.img_size == 16
+    assert run.cfg.data.image_size == 16 and run.raw_model.img_size == 16
     images, _ = next(iter(run.train_loader(0, 0)))
     assert images.shape[-1] == 16  # the data pipeline resizes to the weights' size
     out = capsys.readouterr().out

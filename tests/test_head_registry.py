@@ -20,7 +20,7 @@ from models import registry
 from models.heads import ENTMAX_HEAD_NAMES, HEAD_NAMES, SPARSE_HEAD_NAMES, build_output_head
 from models.registry import HEADS, HPARAMS, HParam, HeadSpec, check_settings, register
 
-TINY = {"model": {"name": "resmlp_tiny", "img_size": 16}, "data": {"image_size": 16}}
+TINY = {"model": {"name": "resmlp_tiny"}, "data": {"image_size": 16}}
 
 
 def _tiny_head_cfg(name):
@@ -39,7 +39,7 @@ def _run_result(name, logits, labels, head):
 def test_every_head_trains_one_step_evaluates_and_reports_its_sparse_flag(name):
     torch.manual_seed(0)
     cfg = _tiny_head_cfg(name)
-    model = create_classifier(cfg.model, cfg.head, num_classes=10).train()
+    model = create_classifier(cfg.model, cfg.head, num_classes=10, img_size=cfg.data.image_size).train()
     x = torch.randn(8, 3, 16, 16)
     y = torch.arange(8) % 10
     before = [p.detach().clone() for p in model.parameters()]

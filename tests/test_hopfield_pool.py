@@ -152,7 +152,7 @@ def test_script_and_fx_match_eager(mapping, norm):
 @pytest.mark.parametrize("head", HEAD_NAMES)
 def test_every_head_trains_and_evaluates_with_hopfield_pooling(head):
     cfg = ModelConfig(pool="hopfield", pool_mapping="entmax15")
-    model = create_classifier(cfg, HeadConfig(name=head), 10)
+    model = create_classifier(cfg, HeadConfig(name=head), 10, img_size=32)
     x, y = torch.randn(4, 3, 32, 32), torch.tensor([0, 3, 7, 9])
     loss = model.output_head.loss(model.train()(x), y)
     loss.backward()
@@ -194,9 +194,9 @@ def test_config_keys_and_their_errors():
     from configs.loader import config_from_dict
 
     cfg = config_from_dict({"model": {"pool": "hopfield", "pool_mapping": "sparsemax", "pool_beta": 0.5}})
-    model = create_classifier(cfg.model, cfg.head, 10)
+    model = create_classifier(cfg.model, cfg.head, 10, img_size=cfg.data.image_size)
     assert model.pool.mapping == "sparsemax" and model.pool.beta == 0.5
-    default = create_classifier(config_from_dict({}).model, cfg.head, 10)
+    default = create_classifier(config_from_dict({}).model, cfg.head, 10, img_size=cfg.data.image_size)
     assert isinstance(default.pool, nn.Identity) and default.global_pool == "avg"  # average pooling stays the default
     assert not any(k.startswith("pool.") for k in default.state_dict())  # and its weights are unchanged
     for bad, match in (({"pool": "max"}, "model.pool"), ({"pool": "hopfield", "pool_mapping": "relu"}, "pool_mapping"),

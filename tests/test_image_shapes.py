@@ -47,8 +47,8 @@ def _config(root, crop, size=24):
 
     return configs.load_config(os.path.join(ROOT, "configs", "small_images.yaml"),
                                [f"data.root={root}", f"data.train_crop={crop}", f"data.image_size={size}",
-                                f"model.img_size={size}", "data.num_workers=0", "data.batch_size=4",
-                                "data.eval_batch_size=5", "data.calib_fraction=0"])
+                                "data.num_workers=0", "data.batch_size=4", "data.eval_batch_size=5",
+                                "data.calib_fraction=0"])
 
 
 @pytest.mark.parametrize("crop", ["pad", "rrc"])
@@ -59,7 +59,7 @@ def test_every_shape_and_mode_gives_square_batches(tmp_path, crop):
     root = make_mixed_folder(str(tmp_path / "mixed"))
     cfg = _config(root, crop)
     size = cfg.data.image_size
-    model = models.create_classifier(cfg.model, cfg.head, 2).eval()
+    model = models.create_classifier(cfg.model, cfg.head, 2, img_size=cfg.data.image_size).eval()
     for split in ("train", "val"):
         ds = data.build_dataset(cfg.data, split)
         assert len(ds) == 18

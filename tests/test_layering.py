@@ -113,3 +113,41 @@ def test_the_entry_point_checker_sees_every_form(tmp_path):
     path.write_text("import eval as e\ndef f():\n    from compare_worker import x\n    import scripts.export\n"
                     "    from engine.trained_run import open_run\n")
     assert entry_points_imported_by(str(path)) == {"eval", "compare_worker", "export"}
+
+
+# ------------------------------------------------------------------------------------------ sys.path
+PATH_HELPER = "scripts/_root.py"  # the one module of the repository that edits sys.path
+
+
+def sys_path_edits(path):
+    """Calls of sys.path.insert/append/extend/remove and assignments to sys.path in `path`."""
+    with open(path) as f:
+        tree = ast.parse(f.read(), filename=path)
+    count = 0
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr in ("insert", "append", "extend", "remove") and ast.unparse(node.func.value) == "sys.path":
+            count += 1
+        elif isinstance(node, (ast.Assign, ast.AugAssign)) and any(
+                ast.unparse(t).startswith("sys.path") for t in getattr(node, "targets", [getattr(node, "target", None)])):
+            count += 1
+    return count
+
+
+def test_only_the_path_helper_edits_sys_path():
+    """Outside tests/, sys.path is edited in one place: scripts/_root.py, which every script imports
+    before any project import (train.py, eval.py and predict.py run from the root and need none)."""
+    paths = [os.path.join(ROOT, n) for n in os.listdir(ROOT) if n.endswith(".py")]
+    paths += [p for package in ("scripts",) + tuple(FORBIDDEN) for p in modules(package)]
+    edits = {os.path.relpath(p, ROOT): sys_path_edits(p) for p in paths}
+    # timm_run.py runs a timm script as `python SCRIPT` would, with the script's own folder first
+    assert {rel: n for rel, n in edits.items() if n} == {PATH_HELPER: 1, "scripts/timm_run.py": 1}
+    for rel, name in ENTRY_POINTS.items():
+        if rel.startswith("scripts/") and project_imports(os.path.join(ROOT, rel), "scripts") - {"scripts"}:
+            assert "_root" in imported_names(os.path.join(ROOT, rel)), f"{rel} imports the project without _root"
+
+
+def test_the_sys_path_checker_sees_every_form(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("import sys\nsys.path.insert(0, 'a')\ndef f():\n    sys.path.append('b')\nsys.path[:0] = ['c']\n")
+    assert sys_path_edits(str(path)) == 3

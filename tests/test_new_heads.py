@@ -495,7 +495,7 @@ def test_k_larger_than_the_classes_is_a_user_error_at_first_use():
 
 def _tiny_cfg(*overrides):
     from test_train_helpers import TINY, tiny_cfg
-    assert TINY["model"]["img_size"] == 16
+    assert TINY["data"]["image_size"] == 16
     return tiny_cfg("unused", *overrides)
 
 
@@ -515,14 +515,14 @@ def test_config_defaults_and_create_classifier_checks_k():
     assert (cfg.head.gamma, cfg.head.k, cfg.head.order, cfg.head.scale, cfg.head.margin) == (2.0, 5, 2, 30.0, 0.35)
     cfg = _tiny_cfg("head.name=sparse_softmax", "head.k=11")
     with pytest.raises(UserError, match="exceeds the number of classes"):
-        create_classifier(cfg.model, cfg.head, 10)
+        create_classifier(cfg.model, cfg.head, 10, img_size=cfg.data.image_size)
 
 
 @pytest.mark.parametrize("name", NEW_HEADS)
 def test_create_classifier_and_one_training_step(name):
     torch.manual_seed(0)
     cfg = _tiny_cfg(f"head.name={name}", "head.k=3", "head.order=4")
-    model = create_classifier(cfg.model, cfg.head, 10)
+    model = create_classifier(cfg.model, cfg.head, 10, img_size=cfg.data.image_size)
     assert isinstance(model.head, CosineLinear) == (name == "am_softmax")
     opt = build_optimizer(model, cfg.optim, global_batch=8)
     images = torch.randn(8, 3, 16, 16)
@@ -545,5 +545,5 @@ def test_create_classifier_and_one_training_step(name):
     if name == "am_softmax":
         assert float(logits.abs().max()) <= cfg.head.scale + 1e-4
     # the weights reload strictly into a freshly built classifier of the same config
-    again = create_classifier(cfg.model, cfg.head, 10)
+    again = create_classifier(cfg.model, cfg.head, 10, img_size=cfg.data.image_size)
     again.load_state_dict(model.state_dict(), strict=True)

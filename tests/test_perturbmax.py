@@ -212,15 +212,28 @@ def test_eval_draws_follow_the_example_not_the_batch(one_thread):
     assert not torch.equal(head(z, ids=torch.arange(n)), head(z, ids=torch.arange(n) + n))
 
 
+def test_keyed_draws_without_a_backward_come_in_blocks_with_the_same_numbers(monkeypatch):
+    """A whole split's probabilities (eval.py's prediction sets, OOD) are drawn a block of rows at a time
+    when nothing needs the noise for a backward: the same numbers as one draw, in bounded memory."""
+    import models.perturbmax as pm
+
+    z, ids = _z(rows=50, K=8), torch.arange(50) + 7
+    y = torch.arange(50) % 8
+    whole, loss = perturbmax(z.clone().requires_grad_(), ids=ids).detach(), perturbmax_loss(z, y, ids=ids,
+                                                                                            reduction="none")
+    monkeypatch.setattr(pm, "NOISE_CHUNK", 16 * 8 * 3)  # blocks of 3 rows
+    assert torch.equal(perturbmax(z, ids=ids), whole)
+    torch.testing.assert_close(perturbmax_loss(z, y, ids=ids, reduction="none"), loss, rtol=0, atol=1e-12)
+
+
 def test_sigma_below_the_dtypes_resolution_is_refused():
     """Tied logits at sigma = 1e-9 in float32 would give [1, 0, 0] (ties broken by index): refused in one
     line, at config load and at the call; float64 resolves it, and at the floor the ties are shared."""
-    from configs.schema import HeadConfig  # noqa: F401  (the config path goes through the same check)
     from models.perturbmax import sigma_floor
 
     tied = torch.zeros(2000, 3)
-    for call in (lambda: build_output_head("perturbmax", sigma=1e-9),
-                 lambda: perturbmax(tied, sigma=1e-9), lambda: perturbmax_loss(tied, torch.zeros(2000).long(), sigma=1e-9)):
+    for call in (lambda: build_output_head("perturbmax", sigma=1e-9), lambda: perturbmax(tied, sigma=1e-9),
+                 lambda: perturbmax_loss(tied, torch.zeros(2000).long(), sigma=1e-9)):
         with pytest.raises(UserError, match=r"head.sigma must be a finite number >= 0.0012 .*float32 cannot resolve"):
             call()
     p = perturbmax(tied.double(), sigma=1e-9, samples=64).mean(0)  # float64: resolvable

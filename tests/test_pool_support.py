@@ -141,8 +141,8 @@ class _DominantPatch(nn.Module):
 def _tiny_model(mapping, dominant=None):
     torch.manual_seed(0)
     k = 1 if mapping == "ksubset" else None  # a 1-subset: the dominant patch alone, as sparsemax
-    model = create_classifier(ModelConfig(name="resmlp_tiny", img_size=16, pool="hopfield", pool_mapping=mapping,
-                                          pool_k=k), HeadConfig(name="softmax"), 10).eval()
+    model = create_classifier(ModelConfig(name="resmlp_tiny", pool="hopfield", pool_mapping=mapping, pool_k=k),
+                              HeadConfig(name="softmax"), 10, img_size=16).eval()
     if dominant is not None:
         model.norm = _DominantPatch(model.pool.query, dominant)
     return model

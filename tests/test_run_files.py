@@ -379,7 +379,7 @@ def test_a_kill_during_the_csv_write_keeps_the_old_file_and_the_next_eval_cleans
 
 
 def test_temp_files_are_only_removed_under_the_lock(tmp_path):
-    stale = tmp_path / "eval.json.tmp4242"
+    stale = tmp_path / "eval.json.tmp4194305"  # a pid above Linux's PID_MAX_LIMIT: no live process's
     stale.write_text("half")
     with RunLock(str(tmp_path), purpose="eval"):
         assert common_io.remove_stale_temp(str(tmp_path), names=["eval.json"]) == [str(stale)]

@@ -8,7 +8,7 @@ from engine.runlock import RunLock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = """\
-model: {name: resmlp_tiny, img_size: 16}
+model: {name: resmlp_tiny}
 data: {dataset: builtin10, image_size: 16, batch_size: 16, builtin_train_size: 32, builtin_val_size: 16,
        num_workers: 0}
 optim: {epochs: 1}

@@ -194,11 +194,11 @@ def test_disk_full_during_a_save_is_one_line_exit_74_and_keeps_the_previous_chec
     monkeypatch.undo()
 
     # leftovers of a killed save are removed at the next start (under the lock), which then finishes
-    open(os.path.join(run, "model.safetensors.tmp4242"), "wb").write(b"partial")
+    open(os.path.join(run, "model.safetensors.tmp4194305"), "wb").write(b"partial")  # a pid above 2^22: no live process
     os.makedirs(os.path.join(root, ".tmp-" + rundir.checkpoint_name(9)))
     code, out, _ = _cli(capsys, cfg, "--resume", "auto", tmp_path=tmp_path)
     assert code == 0 and "removed 2 temporary file(s)" in out
-    assert not os.path.exists(os.path.join(run, "model.safetensors.tmp4242"))
+    assert not os.path.exists(os.path.join(run, "model.safetensors.tmp4194305"))
     assert [r["step"] for r in read_metrics(run) if r["kind"] == "train"] == list(range(1, 17))
 
 

@@ -3,7 +3,8 @@
 
 The refusing Python is a throwaway interpreter prefix: a copy of this interpreter's binary with its
 standard library linked in and an EXTERNALLY-MANAGED marker beside it (PEP 668), as Debian ships.
-It shares this interpreter's site-packages, so it "has torch", like a user's CUDA environment.
+Its site-packages is the folder this process imports torch from, so it "has torch", like a user's
+CUDA environment (also when the tests run inside a venv of their own).
 """
 import os
 import shutil
@@ -32,8 +33,12 @@ def managed_python(tmp_path_factory):
     stdlib = sysconfig.get_path("stdlib")
     lib = prefix / "lib" / os.path.basename(stdlib)
     lib.mkdir(parents=True)
+    import torch
+
     for entry in os.listdir(stdlib):
-        os.symlink(os.path.join(stdlib, entry), lib / entry)
+        if entry != "site-packages":
+            os.symlink(os.path.join(stdlib, entry), lib / entry)
+    os.symlink(os.path.dirname(os.path.dirname(torch.__file__)), lib / "site-packages")
     (lib / "EXTERNALLY-MANAGED").write_text("[externally-managed]\nError=a system Python (simulated)\n")
     (prefix / "bin").mkdir()
     python = prefix / "bin" / "python3"
@@ -62,8 +67,10 @@ def test_make_builds_a_venv_that_keeps_the_base_torch_and_reuses_it(managed_pyth
     assert made.returncode == 0, made.stdout + made.stderr
     assert "--system-site-packages" in made.stdout and "torch installed there is kept" in made.stdout
     python = str(venv / "bin" / "python")
-    deps = _run([python, ENSURE_DEPS, "requirements.txt"])
-    assert deps.returncode == 0 and deps.stdout == "", deps.stdout + deps.stderr  # all there: nothing installed
+    req = tmp_path / "req.txt"
+    req.write_text("torch>=1.0\n")
+    deps = _run([python, ENSURE_DEPS, str(req)])
+    assert deps.returncode == 0 and deps.stdout == "", deps.stdout + deps.stderr  # the base torch counts: nothing installed
     again = _run(["make", "--no-print-directory", "venv", f"BASE_PYTHON={managed_python}", f"VENV={venv}"])
     assert again.returncode == 0 and "making" not in again.stdout
     # pip works in the venv: the marker binds only the system Python

@@ -73,11 +73,11 @@ def make_run(root, recipe):
         write_folder(data_root)
     elif settings["dataset"] == "cifar10":
         write_cifar(data_root, "cifar10", n_train=10, n_test=24)
-    cfg = config_from_dict({"model": {"name": "resmlp_tiny", "img_size": 32},
+    cfg = config_from_dict({"model": {"name": "resmlp_tiny"},
                             "data": {**settings, "root": data_root, "image_size": 32, "num_workers": 0,
                                      "mean": [0.5, 0.4, 0.3], "std": [0.2, 0.25, 0.3]},
                             "head": {"name": head}})
-    model = create_classifier(cfg.model, cfg.head, len(CLASSES))
+    model = create_classifier(cfg.model, cfg.head, len(CLASSES), img_size=cfg.data.image_size)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():  # spread the weights so the sparse heads have zeros and small shifts move the top-1
         for name, p in model.named_parameters():
@@ -156,15 +156,23 @@ def test_sidecar_alone_reproduces_eval_predictions_and_supports(deployed, recipe
     assert 1 < np.mean(support_sizes) < 10  # the supports are real prediction sets, not all classes
 
 
-def test_sidecar_describes_each_recipes_transform(deployed, tmp_path):
+def test_sidecar_and_pretrained_cfg_describe_each_recipes_transform(tmp_path):
+    import timm
+
     from data.transforms import eval_transform
+    from models.resmlp import create_resmlp
+    from engine.trained_run import build_model
 
     for recipe, want in (("pad", (32, 1.0, "bicubic")), ("rrc", (40, 0.8, "bilinear"))):
         settings, _ = RECIPES[recipe]
-        spec = eval_transform(config_from_dict({"data": {**settings, "image_size": 32}}).data)
-        pre = spec.describe()
+        cfg = config_from_dict({"data": {**settings, "image_size": 32}, "model": {"name": "resmlp_tiny"}})
+        pre = eval_transform(cfg.data).describe()
         assert (pre["resize"]["shorter_side"], pre["crop_pct"], pre["resize"]["interpolation"]) == want
-        assert spec.timm_config()["crop_pct"] == want[1]
+        weights = str(tmp_path / f"{recipe}.safetensors")
+        save_file(create_resmlp("resmlp_tiny", num_classes=10).state_dict(), weights)
+        data_cfg = timm.data.resolve_data_config(model=build_model(cfg, weights, 10))  # what timm's tools read
+        assert (data_cfg["crop_pct"], data_cfg["interpolation"]) == want[1:]
+        assert tuple(data_cfg["mean"]) == tuple(cfg.data.mean) and data_cfg["input_size"] == (3, 32, 32)
 
 
 def test_dali_eval_geometry_is_the_sidecars():

@@ -48,7 +48,11 @@ def test_no_difference_says_so_and_what_would_settle_it():
     assert not r["significant"] and "not significant" in results[0]["verdict"]
     assert lines[0].startswith("top-1: no head distinguishable from softmax at this budget of 2 epochs (3 seeds)")
     settle = next(line for line in lines if line.startswith("to settle it:"))
-    assert f"above ~{100 * r['mdd']:.1f} pt" in settle and "a longer run" in settle and "tuning" in settle
+    from evaluation.statistics import mdd_range_text, seeds_range_text
+
+    assert f"sparsemax {mdd_range_text(r)}" in settle and f"sparsemax {seeds_range_text(r)}" in settle
+    assert mdd_range_text(r) in results[0]["verdict"] and seeds_range_text(r) in results[0]["verdict"]  # as the verdict
+    assert "a longer run" in settle and "tuning" in settle
     _agrees_with_the_table(variants, lines)
 
 

@@ -328,7 +328,7 @@ def test_every_heads_classifier_scripts_and_traces(head):
     from configs.schema import HeadConfig, ModelConfig
     from models import create_classifier
 
-    model = create_classifier(ModelConfig(), HeadConfig(name=head), 10).eval()
+    model = create_classifier(ModelConfig(), HeadConfig(name=head), 10, img_size=32).eval()
     del model.output_head
     x = images(model, 2)
     with torch.no_grad():

@@ -45,7 +45,7 @@ def test_short_run_learns_and_writes_wellformed_run_dir(tmp_path):
     assert summary["steps"] == 64 and summary["epochs"] == 8 and summary["final"]["raw"]["n"] == 100
     assert summary["final"]["raw"]["top1"] == evals[-2]["top1"]
     # the exported weights load strictly into the configured classifier (output head included)
-    model = create_classifier(cfg.model, cfg.head, 10)
+    model = create_classifier(cfg.model, cfg.head, 10, img_size=cfg.data.image_size)
     model.load_state_dict(weights(run), strict=True)
     assert any(f.startswith("events") for _, _, fs in os.walk(os.path.join(run, "tensorboard")) for f in fs)
     # keep_last=2 plus the best one
@@ -55,7 +55,7 @@ def test_short_run_learns_and_writes_wellformed_run_dir(tmp_path):
 
 def test_no_weight_decay_on_1d_params_and_learned_alpha():
     cfg = tiny_cfg("unused", "head.name=entmax_bisect", "head.learn_alpha=true")
-    model = create_classifier(cfg.model, cfg.head, 10)
+    model = create_classifier(cfg.model, cfg.head, 10, img_size=cfg.data.image_size)
     opt = build_optimizer(model, cfg.optim, global_batch=64)
     names = {id(p): n for n, p in model.named_parameters()}
     decayed = {names[id(p)] for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}

@@ -12,7 +12,7 @@ TRAIN_PY = os.path.join(ROOT, "train.py")
 
 TINY = {
     "name": "tiny",
-    "model": {"name": "resmlp_tiny", "img_size": 16},
+    "model": {"name": "resmlp_tiny"},
     "head": {"name": "softmax"},
     "data": {"dataset": "builtin10", "image_size": 16, "builtin_train_size": 256, "builtin_val_size": 100, "batch_size": 32,
              "eval_batch_size": 64, "num_workers": 0},

@@ -101,7 +101,7 @@ def test_distillation_probe_and_layer_decay_steps_read_nothing_from_the_device(t
     from configs.schema import HeadConfig, ModelConfig
     from models import create_classifier
 
-    net = create_classifier(ModelConfig(name="resmlp_tiny", img_size=16), HeadConfig(), 10)
+    net = create_classifier(ModelConfig(name="resmlp_tiny"), HeadConfig(), 10, img_size=16)
     weights = str(tmp_path / "w.safetensors")
     save_file({k: v.contiguous() for k, v in net.state_dict().items()}, weights)
     distill = any(e.startswith("train.distill=") for e in extra)

@@ -42,7 +42,7 @@ def run_dir(tmp_path_factory):
     cfg = configs.config_from_dict(configs.loader.apply_overrides(configs.loader.config_to_dict(cfg), BASE))
     save_config(cfg, str(root / rundir.CONFIG))
     save_class_names(str(root), CLASSES)
-    model = models.create_classifier(cfg.model, cfg.head, len(CLASSES))
+    model = models.create_classifier(cfg.model, cfg.head, len(CLASSES), img_size=cfg.data.image_size)
     for name, scale in ((rundir.WEIGHTS, 0.1), (rundir.EMA_WEIGHTS, 0.2)):
         save_safetensors(_weights(model, scale), str(root / name))
     earlier = configs.config_from_dict(configs.loader.apply_overrides(configs.loader.config_to_dict(cfg),
@@ -64,7 +64,7 @@ def test_run_directory(run_dir, ema):
     run = open_run(run_dir, ema=ema)
     assert run.source == RUN and run.run_dir == run_dir and run.weights_kind == ("ema" if ema else "raw")
     assert run.weights == os.path.join(run_dir, rundir.EMA_WEIGHTS if ema else rundir.WEIGHTS)
-    assert run.cfg.head.name == "sparsemax" and run.cfg.model.img_size == 16
+    assert run.cfg.head.name == "sparsemax" and run.cfg.data.image_size == 16
     assert run.classes() == CLASSES
     assert tuple(run.eval_transform()(Image.new("RGB", (40, 7))).shape) == (3, 16, 16)  # any size
     model = run.build_model()
