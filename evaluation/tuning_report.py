@@ -69,8 +69,8 @@ def tuning_section(summary, tuned, untuned, report_dir, untuned_report, pruner):
         lines.append(row + f"{_counts(v['trials'])} | {trained} of {full} |")
     timing = summary.get("timing")
     if timing:
-        lines += ["", f"Tuning took {timing['wall_s']:.0f} s wall and {timing['cpu_s']:.0f} s CPU in this process "
-                      f"and its children."]
+        lines += ["", f"This invocation ran {timing['trials']} trial(s) in {timing['wall_s']:.0f} s wall and "
+                      f"{timing['cpu_s']:.0f} s CPU (this process and its children)."]
     changes = verdict_changes(tuned, untuned)
     if changes:
         changed = sum(c[4] for c in changes)

@@ -110,9 +110,10 @@ def main(args, argv, base_cfg, commands, compare):
     start, cpu = time.perf_counter(), time.process_time()
     with ChildProcesses() as children:  # signals go on to train.py, which saves; the trial is queued again
         train, close = trial_trainer(args, commands, children, compare)
+        ran = 0
         try:
             for study in studies.values():
-                study.optimize(train, stopped=lambda: children.stopped)
+                ran += study.optimize(train, stopped=lambda: children.stopped)
                 children.check_stopped("stopped between trials")
         finally:
             close()
@@ -124,7 +125,7 @@ def main(args, argv, base_cfg, commands, compare):
             return 0
         runner = compare.runner(args, children)
         return verdicts(args, argv, commands, compare, studies, runs_dir, tune_dir, report_dir, runner,
-                        {"wall_s": wall, "cpu_s": cpu})
+                        {"wall_s": wall, "cpu_s": cpu, "trials": ran} if ran else None)
 
 
 def _children_cpu():

@@ -238,3 +238,34 @@ def test_two_processes_share_one_journal_storage(sandbox, feats):
     assert len(finished) == 8
     assert len({t.user_attrs["tune.run_dir"] for t in finished}) == 8
     assert len({t.user_attrs["tune.owner"]["pid"] for t in finished}) == 2  # both did some of the trials
+
+
+def test_the_budget_counts_pruned_and_diverged_trials(tmp_path):
+    """VariantStudy's loop with a stand-in for train.py (it writes the epochs.csv rows train.py would):
+    later trials score lower and are pruned past half the budget; a non-finite loss counts as top-1 0."""
+    import csv
+
+    from engine.tuning import DIVERGED, EPOCHS, VariantStudy, open_storage, search_space
+
+    study = VariantStudy(storage=open_storage(f"sqlite:///{tmp_path}/s.db"), name="c/softmax", head="softmax",
+                         space=search_space("softmax", [], 10), overrides=["head.name=softmax"], trials=6, epochs=4,
+                         eval_every=1, pruner="median", seed=0, trials_dir=str(tmp_path / "trials"), say=lambda m: None)
+    calls = []
+
+    def train(overrides, run_dir):
+        number = int(run_dir.rsplit("-", 1)[1])
+        epoch = int(next(o for o in overrides if o.startswith("train.pause_after=")).split("=")[1])
+        calls.append((number, epoch))
+        if number == 5:
+            return 3  # train.py's exit for a non-finite loss
+        os.makedirs(run_dir, exist_ok=True)
+        with open(os.path.join(run_dir, "epochs.csv"), "a", newline="") as f:
+            csv.writer(f).writerows(([["epoch", "raw_top1"]] if epoch == 1 else []) + [[epoch, 0.9 - 0.1 * number]])
+        return 0
+
+    assert study.optimize(train) == 6
+    trials = study.study.get_trials()
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 3 + ["PRUNED"] * 2 + ["COMPLETE"]
+    assert [t.user_attrs[EPOCHS] for t in trials] == [4, 4, 4, 3, 3, 1]  # pruned at the first epoch past half
+    assert trials[5].value == 0.0 and trials[5].user_attrs[DIVERGED]
+    assert study.optimize(train) == 0 and len(calls) == 12 + 6 + 1  # a finished study runs nothing more
