@@ -424,8 +424,8 @@ def ood_section(variants):
              "retrieval support, SHE and kNN (evaluation/ood_scores.py). Mean ± std over seeds; "
              "histograms pool the seeds. Δ AUROC vs max prob: the mean over seeds of each run's "
              "difference to its own max-probability AUROC, with a 95% t-interval and the exact "
-             "sign-flip p over the seeds, so it includes seed-to-seed training noise (one seed: the "
-             "difference alone).", "",
+             "sign-flip p over the seeds, so it includes seed-to-seed training noise (the smallest "
+             "p S seeds can give is 2/2^S: 0.25 at 3; one seed: the difference alone).", "",
              report.markdown_table(["variant", "score", "AUROC", "FPR@95%TPR", "Δ AUROC vs max prob"], rows), "",
              f"![OOD score histograms]({plots.PLOT_FILES['ood']})", ""]
     return lines, hists, name

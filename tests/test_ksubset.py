@@ -218,3 +218,22 @@ def test_ksubset_pooled_model_uses_at_least_k_patches_and_trains():
     assert (support >= 6).all()
     model.train()(x).sum().backward()
     assert model.pool.query.grad.abs().sum() > 0
+
+
+def test_pool_k_is_required_by_ksubset_and_refused_elsewhere():
+    from configs.loader import config_from_dict
+    from models import create_classifier
+
+    cfg = config_from_dict({"model": {"pool": "hopfield", "pool_mapping": "ksubset", "pool_k": 5}})
+    assert create_classifier(cfg.model, cfg.head, 10, img_size=32).pool.k == 5
+    for bad, match in (({"pool_mapping": "ksubset"}, "set model.pool_k"),
+                       ({"pool_k": 3}, "read by model.pool_mapping ksubset only"),
+                       ({"pool_mapping": "ksubset", "pool_k": 0}, "pool_k")):
+        with pytest.raises(UserError, match=match) as e:
+            config_from_dict({"model": {"pool": "hopfield", **bad}})
+        assert "\n" not in str(e.value)
+    with pytest.raises(UserError, match="model.pool is 'avg'"):
+        config_from_dict({"model": {"pool_k": 3}})
+    too_many = config_from_dict({"model": {"pool": "hopfield", "pool_mapping": "ksubset", "pool_k": 65}})
+    with pytest.raises(UserError, match=r"1\.\.64 \(the number of patches\)"):
+        create_classifier(too_many.model, too_many.head, 10, img_size=32)

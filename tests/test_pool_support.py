@@ -140,7 +140,8 @@ class _DominantPatch(nn.Module):
 
 def _tiny_model(mapping, dominant=None):
     torch.manual_seed(0)
-    model = create_classifier(ModelConfig(name="resmlp_tiny", pool="hopfield", pool_mapping=mapping),
+    k = 1 if mapping == "ksubset" else None  # a 1-subset: the dominant patch alone, as sparsemax
+    model = create_classifier(ModelConfig(name="resmlp_tiny", pool="hopfield", pool_mapping=mapping, pool_k=k),
                               HeadConfig(name="softmax"), 10, img_size=16).eval()
     if dominant is not None:
         model.norm = _DominantPatch(model.pool.query, dominant)
@@ -153,7 +154,8 @@ def _loader(n=10, batch=4):
     return [(x[i:i + batch], y[i:i + batch]) for i in range(0, n, batch)], x
 
 
-@pytest.mark.parametrize("mapping, support", [("sparsemax", 1), ("entmax15", 1), ("softmax", N_PATCHES)])
+@pytest.mark.parametrize("mapping, support", [("sparsemax", 1), ("entmax15", 1), ("ksubset", 1),
+                                              ("softmax", N_PATCHES)])
 def test_a_dominant_patch_is_the_whole_support_under_a_sparse_mapping(mapping, support):
     model = _tiny_model(mapping, dominant=5)
     loader, x = _loader()
