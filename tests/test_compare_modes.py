@@ -35,7 +35,7 @@ def _fake_call(calls, source_runs):
             run_dir = next(a.split("=", 1)[1] for a in args if a.startswith("train.output_dir="))
             head = next(a.split("=", 1)[1] for a in args if a.startswith("head.name="))
             os.makedirs(run_dir, exist_ok=True)
-            for name in ("summary.json", "metrics.jsonl"):
+            for name in ("summary.json", "metrics.jsonl", rundir.CONFIG):
                 shutil.copy(os.path.join(source_runs, f"{head}-s0", name), run_dir)
         else:
             run_dir, out = args[args.index("--checkpoint") + 1], args[args.index("--output") + 1]
@@ -51,7 +51,8 @@ def _fake_call(calls, source_runs):
 
 def _args(root, *extra):
     return ["--config", os.path.join(root, "tiny.yaml"), "--heads", *HEADS, "--seeds", *SEEDS,
-            "--runs-dir", os.path.join(root, "runs"), "--report-dir", os.path.join(root, "report"), *extra]
+            "--runs-dir", os.path.join(root, "runs"), "--report-dir", os.path.join(root, "report"),
+            "--no-mlflow", *extra]  # the comparison's MLflow log has its own test (test_trackers.py)
 
 
 @pytest.fixture()

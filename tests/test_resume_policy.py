@@ -186,19 +186,6 @@ def test_change_record_and_config_history(tmp_path):
                                            "changes": {"optim.lr": {"old": 5e-3, "new": 3e-2}}}
 
 
-def test_history_inside_an_older_runs_config_yaml_is_read_and_moved_beside_it(tmp_path):
-    """Runs written before config_history.yaml kept the history as a `history` key of config.yaml."""
-    path = str(tmp_path / "config.yaml")
-    old_entry = rp.history_entry([rp.Change("optim.lr", 5e-3, 3e-2)], step=16, checkpoint="c16")
-    with open(path, "w") as f:
-        yaml.safe_dump({**_cfg_dict(optim={"lr": 3e-2}), "history": [old_entry]}, f, sort_keys=False)
-    assert rp.read_config_history(path) == [old_entry]
-    new_entry = rp.history_entry([rp.Change("optim.epochs", 400, 450)], step=40, checkpoint="c40")
-    rp.save_config_with_history(path, _cfg_dict(optim={"lr": 3e-2, "epochs": 450}), new_entry)
-    assert "history" not in yaml.safe_load(open(path))
-    assert [h["step"] for h in yaml.safe_load(open(tmp_path / rundir.CONFIG_HISTORY))] == [16, 40]
-
-
 def test_a_broken_history_is_one_line(tmp_path):
     path = str(tmp_path / "config.yaml")
     rp.save_config_with_history(path, _cfg_dict())
