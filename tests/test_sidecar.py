@@ -117,7 +117,8 @@ predict = runpy.run_path(sys.argv[3])["predict"]
 out = {recipe: predict(model, files) for recipe, (model, files) in jobs.items()}
 loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "timm", "torchvision"))
 ours = sorted(getattr(m, "__file__", None) or "" for m in list(sys.modules.values()))
-ours = [f for f in ours if f.startswith(root) and not f.endswith("onnx_predict.py")]
+ours = [f for f in ours if f.startswith(root) and not f.endswith("onnx_predict.py")
+        and not f.startswith(sys.prefix + os.sep)]  # a project .venv lies under the root: its packages are not ours
 print(json.dumps({"rows": out, "loaded": loaded, "ours": ours}))
 """
 
