@@ -81,7 +81,7 @@ from common.startup import say_loading  # noqa: E402  (standard library only)
 
 say_loading("compare_heads.py")
 from compare_progress import Progress  # noqa: E402
-from compare_worker import InProcess, WorkerSlot, can_run  # noqa: E402
+from engine.worker_slots import InProcess, WorkerSlot, can_run  # noqa: E402
 from engine.children import ChildProcesses  # noqa: E402
 from engine.cli import run_cli  # noqa: E402
 from common import rundir  # noqa: E402

@@ -27,7 +27,7 @@ import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
 from common.errors import UserError  # noqa: E402
 from common.io import ensure_folder, write_json, writing  # noqa: E402
-from compare_worker import InProcess, WorkerSlot  # noqa: E402
+from engine.worker_slots import InProcess, WorkerSlot  # noqa: E402
 from engine import tuning  # noqa: E402
 from engine.children import ChildProcesses  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""scripts/compare_worker.py: a --jobs slot's worker runs train.py / eval.py mains one after another.
+"""scripts/compare_worker.py (and its launcher side, engine/worker_slots.py): a --jobs slot's worker runs train.py / eval.py mains one after another.
 
 - A run trained and evaluated by a worker, after another run in the same process, is bit-identical
   (weights, per-example evaluation records) to the same run by fresh `python train.py` / `eval.py`.
@@ -29,7 +29,8 @@ from test_train_helpers import ROOT, subprocess_env
 
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import compare_worker  # noqa: E402
-from compare_worker import WorkerSlot, can_run  # noqa: E402
+from engine import worker_slots  # noqa: E402
+from engine.worker_slots import WorkerSlot, can_run  # noqa: E402
 
 TRAIN, EVAL = os.path.join(ROOT, "train.py"), os.path.join(ROOT, "eval.py")
 
@@ -103,8 +104,8 @@ def test_a_bug_ends_the_worker_with_its_traceback_in_the_log(tmp_path, monkeypat
     (tmp_path / "buggy_entry.py").write_text("def main(argv):\n    raise RuntimeError('boom ' + argv[0])\n")
     (tmp_path / "fine_entry.py").write_text("def main(argv):\n    print('fine', argv[0])\n    return 0\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(compare_worker.ENTRY_POINTS, "buggy.py", "buggy_entry")
-    monkeypatch.setitem(compare_worker.ENTRY_POINTS, "fine.py", "fine_entry")
+    monkeypatch.setitem(worker_slots.ENTRY_POINTS, "buggy.py", "buggy_entry")
+    monkeypatch.setitem(worker_slots.ENTRY_POINTS, "fine.py", "fine_entry")
     log = tmp_path / "step.log"
     requests = io.StringIO("".join(json.dumps({"cmd": [sys.executable, name, arg], "log": str(log)}) + "\n"
                                    for name, arg in (("fine.py", "a"), ("buggy.py", "b"), ("fine.py", "c"))))

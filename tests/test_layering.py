@@ -68,10 +68,9 @@ SCRIPTS = sorted(n[:-3] for n in os.listdir(os.path.join(ROOT, "scripts"))
                  if n.endswith(".py") and _is_command(os.path.join(ROOT, "scripts", n)))
 ENTRY_POINTS = {"train.py": "train", "eval.py": "eval", "predict.py": "predict",
                 **{f"scripts/{name}.py": name for name in SCRIPTS}}
-# Entry points still imported by another, each as the library it is for that one importer:
-# train.py's setup/train_step (the distillation benchmark times the real training step) and
-# compare_worker's launcher side (compare_heads starts and drives the workers it serves).
-IMPORTED_ENTRY_POINTS = {("scripts/bench_distill.py", "train"), ("scripts/compare_heads.py", "compare_worker")}
+# The one entry point still imported by another, as the library it is for that importer: train.py's
+# setup/train_step (the distillation benchmark times the real training step).
+IMPORTED_ENTRY_POINTS = {("scripts/bench_distill.py", "train")}
 
 
 def imported_names(path):
