@@ -39,7 +39,7 @@ def _interval(r):
 
 def _zero_note(r):
     zeros = sum(1 for d in r["per_seed"] if d == 0)
-    return f"; {zeros} of {r['n_seeds']} seeds differ by exactly 0" if zeros else ""
+    return f" (in {zeros} of {r['n_seeds']} seeds the difference is exactly 0)" if zeros else ""
 
 
 def accuracy_line(results, budget):

@@ -65,7 +65,7 @@ def test_one_seed_is_too_few_to_tell():
 
 def test_a_per_seed_difference_of_exactly_zero_is_named():
     r = {"difference": 0.01, "t_low": -0.02, "t_high": 0.04, "per_seed": [0.0, 0.02, 0.01], "n_seeds": 3}
-    assert summary._zero_note(r) == "; 1 of 3 seeds differ by exactly 0"
+    assert summary._zero_note(r) == " (in 1 of 3 seeds the difference is exactly 0)"
 
 
 def test_no_pairs_still_describes_the_heads():
