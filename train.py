@@ -10,9 +10,10 @@ fp16) and gradient accumulation (train.grad_accum). The run directory (train.out
 config.yaml, metrics.jsonl, epochs.csv, model.safetensors, model_ema.safetensors, summary.json,
 checkpoints/ and TensorBoard logs (see engine/checkpoint.py).
 
-The loop reads top to bottom: `setup` builds the run (accelerator, run dir, data, model, optimizer,
-schedule, EMA, resume), `train_step` does one optimizer update, `end_of_epoch` evaluates, exports
-the weights and checkpoints, `write_summary` closes the run.
+The loop reads top to bottom: `setup` builds the run (engine/training_run.py: accelerator, run
+dir, data, model, optimizer, schedule, EMA, resume), `train_step` does one optimizer update
+(engine/train_step.py), `end_of_epoch` evaluates, exports the weights and checkpoints,
+`write_summary` closes the run.
 
 Exact resume: the training loader is NOT passed through `accelerator.prepare` (its re-sharding
 replays the wrong samples mid-epoch); `data.build_train_loader` is already deterministic per
@@ -66,48 +67,31 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, Optional
 
 from common.startup import say_loading  # (standard library only)
 
 say_loading("train.py")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from accelerate import Accelerator  # noqa: E402
-from accelerate.utils import ProjectConfiguration, gather_object  # noqa: E402
-from timm.utils import ModelEmaV3  # noqa: E402
+from accelerate.utils import gather_object  # noqa: E402
 
 import configs  # noqa: E402
 import data as data_lib  # noqa: E402
 from common import rundir  # noqa: E402
-from common.errors import UserError  # noqa: E402
+from common.errors import EXIT_NONFINITE, UserError  # noqa: E402
 from common.io import write_json  # noqa: E402
-from common.weights import load_into, read_safetensors  # noqa: E402
-from data.samplers import num_train_batches  # noqa: E402
 from engine import checkpoint as ck  # noqa: E402
 from engine import resume_policy as rp  # noqa: E402
 from engine.cli import run_cli  # noqa: E402
-from engine.distill import build_distiller, teacher_line  # noqa: E402
-from engine.feature_probe import build_feature_probe, resolve_features  # noqa: E402
-from engine.finetune import load_pretrained_weights, resolve_pretrained, summary_fields  # noqa: E402
-from engine.freeze import apply_freeze, freeze_line  # noqa: E402
-from engine.launch import launch_lines  # noqa: E402
-from engine import trackers  # noqa: E402
-from engine.logging import EpochCSV, MetricsLog, console, format_eval, progress_bar  # noqa: E402
-from engine.optim import build_optimizer, build_scheduler  # noqa: E402
+from engine.finetune import summary_fields  # noqa: E402
+from engine.logging import format_eval  # noqa: E402
 from engine.preemption import PreemptionGuard, gloo_reduce_max  # noqa: E402
-from engine.rng import capture_rng_state, reseed, restore_rng_state  # noqa: E402
-from engine.run_sources import check_sources_outside_run  # noqa: E402
-from engine.run_start import prepare_run_dir  # noqa: E402
-from engine.runlock import RunLock  # noqa: E402
-from engine.trainer_state import Counters, TrainerState  # noqa: E402
+from engine.rng import capture_rng_state  # noqa: E402
+from engine.train_step import NonFiniteLoss, stop_if_nonfinite, train_step  # noqa: E402
+from engine.trainer_state import TrainerState  # noqa: E402
+from engine.training_run import setup  # noqa: E402
 from evaluation.evaluate import evaluate  # noqa: E402
-from models import create_classifier  # noqa: E402
 
-EXIT_NONFINITE = 3
-# train.max_skipped_fraction is measured over the last SKIP_WINDOW updates (train.nonfinite=skip).
-SKIP_WINDOW = 100
 # Updates at the start of every session (compilation, autotuning, allocator warm-up) that are left
 # out of img/s and the progress bar's rate and ETA; their time is reported as warmup_s.
 WARMUP_UPDATES = 2
@@ -150,90 +134,6 @@ def main(argv=None, hooks=None):
     cfg = configs.load_config(args.config, args.overrides)
     return train(cfg, resume=args.resume, overwrite=args.overwrite, hooks=hooks,
                  accept_changes=args.resume_with_changes)
-
-
-class NonFiniteLoss(Exception):
-    """A non-finite loss under train.nonfinite=stop (or too many skipped updates under skip); the
-    message names the step and the newest verified checkpoint."""
-
-
-@dataclass
-class RunState(Counters):
-    """The run's counters: those a checkpoint saves and a resume restores (engine/trainer_state.py),
-    and where this session's last checkpoint went (not saved)."""
-    last_ckpt: Optional[str] = None
-
-
-@dataclass
-class Run:
-    """Everything one training run holds; built once by `setup`."""
-    cfg: Any
-    accelerator: Any
-    trackers: list  # train.log_with resolved: the Accelerate trackers logged to (engine/trackers.py)
-    fingerprint: dict  # engine.resume_policy.resume_fingerprint: the whole resolved config
-    global_batch: int
-    updates_per_epoch: int
-    train_set: Any
-    val_loader: Any
-    mixup: Any
-    label_smoothing: float
-    raw_model: Any  # the classifier itself: checkpoints, EMA and the head's loss use it
-    model: Any  # what runs forward/backward: raw_model wrapped by Accelerate (DDP)
-    forward_loss: Any  # (images, targets) -> fp32 loss: model + head's loss, compiled when train.compile is on
-    distiller: Any  # engine.distill.Distiller (its teacher) under train.distill, else None
-    optimizer: Any
-    scheduler: Any
-    ema: Any
-    metrics: MetricsLog
-    epochs_csv: EpochCSV
-    state: RunState = field(default_factory=RunState)
-    lock: Any = None  # engine.runlock.RunLock (held by the main process)
-    guard: Any = None  # engine.preemption.PreemptionGuard (None: no signal handling, e.g. in tests)
-    reduce_max: Any = None  # the guard's cross-rank agreement (None with one process)
-    saved_step: int = -1  # step of this session's newest checkpoint (every rank)
-    skipped_at_save: int = 0  # state.skipped when that checkpoint was saved (its loss_finite)
-    bar: Any = None
-    session_t0: float = field(default_factory=time.perf_counter)
-    time_base: float = 0.0  # train_time_s of earlier sessions (resume)
-    log_t: float = field(default_factory=time.perf_counter)  # throughput window start
-    log_images: int = 0
-    session_updates: int = 0
-    session_images: int = 0  # state.images when this session started
-    # On the device, read only at log steps / saves / epoch ends (see the module docstring):
-    last_loss: Any = None  # mean loss of the latest update
-    epoch_loss: Any = None  # this rank, this session: [sum of its finite update losses, number of them] this epoch
-    # the epoch's part before this session (from the checkpoint), in world-independent units:
-    # [sum over updates of the update's loss (mean over ranks), number of updates]; see epoch_loss_totals
-    epoch_loss_carried: list = field(default_factory=lambda: [0.0, 0.0])
-    first_bad_step: Any = None  # first update with a non-finite loss (NO_BAD_STEP when none)
-
-    @property
-    def main_proc(self):
-        return self.accelerator.is_main_process
-
-    @property
-    def rank(self):
-        return self.accelerator.process_index
-
-    @property
-    def world(self):
-        return self.accelerator.num_processes
-
-    @property
-    def run_dir(self):
-        return self.cfg.train.output_dir
-
-    def say(self, msg):
-        console(msg, self.main_proc)
-
-    def elapsed(self):
-        return self.time_base + time.perf_counter() - self.session_t0
-
-    def train_loader(self, epoch, start_batch):
-        reseed(self.cfg.train.seed, "loader", epoch, self.rank)
-        return data_lib.build_train_loader(self.train_set, self.cfg.data, seed=self.cfg.train.seed, epoch=epoch,
-                                           rank=self.rank, world_size=self.world, start_batch=start_batch,
-                                           device=self.accelerator.device)
 
 
 # ============================================================================ the loop
@@ -339,101 +239,6 @@ def preemption_reduce_max(accelerator):
         return None
     group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
     return gloo_reduce_max(group)
-
-
-def train_step(run, batches, hooks=None):
-    """One optimizer update over train.grad_accum micro-batches, with no host read (but under
-    train.nonfinite=skip, see the module docstring): the loss and its finiteness stay on the device."""
-    cfg, state, accelerator = run.cfg, run.state, run.accelerator
-    accum, step = cfg.train.grad_accum, state.step
-    run.scheduler.step_update(step + state.schedule_offset)  # lr of this update: warmup + cosine indexed by update
-    losses = []
-    for micro in range(accum):
-        reseed(cfg.train.seed, "step", step, micro, run.rank)
-        images, targets = next(batches)
-        if run.mixup is not None:
-            images, targets = run.mixup(images, targets)
-        with accelerator.accumulate(run.model):
-            loss = run.forward_loss(images, targets)
-            if hooks is not None:
-                loss = hooks.on_loss(step, loss)
-            losses.append(loss.detach())
-            accelerator.backward(loss)  # on every rank, finite or not: DDP's all-reduce needs them all
-            if accelerator.sync_gradients:
-                loss = torch.stack(losses).mean()
-                finite = torch.isfinite(loss)
-                if cfg.train.nonfinite == "skip" and not finite_on_every_rank(run, finite):  # the one host read
-                    finite = torch.zeros_like(finite)  # skipped on every rank: no rank counts it in the epoch's sums
-                    run.optimizer.zero_grad(set_to_none=True)
-                    count_skipped_update(run, step)
-                else:
-                    if cfg.optim.clip_grad:
-                        accelerator.clip_grad_norm_(run.model.parameters(), cfg.optim.clip_grad)
-                    run.optimizer.step()
-                    run.optimizer.zero_grad(set_to_none=True)
-                    if run.ema is not None:
-                        run.ema.update(run.raw_model, step=step + 1)
-    run.last_loss = loss
-    run.epoch_loss += torch.stack([torch.where(finite, loss, 0.0).double(), finite.double()])
-    run.first_bad_step = torch.where(finite | (run.first_bad_step != NO_BAD_STEP), run.first_bad_step, step)
-    state.step += 1
-    state.batch += accum
-    state.images += run.global_batch
-
-
-NO_BAD_STEP = -1
-
-
-def finite_on_every_rank(run, finite):
-    """Whether the loss is finite on every rank (all ranks must take the same branch)."""
-    ok = finite.float().reshape(1)
-    if run.world > 1:
-        ok = run.accelerator.reduce(ok, reduction="sum") / run.world
-    return bool(ok.item() == 1.0)
-
-
-def count_skipped_update(run, step):
-    """train.nonfinite=skip, after an update was skipped (host-only: the skip decision was read
-    already). Raises NonFiniteLoss once more than train.max_skipped_fraction of the last
-    SKIP_WINDOW updates were skipped (every rank took the same decision, so all raise together)."""
-    state, limit = run.state, run.cfg.train.max_skipped_fraction
-    state.skipped += 1
-    state.recent_skips = [s for s in state.recent_skips if s > step - SKIP_WINDOW] + [step]
-    if run.main_proc:
-        console(f"warning: non-finite loss at step {step}: update skipped ({state.skipped} so far, "
-                f"{len(state.recent_skips)} in the last {SKIP_WINDOW} updates)")
-    if len(state.recent_skips) > limit * SKIP_WINDOW:
-        raise NonFiniteLoss(
-            f"{len(state.recent_skips)} of the last {SKIP_WINDOW} updates had a non-finite loss and were skipped "
-            f"(train.max_skipped_fraction={limit:g}); training stopped at step {step} and saved nothing after its "
-            f"last checkpoint. {kept_checkpoint_advice(run)}")
-
-
-def kept_checkpoint_advice(run):
-    """The end of a non-finite-loss error: the newest checkpoint that verifies and was saved with
-    finite losses (hashing its files: error path only), and how to go on from it."""
-    kept = ck.newest_verified_checkpoint(run.run_dir) if run.main_proc else None
-    fixes = "lower optim.lr or set optim.clip_grad"
-    if kept is None:
-        return f"No verified checkpoint with a finite loss is kept: {fixes} and start over with --overwrite"
-    return (f"Newest verified checkpoint with a finite loss: {kept}; {fixes}, then continue from it with "
-            f"--resume {kept} {rp.RESUME_FLAG}")
-
-
-def stop_if_nonfinite(run):
-    """Under train.nonfinite=stop, raise NonFiniteLoss if any update since the start of the session
-    had a non-finite loss on any rank. Reads the device: call at log steps, saves and epoch ends only."""
-    if run.cfg.train.nonfinite != "stop":
-        return
-    bad = run.first_bad_step.reshape(1)
-    if run.world > 1:
-        bad = run.accelerator.gather(bad)
-    bad = [b for b in bad.tolist() if b != NO_BAD_STEP]
-    if bad:
-        raise NonFiniteLoss(
-            f"non-finite loss at step {min(bad)} (found at step {run.state.step}, the next check); training "
-            f"stopped and nothing after step {min(bad)} was saved. {kept_checkpoint_advice(run)}, "
-            f"or set train.nonfinite=skip")
 
 
 def end_warmup(run):
@@ -681,198 +486,6 @@ def write_weights(run):
     ck.save_weights(run.raw_model.state_dict(), os.path.join(run.run_dir, rundir.WEIGHTS))
     if run.ema is not None:
         ck.save_weights(run.ema.module.state_dict(), os.path.join(run.run_dir, rundir.EMA_WEIGHTS))
-
-
-def restore(run, ckpt, saved, changes=(), fresh_hparams=None):
-    """Load weights, EMA, optimizer, schedule, scaler, RNG states, counters and the epoch's partial
-    loss sums from a checkpoint (`saved`: its trainer state, read once by engine/run_start.py); then
-    apply accepted config changes (--resume-with-changes)."""
-    source = f"checkpoint {ckpt}"
-    load_into(run.raw_model, read_safetensors(os.path.join(ckpt, rundir.WEIGHTS)), source)
-    if run.ema is not None:
-        ema_path = os.path.join(ckpt, rundir.EMA_WEIGHTS)
-        if os.path.isfile(ema_path):
-            load_into(run.ema.module, read_safetensors(ema_path), source)
-        else:  # EMA switched on by an accepted change: it starts from the resumed weights
-            run.ema.set(run.raw_model)
-    run.optimizer.load_state_dict(ck.load_torch(os.path.join(ckpt, rundir.OPTIMIZER)))
-    run.scheduler.load_state_dict(ck.load_torch(os.path.join(ckpt, rundir.SCHEDULER)))
-    scaler_state = ck.load_torch(os.path.join(ckpt, rundir.SCALER))
-    if scaler_state is not None and run.accelerator.scaler is not None:
-        run.accelerator.scaler.load_state_dict(scaler_state)
-    rng_state = ck.load_rng(ckpt, run.rank)
-    if rng_state is not None:
-        restore_rng_state(rng_state)
-    for name, value in saved.counters().items():
-        setattr(run.state, name, value)
-    run.state.last_ckpt = ckpt
-    run.skipped_at_save = run.state.skipped
-    run.epoch_loss_carried = saved.partial_epoch()  # on every rank: the totals add it once
-    new_epoch_length = restore_epoch_position(run, saved, changes)
-    run.metrics.truncate_after(run.state.step)  # rows after the checkpoint are re-logged exactly once
-    run.epochs_csv.truncate_after(run.state.step)
-    if rp.schedule_affected(changes) or new_epoch_length:
-        run.scheduler = rp.rebuild_schedule(run.optimizer, fresh_hparams, run.cfg.optim, run.updates_per_epoch,
-                                            run.state.step + run.state.schedule_offset)
-    run.say(f"resumed from {ckpt} (step {run.state.step}, epoch {run.state.epoch + 1}, batch {run.state.batch})")
-    if changes:
-        run.metrics.write(**rp.change_record(changes, step=run.state.step, checkpoint=ckpt))
-        run.say(f"applying config changes from step {run.state.step} ({rp.RESUME_FLAG}): {rp.format_changes(changes)}")
-
-
-def restore_epoch_position(run, saved, changes):
-    """Where the resumed epoch goes on, counted in updates (world-independent): the micro-batch index of
-    this launch's grad_accum, and the schedule offset that puts the lr where this launch's updates per
-    epoch have it (0 unless the global batch, hence the updates per epoch, changed). Changes and
-    another number of processes are noted in the epoch's epochs.csv row.
-    -> True when the updates per epoch differ from the checkpoint's (the schedule must be rebuilt)."""
-    state = run.state
-    done = rp.updates_in_epoch(saved, run.global_batch)
-    state.batch = done * run.cfg.train.grad_accum
-    state.schedule_offset = state.epoch * run.updates_per_epoch + done - state.step
-    notes = [rp.format_changes(changes)] if changes else []
-    if saved.world_size != run.world:
-        notes.append(f"processes {saved.world_size} -> {run.world}")
-    if notes:
-        note = f"from step {state.step}: {', '.join(notes)}"
-        state.epoch_note = f"{state.epoch_note}; {note}" if state.epoch_note else note
-    return saved.updates_per_epoch != run.updates_per_epoch
-
-
-# ============================================================================ setup
-def setup(cfg, resume, overwrite, accept_changes=False):
-    """Accelerator, run directory (locked), data, model/optimizer/schedule/EMA, and the resumed
-    state. The main process holds the run lock from here on (`run.lock`; released by `train`, or
-    here when setup fails)."""
-    # A guard, not a measured fix: arithmetic on denormal floats is slow on CPUs, and flushing them
-    # to zero costs nothing (a census of one training step per head found none; the sparse-head
-    # slowdowns first blamed on them came from other jobs sharing the cores). Deterministic either way.
-    torch.set_flush_denormal(True)
-    check_sources_outside_run(cfg)  # a run never reads from (or could delete) its own directory: before it is touched
-    accelerator, tracker_names = build_accelerator(cfg)
-    main_proc = accelerator.is_main_process
-    lock = RunLock(cfg.train.output_dir, purpose="training", enabled=main_proc,
-                   warn=lambda msg: console(msg, main_proc))
-    try:
-        return build_run(cfg, resume, overwrite, accept_changes, accelerator, tracker_names, lock)
-    except BaseException:
-        lock.release()
-        raise
-
-
-def build_run(cfg, resume, overwrite, accept_changes, accelerator, tracker_names, lock):
-    world, device, main_proc = accelerator.num_processes, accelerator.device, accelerator.is_main_process
-    global_batch = cfg.data.batch_size * world * cfg.train.grad_accum
-    num_classes = data_lib.num_classes(cfg.data)
-    # model.pretrained / train.teacher: their files' sha256 (and the weights' image size) enter the config first
-    pretrained = resolve_pretrained(cfg, lambda msg: console(msg, main_proc))
-    features = resolve_features(cfg, lambda msg: console(msg, main_proc))  # data.dataset=features: its source's model keys
-    distiller = build_distiller(cfg, num_classes, accelerator)
-    fp = rp.resume_fingerprint(cfg, num_classes=num_classes, global_batch=global_batch)
-    ckpt, saved, changes = prepare_run_dir(cfg, resume, overwrite, accept_changes, accelerator, lock, fp)
-    backend, backend_why = data_lib.explain_backend(cfg.data, device)
-    for line in launch_lines(num_processes=world, device=device, configured_precision=cfg.train.mixed_precision,
-                             used_precision=accelerator.mixed_precision, backend=backend, backend_why=backend_why,
-                             threads=torch.get_num_threads()):
-        console(line, main_proc)
-
-    with accelerator.main_process_first():  # downloads / dataset caches are written once
-        train_set = data_lib.build_dataset(cfg.data, "train")
-        val_set = data_lib.build_dataset(cfg.data, cfg.train.eval_split)  # tune: compare_heads --tune's trials
-    val_loader = data_lib.build_eval_loader(val_set, cfg.data, rank=accelerator.process_index, world_size=world,
-                                            device=device)
-    mixup = data_lib.build_mixup(cfg.data, num_classes)
-    updates_per_epoch = count_updates_per_epoch(cfg, len(train_set), world)
-
-    reseed(cfg.train.seed, "init")
-    if features is not None:  # a linear probe on cached features, initialised as the image path's classifier
-        raw_model = build_feature_probe(cfg, num_classes, features, lambda msg: console(msg, main_proc))
-    else:
-        raw_model = create_classifier(cfg.model, cfg.head, num_classes, img_size=cfg.data.image_size)
-    if pretrained is not None:
-        load_pretrained_weights(raw_model, pretrained, lambda msg: console(msg, main_proc))
-    apply_freeze(raw_model, cfg.model.freeze)  # model.freeze=backbone: a linear probe
-    for line in (freeze_line(raw_model, cfg.model.freeze), distiller and teacher_line(cfg, distiller)):
-        if line:
-            console(line, main_proc)
-    optimizer = build_optimizer(raw_model, cfg.optim, global_batch)
-    fresh_hparams = rp.optimizer_hparams(optimizer)  # this config's settings, before a checkpoint's replace them
-    scheduler = build_scheduler(optimizer, cfg.optim, updates_per_epoch)  # stepped by us per update
-    model, optimizer = accelerator.prepare(raw_model, optimizer)
-    label_smoothing = 0.0 if mixup is not None else cfg.data.label_smoothing
-    run = Run(
-        cfg=cfg, accelerator=accelerator, trackers=tracker_names, fingerprint=fp, global_batch=global_batch,
-        updates_per_epoch=updates_per_epoch, train_set=train_set, val_loader=val_loader, mixup=mixup,
-        # Mixup/CutMix already fold label smoothing into their soft targets: never apply it twice.
-        label_smoothing=label_smoothing, raw_model=raw_model, model=model,
-        forward_loss=build_forward_loss(cfg, model, raw_model.output_head, label_smoothing, device, distiller),
-        distiller=distiller,
-        optimizer=optimizer, scheduler=scheduler,
-        ema=ModelEmaV3(raw_model, decay=cfg.train.ema_decay) if cfg.train.ema else None,
-        metrics=MetricsLog(cfg.train.output_dir, enabled=main_proc),
-        epochs_csv=EpochCSV(cfg.train.output_dir, enabled=main_proc),
-        lock=lock,
-    )
-    run.first_bad_step = torch.tensor(NO_BAD_STEP, device=device)
-    run.epoch_loss = torch.zeros(2, dtype=torch.float64, device=device)
-    if ckpt is not None:
-        restore(run, ckpt, saved, changes, fresh_hparams)
-    trackers.start(accelerator, tracker_names, cfg, trackers.flat_params(configs.config_to_dict(cfg)),
-                   resuming=ckpt is not None)
-    run.time_base, run.log_images = run.state.train_time_s, run.state.images
-    run.session_images = run.state.images
-    run.session_t0 = run.log_t = time.perf_counter()
-    run.bar = progress_bar(cfg.optim.epochs * updates_per_epoch - run.state.schedule_offset, initial=run.state.step,
-                           enabled=main_proc and cfg.train.progress)
-    return run
-
-
-def build_forward_loss(cfg, model, head, label_smoothing, device, distiller=None):
-    """(images, targets) -> the head's fp32 loss on the model's logits (with train.distill, DeiT's
-    distillation loss through the same head: engine/distill.py); with train.compile on (auto: CUDA
-    only), torch.compile'd as one function, so the head's loss fuses with the model's last layers."""
-    def forward_loss(images, targets):
-        if distiller is not None:
-            return distiller.loss(head, model(images).float(), images, targets, label_smoothing=label_smoothing)
-        return head.loss(model(images).float(), targets, label_smoothing=label_smoothing)
-
-    compile_on = cfg.train.compile == "true" or (cfg.train.compile == "auto" and device.type == "cuda")
-    return torch.compile(forward_loss) if compile_on else forward_loss
-
-
-def count_updates_per_epoch(cfg, num_samples, world):
-    """Optimizer updates per epoch, from the sampler's arithmetic (no loader is built)."""
-    batches = num_train_batches(num_samples, world_size=world, batch_size=cfg.data.batch_size,
-                                repeated_aug=cfg.data.repeated_aug, num_repeats=cfg.data.repeated_aug_repeats)
-    if batches < cfg.train.grad_accum:
-        raise UserError(f"the training split has {num_samples} samples, {batches} batches of data.batch_size="
-                        f"{cfg.data.batch_size} per process ({world} process(es)) per epoch, fewer than "
-                        f"train.grad_accum={cfg.train.grad_accum}: lower data.batch_size or train.grad_accum")
-    return batches // cfg.train.grad_accum
-
-
-def build_accelerator(cfg):
-    if cfg.train.mixed_precision == "fp16" and not torch.cuda.is_available():
-        raise UserError("train.mixed_precision=fp16 needs a CUDA GPU; use bf16 (or no) on CPU")
-    if cfg.train.sync_debug and not torch.cuda.is_available():
-        raise UserError("train.sync_debug=true needs a CUDA GPU (it sets CUDA's sync debug mode); on CPU the "
-                        "test suite checks the step for host syncs (tests/test_train_no_sync.py)")
-    if cfg.train.sync_debug and cfg.train.nonfinite == "skip":
-        raise UserError("train.sync_debug=true cannot be combined with train.nonfinite=skip, which reads one flag "
-                        "per update by design; use train.nonfinite=stop")
-    tracker_names = trackers.tracker_names(cfg.train.log_with)  # a missing package: one line, exit 2
-    # Accelerate only sets up gloo multi-process training on CPU when asked for the CPU explicitly.
-    cpu_multi_process = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
-    accelerator = Accelerator(
-        cpu=cpu_multi_process,
-        mixed_precision=cfg.train.mixed_precision,
-        gradient_accumulation_steps=cfg.train.grad_accum,
-        log_with=tracker_names or None,
-        # TensorBoard writes to LOGGING_DIR/<run name>: RUN_DIR/tensorboard/<name>
-        project_config=ProjectConfiguration(project_dir=cfg.train.output_dir,
-                                            logging_dir=trackers.tensorboard_dir(cfg.train.output_dir)),
-    )
-    return accelerator, tracker_names
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from models.hopfield_pool import check_pool_k
 from models.registry import HPARAMS, check_settings
 
 from .finetune_checks import check_finetune_settings
-from .schema import CHOICES, RANGES, Config, schema_fields, section_names
+from .schema import CHOICES, RANGES, REPLACED_KEYS, Config, schema_fields, section_names
 
 # How close an unknown key must be to a valid one (difflib ratio) to be suggested: below it, a
 # suggestion is more often wrong than right (learning_rate is not optim.clip_grad).
@@ -270,7 +270,8 @@ def suggest_value(value, choices):
 def _unknown_key(full, names, sources):
     where = f" at {sources[full]}" if full in sources else ""
     hint = suggest_key(full)
-    tip = (f"; did you mean '{hint}'?" if hint else
+    tip = (f"; {REPLACED_KEYS[full]}" if full in REPLACED_KEYS else
+           f"; did you mean '{hint}'?" if hint else
            f"; valid keys here: {', '.join(sorted(names))} (python train.py --help-config lists every key)")
     return UserError(f"unknown config key '{full}'{where}{tip}")
 
@@ -424,34 +425,12 @@ def check_head_settings(head):
         raise UserError(f"config key {err}") from None
 
 
-def _fold_tensorboard(data):
-    """train.tensorboard, the one tracker switch before train.log_with: true = auto (TensorBoard
-    when installed), false = none. Set together with a train.log_with that says otherwise: refused."""
-    train = data.get("train")
-    if not isinstance(train, dict) or "tensorboard" not in train:
-        return data
-    data["train"] = train = dict(train)
-    value = train.pop("tensorboard")
-    if not isinstance(value, bool):
-        raise UserError(f"config key 'train.tensorboard' must be true or false, got {_show(value)} (it is the old "
-                        f"switch of train.log_with; set train.log_with instead)")
-    if "log_with" not in train:
-        train["log_with"] = "auto" if value else "none"
-        return data
-    given = train["log_with"]
-    listed = [given] if isinstance(given, str) else list(given or ())
-    if value != (given == "auto" or "tensorboard" in listed):
-        raise UserError(f"train.tensorboard={str(value).lower()} contradicts train.log_with={_show(given)}; "
-                        f"train.tensorboard is the old switch: set train.log_with only")
-    return data
-
-
 def config_from_dict(data, default_name="run", sources=None):
     """Build and check a Config from a nested dict (a YAML file's, after overrides). `sources`:
     {dotted key: 'file:line'}, so that an unknown key or a wrong type names where it was written."""
     data = dict(data)
     data.setdefault("name", default_name)
-    cfg = _check(_build(Config, _fold_tensorboard(data), sources=sources))
+    cfg = _check(_build(Config, data, sources=sources))
     cfg.train.output_dir = cfg.train.output_dir.replace("{name}", cfg.name)
     return cfg
 

@@ -36,6 +36,10 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 TRACKER_NAMES = ("tensorboard", "wandb", "mlflow", "aim", "comet_ml", "clearml", "dvclive")
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
+# Keys that no longer exist, with what took their place: the loader's "unknown key" line names it.
+REPLACED_KEYS = {"train.tensorboard": "set train.log_with instead (train.tensorboard=true was log_with=auto, "
+                                      "false was log_with=none)"}
+
 # resume classes (field metadata "resume"; see the module docstring)
 FREE, FROZEN, OPTIMIZER = "free", "frozen", "optimizer"
 RESUME_CLASSES = (FREE, FROZEN, OPTIMIZER)
@@ -240,8 +244,7 @@ class TrainConfig:
     # CUDA only: torch.cuda.set_sync_debug_mode("error") around every update that is not a log step
     # (after the warm-up updates), so a host sync in the training step fails loudly.
     sync_debug: bool = setting(False, "CUDA only: fail on any host sync inside a training step")
-    # Experiment trackers through Accelerate (engine/trackers.py). `train.tensorboard` (true/false),
-    # the switch before this key, is still read: true = auto, false = none.
+    # Experiment trackers through Accelerate (engine/trackers.py).
     log_with: Union[str, Tuple[str, ...]] = setting(
         "auto", "experiment trackers through Accelerate: auto (TensorBoard when installed), none, a tracker, "
         "or a list of them", choices=("auto", "none") + TRACKER_NAMES, resume=FREE)

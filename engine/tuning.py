@@ -36,7 +36,7 @@ import os
 import threading
 import time
 
-from common.errors import UserError
+from common.errors import EXIT_NONFINITE, UserError
 from common.rundir import EPOCHS as EPOCHS_FILE
 from common.seeding import mix_seed
 from common.search_space import parse_search
@@ -49,7 +49,6 @@ HEARTBEAT_S = 60.0
 STALE_S = 600.0  # a running trial of another host with no heartbeat this long is taken as lost
 UNOWNED_GRACE_S = 60.0  # a trial is asked for, then its owner recorded: that gap is not a loss
 WAIT_S = 2.0  # while other processes run the last trials
-EXIT_NONFINITE = 3  # train.py's exit code for a non-finite loss: a diverged trial
 PRUNERS = ("median", "hyperband", "none")
 OWNER, HEARTBEAT, RUN_DIR, EPOCHS, SURPLUS, DIVERGED, RETRY_OF = (
     "tune.owner", "tune.heartbeat", "tune.run_dir", "tune.epochs", "tune.surplus", "tune.diverged", "tune.retry_of")

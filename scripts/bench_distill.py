@@ -2,8 +2,8 @@
 """The cost of a teacher per training step (train.distill) and the saving of a linear probe
 (model.freeze=backbone), against the plain step of the same model measured in the same run.
 
-Each variant is a train.py run set up in a temporary directory (train.setup) on the built-in data;
-its train_step runs on the same pre-drawn batches. Steps of all variants are interleaved in a new
+Each variant is a train.py run set up in a temporary directory (engine/training_run.py's setup) on the built-in data;
+train.py's own train_step (engine/train_step.py) runs on the same pre-drawn batches. Steps of all variants are interleaved in a new
 shuffled order each round and the median is reported, so the ratios hold on a shared machine. On
 CPU the time is the process CPU time at one thread (other processes do not inflate it); on CUDA
 wall time around synchronised steps. The teacher is the student's architecture (the cheapest
@@ -26,8 +26,9 @@ from accelerate.state import AcceleratorState, GradientState
 from safetensors.torch import save_file
 
 import configs
-import train
 from configs.schema import HeadConfig, ModelConfig
+from engine.train_step import train_step
+from engine.training_run import setup
 from models import create_classifier
 
 
@@ -76,10 +77,10 @@ def build_run(args, tmp, name, overrides):
                  "builtin_train_size": args.batch * 8, "builtin_val_size": 64},
         "optim": {"epochs": 1000, "warmup_epochs": 0},
         "train": {"output_dir": os.path.join(tmp, name.split()[0] + name.split()[-1]), "log_every": 10 ** 6,
-                  "save_every": 10 ** 6, "tensorboard": False, "progress": False, "ema": False, "compile": "false"},
+                  "save_every": 10 ** 6, "log_with": "none", "progress": False, "ema": False, "compile": "false"},
     }
     configs.loader.apply_overrides(data, overrides)
-    run = train.setup(configs.config_from_dict(data), resume=None, overwrite=False)
+    run = setup(configs.config_from_dict(data), resume=None, overwrite=False)
     run.lock.release()
     run.model.train()
     batches = [tuple(t.clone() for t in b) for _, b in zip(range(4), run.train_loader(0, 0))]
@@ -92,7 +93,7 @@ def timed_steps(run, batches, steps, device):
         torch.cuda.synchronize()
     t0 = clock()
     for i in range(steps):
-        train.train_step(run, iter([batches[i % len(batches)]]))
+        train_step(run, iter([batches[i % len(batches)]]))
     if device.type == "cuda":
         torch.cuda.synchronize()
     return (clock() - t0) / steps

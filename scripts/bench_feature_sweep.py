@@ -46,13 +46,13 @@ QUICK_DATA = {**DATA, "builtin_train_size": 1000, "builtin_val_size": 400}
 PROBE = {"data": {"hflip": 0.0, "crop_padding": 0, "batch_size": 500},
          "optim": {"name": "adamw", "lr": 1.0e-2, "lr_base_batch": 500, "weight_decay": 1.0e-4, "epochs": 3,
                    "warmup_epochs": 0, "min_lr": 1.0e-4},
-         "train": {"ema": False, "tensorboard": False, "progress": False, "save_every": 100000, "log_every": 50}}
+         "train": {"ema": False, "log_with": "none", "progress": False, "save_every": 100000, "log_every": 50}}
 BACKBONE = {"name": "backbone", "model": {"name": "resmlp_tiny"},
             "data": {"dataset": "builtin10", "image_size": 32, "builtin_train_size": 4000, "builtin_val_size": 500,
                      "num_workers": 0, "batch_size": 64},
             "optim": {"name": "adamw", "lr": 4.0e-3, "lr_base_batch": 64, "epochs": 2, "warmup_epochs": 0.2,
                       "weight_decay": 0.05},
-            "train": {"ema": False, "tensorboard": False, "progress": False, "save_every": 100000}}
+            "train": {"ema": False, "log_with": "none", "progress": False, "save_every": 100000}}
 
 
 def parse_args(argv=None):

@@ -37,7 +37,7 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(autouse=True)
 def _keep_denormals_after_in_process_training():
-    """train.setup flushes denormals to zero for the whole process (a CPU speed guard); a test that
+    """engine.training_run.setup flushes denormals to zero for the whole process (a CPU speed guard); a test that
     trains in-process must not leave that on for later tests (hypothesis refuses to draw subnormal
     floats under flush-to-zero, and the float64 references need them)."""
     yield

@@ -29,7 +29,7 @@ data: {dataset: builtin10, image_size: 32, batch_size: 64, eval_batch_size: 32, 
        builtin_train_size: 256, builtin_val_size: 101, calib_fraction: 0.25}
 optim: {name: adamw, lr: 2.0e-3, lr_base_batch: 64, weight_decay: 0.05, epochs: 2, warmup_epochs: 0}
 train: {eval_every: 1, log_every: 2, save_every: 100, ema: true, ema_decay: 0.5, progress: false,
-        tensorboard: false}
+        log_with: none}
 """
 
 _CACHE = {}

@@ -79,7 +79,7 @@ def test_mixed_precision_no_is_a_string_not_a_yaml11_boolean(tmp_path):
     path = _write(tmp_path / "c.yaml", "train: {mixed_precision: no}\n")
     assert load_config(path, []).train.mixed_precision == "no"
     assert load_config(path, ["train.mixed_precision=bf16", "train.mixed_precision=no"]).train.mixed_precision == "no"
-    assert load_config(path, ["train.ema=False", "train.tensorboard=true"]).train.ema is False
+    assert load_config(path, ["train.ema=False", "train.log_with=none"]).train.ema is False
     with pytest.raises(UserError, match="train.ema"):
         load_config(path, ["train.ema=no"])  # a str where a bool is expected: named, not guessed
 

@@ -22,10 +22,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _setup(cfg):
-    import train
+    from engine.training_run import setup
 
     reset_accelerate_state()
-    run = train.setup(cfg, resume=None, overwrite=False)
+    run = setup(cfg, resume=None, overwrite=False)
     run.lock.release()
     return run
 

@@ -59,10 +59,10 @@ def _probe_cfgs(tmp_path, source, features, *extra):
 
 
 def _setup(cfg):
-    import train
+    from engine.training_run import setup
 
     reset_accelerate_state()
-    run = train.setup(cfg, resume=None, overwrite=False)
+    run = setup(cfg, resume=None, overwrite=False)
     run.lock.release()
     run.bar.close()
     return run
@@ -243,7 +243,7 @@ def test_bad_feature_folders_are_one_line(tmp_path, features):
 
 
 def test_bad_settings_of_a_features_run_are_one_line(tmp_path, source, features, one_line_error):
-    import train
+    from engine.training_run import setup
 
     for extra, match in (([f"model.pretrained={source}"], "model.pretrained does not apply"),
                          (["data.mixup=0.8"], "data.mixup=0.8 is an image augmentation"),
@@ -252,7 +252,7 @@ def test_bad_settings_of_a_features_run_are_one_line(tmp_path, source, features,
         cfg = tiny_cfg(str(tmp_path / "r"), "data.dataset=features", f"data.root={features}", *FAST, *extra)
         reset_accelerate_state()
         with pytest.raises(UserError, match=match) as err:
-            train.setup(cfg, resume=None, overwrite=False)
+            setup(cfg, resume=None, overwrite=False)
         _one_line(err)
     line = one_line_error("eval", ["--checkpoint", source, "--dataset", "features", "--data-root", str(tmp_path)])
     assert "no features.json" in line

@@ -14,7 +14,7 @@ import yaml
 from safetensors.torch import load_file, save_file
 
 from common.errors import UserError
-from test_train_helpers import NO_AUG, reset_accelerate_state, run_inprocess, tiny_cfg
+from test_train_helpers import reset_accelerate_state, run_inprocess, tiny_cfg
 
 FAST = ["optim.epochs=1", "train.ema=false", "train.save_every=1000"]
 
@@ -35,12 +35,12 @@ def source(tmp_path_factory):
 
 
 def _setup(cfg):
-    import train
+    from engine.training_run import setup
 
     reset_accelerate_state()
-    run = train.setup(cfg, resume=None, overwrite=False)
+    run = setup(cfg, resume=None, overwrite=False)
     run.lock.release()
-    return train, run
+    return run
 
 
 def _one_line(err):
@@ -53,7 +53,7 @@ def _one_line(err):
 def test_fine_tune_starts_from_the_source_backbone_with_a_new_head(tmp_path, source, capsys):
     cfg = tiny_cfg(str(tmp_path / "ft"), "model.norm=batchnorm", "data.dataset=builtin100", "head.name=sparsemax",
                    f"model.pretrained={source}", *FAST)
-    _, run = _setup(cfg)
+    run = _setup(cfg)
     src, got = load_file(os.path.join(source, "model.safetensors")), run.raw_model.state_dict()
     backbone = [k for k in got if _is_backbone(k)]
     assert backbone and all(torch.equal(got[k], src[k]) for k in backbone)  # bit-identical at step 0
@@ -72,11 +72,11 @@ def test_fine_tune_starts_from_the_source_backbone_with_a_new_head(tmp_path, sou
 
 
 def test_same_classes_and_head_kind_load_the_classifier_too_am_softmax_needs_its_own(tmp_path, source, capsys):
-    _, run = _setup(tiny_cfg(str(tmp_path / "a"), "model.norm=batchnorm", f"model.pretrained={source}", *FAST))
+    run = _setup(tiny_cfg(str(tmp_path / "a"), "model.norm=batchnorm", f"model.pretrained={source}", *FAST))
     src = load_file(os.path.join(source, "model.safetensors"))
     assert torch.equal(run.raw_model.state_dict()["head.weight"], src["head.weight"])
     assert "everything loaded" in capsys.readouterr().out
-    _, run = _setup(tiny_cfg(str(tmp_path / "b"), "model.norm=batchnorm", "head.name=am_softmax",
+    run = _setup(tiny_cfg(str(tmp_path / "b"), "model.norm=batchnorm", "head.name=am_softmax",
                              f"model.pretrained={source}", *FAST))
     assert not torch.equal(run.raw_model.state_dict()["head.weight"], src["head.weight"])
     assert "am_softmax needs a cosine classifier" in capsys.readouterr().out
@@ -118,7 +118,7 @@ def test_timm_and_fb_weight_files_load_the_same_way(tmp_path, fmt):
         torch.save({"model": converted}, path)  # the FB/DeiT release wraps its state dict as {"model": ...}
     else:
         save_file(converted, path)
-    _, run = _setup(tiny_cfg(str(tmp_path / "run"), "data.dataset=builtin100", f"model.pretrained={path}", *FAST))
+    run = _setup(tiny_cfg(str(tmp_path / "run"), "data.dataset=builtin100", f"model.pretrained={path}", *FAST))
     got = run.raw_model.state_dict()
     assert all(torch.equal(got[k], sd[k]) for k in sd if _is_backbone(k))
     assert got["head.weight"].shape == (100, 128)
@@ -127,7 +127,7 @@ def test_timm_and_fb_weight_files_load_the_same_way(tmp_path, fmt):
 def test_the_weights_image_size_is_kept_and_said(tmp_path, source, capsys):
     cfg = tiny_cfg(str(tmp_path / "run"), "model.norm=batchnorm", "data.image_size=32",
                    f"model.pretrained={source}", *FAST)
-    _, run = _setup(cfg)
+    run = _setup(cfg)
     assert run.cfg.data.image_size == 16 and run.raw_model.img_size == 16
     images, _ = next(iter(run.train_loader(0, 0)))
     assert images.shape[-1] == 16  # the data pipeline resizes to the weights' size
@@ -191,7 +191,7 @@ def test_probe_trains_only_the_head_backbone_and_bn_buffers_bit_identical(tmp_pa
     cfg = tiny_cfg(run_dir, "model.norm=batchnorm", "data.dataset=builtin100", "head.name=entmax_bisect",
                    "head.learn_alpha=true", "model.drop_path=0.2", "model.freeze=backbone",
                    f"model.pretrained={source}", "optim.lr=5e-2", *FAST)
-    train, run = _setup(cfg)
+    run = _setup(cfg)
     trainable = {n for n, p in run.raw_model.named_parameters() if p.requires_grad}
     assert trainable == {"head.weight", "head.bias", "output_head.alpha_logit"}
     held = {id(p) for g in run.optimizer.param_groups for p in g["params"]}
@@ -210,7 +210,7 @@ def test_probe_trains_only_the_head_backbone_and_bn_buffers_bit_identical(tmp_pa
 
 # ----------------------------------------------------------------------------- optim.layer_decay
 def test_layer_decay_scales_each_blocks_lr_by_depth(tmp_path):
-    _, run = _setup(tiny_cfg(str(tmp_path / "run"), "optim.layer_decay=0.5", *FAST))
+    run = _setup(tiny_cfg(str(tmp_path / "run"), "optim.layer_decay=0.5", *FAST))
     run.scheduler.step_update(3)
     names = {id(p): n for n, p in run.raw_model.named_parameters()}
     lr_of = {names[id(p)]: g["lr"] for g in run.optimizer.param_groups for p in g["params"]}

@@ -27,7 +27,7 @@ head: {{name: softmax}}
 data: {{dataset: builtin10, image_size: 16, batch_size: 64, eval_batch_size: 16, num_workers: 0,
        builtin_train_size: 256, builtin_val_size: 50, calib_fraction: 0.0}}
 optim: {{name: adamw, lr: 8.0e-3, lr_base_batch: 64, weight_decay: 0.05, epochs: 1, warmup_epochs: 0}}
-train: {{eval_every: 1, log_every: 2, save_every: 100, ema: false, progress: false, tensorboard: false}}
+train: {{eval_every: 1, log_every: 2, save_every: 100, ema: false, progress: false, log_with: none}}
 """
 N_VAL, N_PATCHES = 50, 16  # 16 px / patch 4 = a 4 x 4 grid
 
@@ -43,7 +43,7 @@ def _train_and_eval(root, name, pool, mapping=None):
     assert train.main(["--config", cfg, f"train.output_dir={run}"]) == 0
     out = os.path.join(run, rundir.EVAL_RESULT)
     assert eval_entry.main(["--checkpoint", run, "--output", out, "--calib", "none", "--quiet"]) == 0
-    torch.set_flush_denormal(False)  # train.setup's process-wide speed guard
+    torch.set_flush_denormal(False)  # setup's process-wide speed guard (engine/training_run.py)
     return run
 
 

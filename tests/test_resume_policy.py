@@ -40,7 +40,7 @@ def test_flatten_config_and_json_round_trip_compare_equal():
 def test_allowlisted_keys_change_freely():
     saved = _fp(_cfg_dict())
     current = _fp(_cfg_dict(train={"log_every": 1, "eval_every": 3, "save_every": 7, "keep_last": 9,
-                                   "output_dir": "elsewhere", "progress": False, "tensorboard": False,
+                                   "output_dir": "elsewhere", "progress": False, "log_with": "none",
                                    "compile": True, "nonfinite": "skip"},
                             data={"num_workers": 16, "eval_batch_size": 1, "root": "copy/on/local/disk"}))
     assert rp.check_resume_changes(saved, current, checkpoint="ck") == []

@@ -12,7 +12,7 @@ model: {name: resmlp_tiny}
 data: {dataset: builtin10, image_size: 16, batch_size: 16, builtin_train_size: 32, builtin_val_size: 16,
        num_workers: 0}
 optim: {epochs: 1}
-train: {progress: false, tensorboard: false, mixed_precision: "no"}
+train: {progress: false, log_with: none, mixed_precision: "no"}
 """
 
 

@@ -222,7 +222,7 @@ def swap_after_first_read(monkeypatch, path, other):
 
 @pytest.mark.parametrize("what", ["model.pretrained", "train.teacher", "extraction"])
 def test_the_recorded_sha256_is_that_of_the_weights_loaded(workspace, tmp_path, monkeypatch, what):
-    import train
+    from engine.training_run import setup
 
     weights = str(tmp_path / "w.safetensors")
     shutil.copyfile(os.path.join(workspace, SOURCE, "model.safetensors"), weights)
@@ -242,7 +242,7 @@ def test_the_recorded_sha256_is_that_of_the_weights_loaded(workspace, tmp_path, 
         cfg = configs.load_config(os.path.join(ROOT, QUICKSTART),
                                   [*TINY, f"train.output_dir={tmp_path / 'run'}", *extra])
         reset_accelerate_state()
-        run = train.setup(cfg, resume=None, overwrite=False)
+        run = setup(cfg, resume=None, overwrite=False)
         run.lock.release()
         model = run.raw_model if what == "model.pretrained" else run.distiller.teacher
         sha = cfg.model.pretrained_sha256 if what == "model.pretrained" else cfg.train.teacher_sha256

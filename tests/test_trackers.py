@@ -1,7 +1,7 @@
 """Experiment trackers through Accelerate (train.log_with, engine/trackers.py) and the head comparison
 in MLflow (scripts/compare_tracking.py), checked offline against local stores: the run, its
 parameters, its metrics per epoch, the report's artifacts; TensorBoard event files; a tracker whose
-package is missing is one line, exit 2; the old train.tensorboard switch still reads."""
+package is missing is one line, exit 2; the removed train.tensorboard switch names its replacement."""
 import os
 
 import pytest
@@ -15,17 +15,17 @@ mlflow = pytest.importorskip("mlflow")
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 
-def test_log_with_values_and_the_old_tensorboard_switch():
+def test_log_with_values_and_the_removed_tensorboard_switch():
     log_with = lambda train: config_from_dict({"train": train}).train.log_with  # noqa: E731
     assert log_with({}) == "auto"
-    assert log_with({"tensorboard": False}) == "none" and log_with({"tensorboard": True}) == "auto"
     assert log_with({"log_with": ["tensorboard", "mlflow"]}) == ("tensorboard", "mlflow")
-    assert log_with({"log_with": "mlflow", "tensorboard": False}) == "mlflow"
     for train, expected in (({"log_with": "mlfow"}, "must be one of auto, none, tensorboard"),
                             ({"log_with": ["mlflow", "wand"]}, "(each)"),
-                            ({"log_with": "mlflow", "tensorboard": True}, "contradicts train.log_with")):
-        with pytest.raises(UserError, match=expected):
+                            ({"tensorboard": False}, r"'train.tensorboard'; set train.log_with instead .*false was "
+                                                     r"log_with=none")):
+        with pytest.raises(UserError, match=expected) as err:
             config_from_dict({"train": train})
+        assert "\n" not in str(err.value)
 
 
 def test_a_missing_tracker_package_is_one_line_exit_2(tmp_path, capsys, monkeypatch):

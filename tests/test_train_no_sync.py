@@ -1,4 +1,5 @@
-"""One full training step of train.py's loop under the host-sync guard (tests/sync_guard.py).
+"""One full training step of train.py's loop (engine/train_step.py) under the host-sync guard
+(tests/sync_guard.py).
 
 On CUDA, a host read inside the step (`.item()`, `bool(t)`, `nonzero`, boolean-mask indexing...)
 drains the launch queue every update. There is no GPU here, so the step runs on CPU tensors under
@@ -11,6 +12,8 @@ optimizer, the schedule and the EMA.
 import pytest
 import torch
 
+from engine.train_step import NO_BAD_STEP, train_step
+from engine.training_run import setup
 from models.mappings import threshold_path
 from sync_guard import HostSyncError, no_host_sync
 from test_train_helpers import tiny_cfg
@@ -23,16 +26,14 @@ HEADS = [["head.name=softmax"], ["head.name=sparsemax"], ["head.name=entmax15"],
 def _setup(tmp_path, *overrides):
     from accelerate.state import AcceleratorState, GradientState
 
-    import train
-
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
     cfg = tiny_cfg(str(tmp_path / "run"), "data.mixup=0.8", "data.cutmix=1.0", "model.drop_path=0.1",
                    "optim.clip_grad=1.0", "train.log_every=1000", "train.save_every=1000", *overrides)
-    run = train.setup(cfg, resume=None, overwrite=False)
+    run = setup(cfg, resume=None, overwrite=False)
     run.model.train()
     batches = [tuple(t.clone() for t in b) for _, b in zip(range(3), run.train_loader(0, 0))]  # on the device
-    return train, run, batches
+    return run, batches
 
 
 def _host_side_by_design(run):
@@ -50,19 +51,19 @@ def _host_side_by_design(run):
 
 @pytest.mark.parametrize("head", HEADS, ids=lambda h: h[0].split("=")[1])
 def test_training_step_reads_nothing_from_the_device(tmp_path, head):
-    train, run, batches = _setup(tmp_path, *head)
+    run, batches = _setup(tmp_path, *head)
     with threshold_path("device"):
-        train.train_step(run, iter(batches[:1]))  # the first update creates the optimizer state
+        train_step(run, iter(batches[:1]))  # the first update creates the optimizer state
         with no_host_sync(allow=_host_side_by_design(run)):
-            train.train_step(run, iter(batches[1:2]))
-            train.train_step(run, iter(batches[2:3]))
+            train_step(run, iter(batches[1:2]))
+            train_step(run, iter(batches[2:3]))
     assert run.state.step == 3
-    assert torch.isfinite(run.last_loss) and int(run.first_bad_step) == train.NO_BAD_STEP
+    assert torch.isfinite(run.last_loss) and int(run.first_bad_step) == NO_BAD_STEP
     assert all(torch.isfinite(p).all() for p in run.raw_model.parameters())
 
 
 def test_guard_catches_a_host_read_added_to_the_step(tmp_path):
-    train, run, batches = _setup(tmp_path, "head.name=entmax15")
+    run, batches = _setup(tmp_path, "head.name=entmax15")
     forward_loss = run.forward_loss
 
     def with_a_log_read(images, targets):
@@ -72,20 +73,20 @@ def test_guard_catches_a_host_read_added_to_the_step(tmp_path):
 
     run.forward_loss = with_a_log_read
     with threshold_path("device"):
-        train.train_step(run, iter(batches[:1]))
+        train_step(run, iter(batches[:1]))
         with pytest.raises(HostSyncError, match="item|host"):
             with no_host_sync(allow=_host_side_by_design(run)):
-                train.train_step(run, iter(batches[1:2]))
+                train_step(run, iter(batches[1:2]))
 
 
 def test_nonfinite_skip_reads_one_flag_per_update_and_stop_reads_none(tmp_path):
     """train.nonfinite=skip must decide before the optimizer step (its one documented read)."""
-    train, run, batches = _setup(tmp_path, "head.name=sparsemax", "train.nonfinite=skip")
+    run, batches = _setup(tmp_path, "head.name=sparsemax", "train.nonfinite=skip")
     with threshold_path("device"):
-        train.train_step(run, iter(batches[:1]))
+        train_step(run, iter(batches[:1]))
         with pytest.raises(HostSyncError):
             with no_host_sync(allow=_host_side_by_design(run)):
-                train.train_step(run, iter(batches[1:2]))
+                train_step(run, iter(batches[1:2]))
 
 
 @pytest.mark.parametrize("extra", [
@@ -107,11 +108,11 @@ def test_distillation_probe_and_layer_decay_steps_read_nothing_from_the_device(t
     distill = any(e.startswith("train.distill=") for e in extra)
     source = [f"train.teacher={weights}"] if distill else []
     source += [f"model.pretrained={weights}"] if "model.freeze=backbone" in extra else []
-    train, run, batches = _setup(tmp_path, *extra, *source)
+    run, batches = _setup(tmp_path, *extra, *source)
     assert (run.distiller is not None) == distill
     with threshold_path("device"):
-        train.train_step(run, iter(batches[:1]))
+        train_step(run, iter(batches[:1]))
         with no_host_sync(allow=_host_side_by_design(run)):
-            train.train_step(run, iter(batches[1:2]))
-            train.train_step(run, iter(batches[2:3]))
+            train_step(run, iter(batches[1:2]))
+            train_step(run, iter(batches[2:3]))
     assert run.state.step == 3 and torch.isfinite(run.last_loss)

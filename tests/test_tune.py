@@ -31,7 +31,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 CONFIG = {"data": {"batch_size": 32, "hflip": 0.0, "crop_padding": 0},
           "optim": {"name": "adamw", "lr": 1e-2, "lr_base_batch": 32, "epochs": 2, "warmup_epochs": 0},
-          "train": {"ema": False, "tensorboard": False, "progress": False, "log_every": 5, "save_every": 2}}
+          "train": {"ema": False, "log_with": "none", "progress": False, "log_every": 5, "save_every": 2}}
 
 
 @pytest.fixture(scope="module")
