@@ -397,13 +397,14 @@ def _first_difference(old, new, prefix=""):
 
 def _check_request(run_dir, request, create=True):
     """Refuse to mix a run trained with other settings (overrides or config contents) into this
-    comparison; record the request when the run is first started."""
+    comparison; record the request when the run is first started. Where the config file lies is not a
+    setting: a runs folder moved together with its config is the same comparison."""
     path = os.path.join(run_dir, rundir.COMPARE_REQUEST)
     request = json.loads(json_text(request))  # tuples -> lists, as stored
     if os.path.isfile(path):
         with open(path) as f:
             previous = _in_todays_schema(json.load(f))
-        if previous != request:
+        if _settings(previous) != _settings(request):
             diff = _first_difference(previous.get("resolved", {}), request.get("resolved", {})) \
                 or " ".join(previous.get("overrides", []))
             raise UserError(f"{run_dir} was trained with other settings ({diff}); "
@@ -411,6 +412,11 @@ def _check_request(run_dir, request, create=True):
     elif create:
         with RunLock(run_dir, purpose="compare_heads"):  # not while another process trains or evaluates there
             write_json(request, path)
+
+
+def _settings(request):
+    """What a request asks for: its overrides and resolved config, not the config file's path."""
+    return {key: value for key, value in request.items() if key != "config"}
 
 
 def _in_todays_schema(request):

@@ -1,4 +1,5 @@
 import os
+import shutil
 import sys
 
 # Tests import the project packages (models, data, configs) from the repository root, and the
@@ -22,12 +23,26 @@ torch.set_num_threads(1)
 
 import pytest  # noqa: E402
 
+from session_dir import make_session_dir  # noqa: E402
+
 # Files whose tests start several real processes (signals, kills, multi-process launches) or train
 # the shared tiny runs, heaviest first: they run first, so pytest-xdist's workers begin with them
 # and the short tests fill the end of the run instead of one long test making a tail.
 SLOW_FIRST = ("test_compare_worker.py", "test_launcher_signals.py", "test_resume_world_size.py",
               "test_train_resume.py", "test_train_distributed.py", "test_eval.py", "test_compare.py",
               "test_pool_support.py", "test_predict.py", "test_run_safety.py", "test_launch_lines.py")
+
+
+def pytest_configure(config):
+    """The controller (or the one process without xdist) makes the run's shared folder before any
+    worker starts (tests/session_dir.py)."""
+    if not hasattr(config, "workerinput"):
+        config.session_dir = make_session_dir()
+
+
+def pytest_unconfigure(config):
+    if getattr(config, "session_dir", None):
+        shutil.rmtree(config.session_dir, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items):

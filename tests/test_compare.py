@@ -1,20 +1,19 @@
 """scripts/compare_heads.py on a tiny config: report columns, plot files, resumability.
 
-The tiny comparison (softmax vs sparsemax, one seed, a few steps) is trained once per session by
-`tiny_comparison()` and shared with tests/test_eval.py (eval on those runs).
+The tiny comparison (softmax vs sparsemax, one seed, a few steps) is trained once per test run by
+`tiny_comparison()` and shared with the eval, predict, tracker and worker tests (read-only).
 """
-import atexit
 import json
 import os
 import shutil
 import struct
 import subprocess
 import sys
-import tempfile
 
 import pytest
 
 from common import rundir
+from session_dir import built_once
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "compare_heads.py")
@@ -35,27 +34,49 @@ train: {eval_every: 1, log_every: 2, save_every: 100, ema: true, ema_decay: 0.5,
 _CACHE = {}
 
 
-def compare_args(root):
-    return ["--config", os.path.join(root, "tiny.yaml"), "--heads", *HEADS, "--seeds", "0",
-            "--runs-dir", os.path.join(root, "runs"), "--report-dir", os.path.join(root, "report")]
+def compare_args(root=None):
+    """compare_heads' arguments for the tiny comparison: paths relative to its folder (run from there),
+    so that a copy of the folder is the same comparison; `root`: absolute paths into that folder."""
+    at = (lambda name: os.path.join(root, name)) if root else (lambda name: name)
+    return ["--config", at("tiny.yaml"), "--heads", *HEADS, "--seeds", "0", "--runs-dir", at("runs"),
+            "--report-dir", at("report")]
+
+
+def _build_tiny_comparison(root):
+    with open(os.path.join(root, "tiny.yaml"), "w") as f:
+        f.write(TINY_CONFIG)
+    proc = subprocess.run([sys.executable, SCRIPT, *compare_args()], cwd=root, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with open(os.path.join(root, "stdout.txt"), "w") as f:
+        f.write(proc.stdout)
 
 
 def tiny_comparison():
-    """Run the comparison once per test session (as a user would, in a subprocess)."""
+    """The tiny comparison, run once per test run (as a user would, in a subprocess) and shared by every
+    pytest-xdist worker (tests/session_dir.py): read it, never change it; a test that changes it works
+    on `tiny_comparison_copy`."""
     if "root" not in _CACHE:
-        root = tempfile.mkdtemp(prefix="resmlp-compare-test-")
-        atexit.register(shutil.rmtree, root, True)
-        with open(os.path.join(root, "tiny.yaml"), "w") as f:
-            f.write(TINY_CONFIG)
-        proc = subprocess.run([sys.executable, SCRIPT, *compare_args(root)], cwd=ROOT,
-                              capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        _CACHE.update(root=root, stdout=proc.stdout)
+        root = built_once("tiny-comparison", _build_tiny_comparison)
+        with open(os.path.join(root, "stdout.txt")) as f:
+            _CACHE.update(root=root, stdout=f.read())
     return _CACHE["root"], _CACHE["stdout"]
 
 
+def tiny_comparison_copy(tmp_path, monkeypatch):
+    """A private copy of the tiny comparison's config and runs (no report), made the current directory,
+    where compare_args() names the same comparison."""
+    root, _ = tiny_comparison()
+    copy = tmp_path / "comparison"
+    copy.mkdir()
+    shutil.copy(os.path.join(root, "tiny.yaml"), copy)
+    shutil.copytree(os.path.join(root, "runs"), copy / "runs")
+    monkeypatch.chdir(copy)
+    return str(copy)
+
+
 def tiny_run_dir(head="sparsemax"):
-    """A finished, evaluated run of the tiny comparison (seed 0)."""
+    """A finished, evaluated run of the tiny comparison (seed 0): read it, never change it."""
     root, _ = tiny_comparison()
     return os.path.join(root, "runs", f"{head}-s0")
 
@@ -102,7 +123,7 @@ def test_report_has_every_column_and_plot():
         w, h = _png_size(path)
         assert w > 200 and h > 200 and os.path.getsize(path) > 5000
         assert f"]({name})" in md
-    assert "report: " + os.path.join(report_dir, "report.md") in stdout
+    assert "report: " + os.path.join("report", "report.md") in stdout  # relative, as it was asked for
     lines = open(os.path.join(report_dir, "runs.csv")).read().strip().splitlines()
     assert len(lines) == 1 + len(HEADS) and "ps_support_eps0.1_coverage" in lines[0]
     assert "2 training run(s) and 2 evaluation(s)" in stdout
@@ -117,15 +138,15 @@ def _stamps(root):
     return out
 
 
-def test_second_invocation_runs_nothing(monkeypatch, capsys):
-    root, _ = tiny_comparison()
+def test_second_invocation_runs_nothing(tmp_path, monkeypatch, capsys):
+    """...also in a copy of the folder, config and runs moved together (the config's path is no setting)."""
+    root = tiny_comparison_copy(tmp_path, monkeypatch)
     before = _stamps(root)
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
     import compare_heads
 
     calls = []
     monkeypatch.setattr(compare_heads.ChildProcesses, "run", _child_run(lambda *a, **k: calls.append(a) or 0))
-    assert compare_heads.main(compare_args(root)) == 0
+    assert compare_heads.main(compare_args()) == 0
     out = capsys.readouterr().out
     assert calls == []
     assert "0 training run(s) and 0 evaluation(s)" in out
@@ -133,30 +154,25 @@ def test_second_invocation_runs_nothing(monkeypatch, capsys):
     assert _stamps(root) == before
 
 
-def test_missing_eval_is_redone_without_retraining(monkeypatch, capsys):
+def test_missing_eval_is_redone_without_retraining(tmp_path, monkeypatch, capsys):
     """A run whose training finished but whose evaluation did not: only eval.py runs (subprocess
     through --launcher, so the accelerate state of this test process stays untouched)."""
-    root, _ = tiny_comparison()
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    root = tiny_comparison_copy(tmp_path, monkeypatch)
     import compare_heads
 
     run = os.path.join(root, "runs", "sparsemax-s0")
     with open(os.path.join(run, "eval.json")) as f:
         old = json.load(f)
-    os.rename(os.path.join(run, "eval.json"), os.path.join(run, "eval.json.bak"))
+    os.remove(os.path.join(run, "eval.json"))
     summary_mtime = os.stat(os.path.join(run, "summary.json")).st_mtime_ns
-    try:
-        assert compare_heads.main(compare_args(root) + ["--launcher", sys.executable]) == 0
-        out = capsys.readouterr().out
-        assert "0 training run(s) and 1 evaluation(s)" in out
-        assert "train.py" not in out
-        with open(os.path.join(run, "eval.json")) as f:
-            new = json.load(f)
-        assert new["top1"] == old["top1"] and new["n"] == old["n"]
-        assert os.stat(os.path.join(run, "summary.json")).st_mtime_ns == summary_mtime
-    finally:
-        if not os.path.exists(os.path.join(run, "eval.json")):
-            os.rename(os.path.join(run, "eval.json.bak"), os.path.join(run, "eval.json"))
+    assert compare_heads.main(compare_args() + ["--launcher", sys.executable]) == 0
+    out = capsys.readouterr().out
+    assert "0 training run(s) and 1 evaluation(s)" in out
+    assert "train.py" not in out
+    with open(os.path.join(run, "eval.json")) as f:
+        new = json.load(f)
+    assert new["top1"] == old["top1"] and new["n"] == old["n"]
+    assert os.stat(os.path.join(run, "summary.json")).st_mtime_ns == summary_mtime
 
 
 def test_runs_with_other_settings_are_refused(tmp_path):

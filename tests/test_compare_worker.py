@@ -27,10 +27,9 @@ from engine.children import ChildProcesses
 from test_compare import TINY_CONFIG, tiny_run_dir
 from test_train_helpers import ROOT, subprocess_env
 
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import compare_worker  # noqa: E402
-from engine import worker_slots  # noqa: E402
-from engine.worker_slots import WorkerSlot, can_run  # noqa: E402
+import compare_worker  # scripts/ is on sys.path (tests/conftest.py)
+from engine import worker_slots
+from engine.worker_slots import WorkerSlot, can_run
 
 TRAIN, EVAL = os.path.join(ROOT, "train.py"), os.path.join(ROOT, "eval.py")
 
@@ -41,8 +40,9 @@ def _train(config, run_dir, head, seed):
 
 
 def _eval(run_dir):
+    """eval.py as compare_heads runs it (tests/test_compare.py's tiny comparison: the built-in OOD set)."""
     return [sys.executable, EVAL, "--checkpoint", str(run_dir), "--output", os.path.join(run_dir, "eval.json"),
-            "--quiet"]
+            "--quiet", "--ood-dataset", "auto"]
 
 
 def _assert_same_tensors(a, b):
@@ -53,17 +53,19 @@ def _assert_same_tensors(a, b):
 
 
 def test_a_worker_runs_steps_as_fresh_processes_would(tmp_path):
+    """The worker's second run against the same run of the tiny comparison, which compare_heads trained
+    and evaluated with fresh train.py / eval.py processes."""
     config = tmp_path / "tiny.yaml"
     config.write_text(TINY_CONFIG)
-    first, second, fresh = tmp_path / "softmax-s0", tmp_path / "sparsemax-s1", tmp_path / "fresh"
+    first, second, fresh = tmp_path / "softmax-s1", tmp_path / "sparsemax-s0", tiny_run_dir("sparsemax")
     log = tmp_path / "worker.log"
     with ChildProcesses() as children:
         slot = WorkerSlot(children, subprocess_env())
-        assert slot.run(_train(config, first, "softmax", 0), str(log)) == 0
+        assert slot.run(_train(config, first, "softmax", 1), str(log)) == 0
         pid = slot.proc.pid
         missing = tmp_path / "missing"
         assert slot.run(_eval(missing), str(log)) == 2  # a user error: its line in the log, the worker goes on
-        assert slot.run(_train(config, second, "sparsemax", 1), str(log)) == 0
+        assert slot.run(_train(config, second, "sparsemax", 0), str(log)) == 0
         assert slot.run(_eval(second), str(log)) == 0
         assert slot.proc.pid == pid  # one process served every step
         slot.close()
@@ -72,31 +74,29 @@ def test_a_worker_runs_steps_as_fresh_processes_would(tmp_path):
     assert "error: " in text and str(missing) in text and "Traceback" not in text
     assert text.count("done: ") == 2  # both trainings' output went to the step's log
 
-    env = subprocess_env()
-    for cmd in (_train(config, fresh, "sparsemax", 1), _eval(fresh)):
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    _assert_same_tensors(second / "model.safetensors", fresh / "model.safetensors")
-    _assert_same_tensors(second / "model_ema.safetensors", fresh / "model_ema.safetensors")
-    _assert_same_tensors(second / "eval.examples.safetensors", fresh / "eval.examples.safetensors")
+    for name in ("model.safetensors", "model_ema.safetensors", "eval.examples.safetensors"):
+        _assert_same_tensors(second / name, os.path.join(fresh, name))
     assert json.loads((second / "summary.json").read_text())["final"] == \
-        json.loads((fresh / "summary.json").read_text())["final"]
+        json.loads(open(os.path.join(fresh, "summary.json")).read())["final"]
+    ours, theirs = (json.loads(open(os.path.join(run, "eval.json")).read()) for run in (second, fresh))
+    assert (ours["top1"], ours["loss"], ours["ood"]["scores"]) == (theirs["top1"], theirs["loss"], theirs["ood"]["scores"])
 
 
 def test_a_dead_worker_fails_its_step_and_the_next_step_gets_a_new_one(tmp_path):
-    run = tmp_path / "run"  # a copy of the session's tiny trained run: the steps here only evaluate it
+    run = tmp_path / "run"  # a copy of the session's tiny trained run: the last step evaluates it
     shutil.copytree(tiny_run_dir("softmax"), run)
+    os.remove(run / "eval.json")
     log = str(tmp_path / "worker.log")
     with ChildProcesses() as children:
         slot = WorkerSlot(children, subprocess_env())
-        assert slot.run(_eval(run), log) == 0  # the slot's worker, alive
-        os.remove(run / "eval.json")  # the next one comes from the new worker
+        assert slot.run(_eval(tmp_path / "missing"), log) == 2  # the slot's worker, alive (a quick user error)
+        first = slot.proc.pid
         slot.proc.kill()
         slot.proc.wait()
         assert slot.run(_eval(run), log) == 137  # 128 + SIGKILL, as a shell reports it
-        assert slot.proc is None
+        assert slot.proc is None and not os.path.exists(run / "eval.json")
         assert slot.run(_eval(run), log) == 0  # a new worker
-        assert os.path.isfile(run / "eval.json")
+        assert slot.proc.pid != first and os.path.isfile(run / "eval.json")
         slot.close()
 
 
@@ -143,7 +143,7 @@ def test_sigterm_reaches_the_workers_mid_training_and_the_rerun_resumes(tmp_path
     runs = tmp_path / "runs"
     cmd = [sys.executable, os.path.join(ROOT, "scripts", "compare_heads.py"), "--config", str(config),
            "--heads", "softmax", "--seeds", "0", "1", "--jobs", "2", "--ood-dataset", "none",
-           "--runs-dir", str(runs), "--report-dir", str(tmp_path / "report"),
+           "--runs-dir", str(runs), "--report-dir", str(tmp_path / "report"), "--no-mlflow",
            "optim.epochs=12", "train.eval_every=100", "data.builtin_val_size=40"]  # 36 updates each
     proc = subprocess.Popen(cmd, cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
