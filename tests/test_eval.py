@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from test_compare import ROOT, tiny_run_dir
+from test_train_helpers import reset_accelerate_state
 
 EVAL = os.path.join(ROOT, "eval.py")
 
@@ -81,16 +82,18 @@ def test_two_processes_give_the_same_numbers_as_one(tmp_path):
         assert two["selective"][conf]["aurc"] == pytest.approx(sel["aurc"], rel=1e-12)
 
 
-def test_weights_file_with_model_flags_and_calibration_fallback(tmp_path):
+def test_weights_file_with_model_flags_and_calibration_fallback(tmp_path, capsys):
     """The EMA weights as a bare file + --model/--dataset flags: train.py's EMA accuracy again;
     with no calib split (defaults) prediction sets calibrate on half of val, and say so."""
     run = tiny_run_dir("softmax")
     out = tmp_path / "file.json"
-    cmd = [sys.executable, EVAL, "--checkpoint", os.path.join(run, "model_ema.safetensors"),
-           "--model", "resmlp_tiny", "--dataset", "builtin10",
-           "--data.builtin_val_size", "101", "--batch-size", "50", "--output", str(out)]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    import eval as eval_entry
+
+    reset_accelerate_state()
+    assert eval_entry.main(["--checkpoint", os.path.join(run, "model_ema.safetensors"), "--model", "resmlp_tiny",
+                            "--dataset", "builtin10", "--data.builtin_val_size", "101", "--batch-size", "50",
+                            "--output", str(out)]) == 0
+    stdout = capsys.readouterr().out
     result = _load(out)
     final = _load(os.path.join(run, "summary.json"))["final"]["ema"]
     assert result["weights"] == "file" and result["head"] == "softmax" and result["n"] == final["n"] == 101
@@ -98,8 +101,8 @@ def test_weights_file_with_model_flags_and_calibration_fallback(tmp_path):
     assert result["loss"] == pytest.approx(final["loss"], rel=1e-4)
     calib = result["prediction_sets"]["calibration"]
     assert calib["source"] == "val-half" and calib["n_calib"] + calib["n_eval"] == 101
-    assert "calib_fraction is 0" in proc.stdout  # told on the terminal, not silently
-    assert "top-1 acc" in proc.stdout and "ECE (15 bins)" in proc.stdout
+    assert "calib_fraction is 0" in stdout  # told on the terminal, not silently
+    assert "top-1 acc" in stdout and "ECE (15 bins)" in stdout
     assert os.path.isfile(tmp_path / "file.csv")
 
 
@@ -163,7 +166,7 @@ def test_training_eval_and_eval_py_agree_on_the_same_weights(tmp_path):
     from common.rundir import examples_path
     from evaluation.examples import load_examples
     from models import create_classifier
-    from test_train_helpers import reset_accelerate_state, run_inprocess, tiny_cfg
+    from test_train_helpers import run_inprocess, tiny_cfg
 
     import eval as eval_entry
 

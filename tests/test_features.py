@@ -6,25 +6,20 @@ same seed, to fp32 tolerance: the same classifier at step 0, the same final logi
 The source is a tiny builtin10 run trained here; the probes train on builtin100 (a new classifier)."""
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
 from common.errors import UserError
-from test_train_helpers import NO_AUG, ROOT, reset_accelerate_state, run_inprocess, subprocess_env, tiny_cfg
+from test_train_helpers import NO_AUG, ROOT, reset_accelerate_state, run_inprocess, tiny_cfg
 
 FAST = ["optim.epochs=2", "train.ema=false", "train.save_every=1000"]
 PROBE_DATA = ["data.dataset=builtin100", "data.builtin_train_size=192", "data.builtin_val_size=64"]
-EXTRACT = os.path.join(ROOT, "scripts", "extract_features.py")
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
-
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 
 def extract(*args):
@@ -258,7 +253,7 @@ def test_bad_settings_of_a_features_run_are_one_line(tmp_path, source, features,
     assert "no features.json" in line
 
 
-def test_bad_extraction_arguments_are_one_line(tmp_path, source):
+def test_bad_extraction_arguments_are_one_line(tmp_path, source, one_line_error):
     out = str(tmp_path / "f")
     for args, match in ((["--shard-size", "0"], "at least 1"), (["--ood", "nonsense"], "unknown --ood"),
                         (["--splits", "calib"], "data.calib_fraction > 0")):
@@ -266,11 +261,8 @@ def test_bad_extraction_arguments_are_one_line(tmp_path, source):
             extract("--checkpoint", source, "--output", out, *args)
         _one_line(err)
     # the command line: one line, exit 2
-    proc = subprocess.run([sys.executable, EXTRACT, "--checkpoint", source, "--output", out, "--views", "2"],
-                          capture_output=True, text=True, env=subprocess_env(), timeout=120)
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "without --augment" in lines[0], proc.stderr
+    assert "without --augment" in one_line_error("extract_features", ["--checkpoint", source, "--output", out,
+                                                                      "--views", "2"])
 
 
 def test_eval_reads_the_ood_features(tmp_path, source, features):

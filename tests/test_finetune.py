@@ -253,15 +253,9 @@ def test_teacher_weights_without_a_teacher_is_refused(tmp_path):
     assert "needs a teacher" in _one_line(err) or "train.teacher_weights" in _one_line(err)
 
 
-def test_train_py_turns_a_bad_pretrained_path_into_one_line_and_exit_2(tmp_path):
-    import subprocess
-
-    from test_train_helpers import ROOT, subprocess_env, train_cmd, write_cfg
+def test_train_py_turns_a_bad_pretrained_path_into_one_line_and_exit_2(tmp_path, one_line_error):
+    from test_train_helpers import write_cfg
 
     cfg = write_cfg(tiny_cfg(str(tmp_path / "run"), *FAST), tmp_path / "c.yaml")
-    proc = subprocess.run(train_cmd(cfg, f"model.pretrained={tmp_path / 'missing.pth'}"), cwd=ROOT,
-                          env=subprocess_env(), capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 2
-    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
-    assert len(lines) == 1 and "model.pretrained" in lines[0] and "does not exist" in lines[0]
-    assert "Traceback" not in proc.stderr
+    line = one_line_error("train", ["--config", cfg, f"model.pretrained={tmp_path / 'missing.pth'}"])
+    assert "model.pretrained" in line and "does not exist" in line

@@ -29,7 +29,7 @@ def _compare_cmd(tmp_path, *extra):
     config = tmp_path / "tiny.yaml"
     config.write_text(TINY_CONFIG)
     return [sys.executable, SCRIPT, "--config", str(config), "--heads", "softmax", "--ood-dataset", "none",
-            "--runs-dir", str(tmp_path / "runs"), "--report-dir", str(tmp_path / "report"), *extra,
+            "--no-mlflow", "--runs-dir", str(tmp_path / "runs"), "--report-dir", str(tmp_path / "report"), *extra,
             "optim.epochs=1", "data.builtin_val_size=40"]  # 3 updates, a small eval: overrides after the options
 
 
