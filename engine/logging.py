@@ -98,8 +98,6 @@ def progress_bar(total, initial=0, enabled=True, unit="step"):
     compare_heads log, a batch job), every console line written through `tqdm.write` would print the
     bar again after it (the final bar 2-3 times), and the \r updates are noise there; the epoch lines
     still report progress."""
-    from tqdm import tqdm
-
     return tqdm(total=total, initial=initial, unit=unit, disable=None if enabled else True,
                 dynamic_ncols=True, file=sys.stdout)
 

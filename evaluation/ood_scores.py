@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from common.errors import UserError
+from models.mappings import entmax15, sparsemax
 
 LOGIT_SCORES = ("energy", "max_logit")
 MEMORY_SCORES = ("hopfield_softmax", "hopfield_sparsemax", "hopfield_entmax15", "hopfield_support", "she", "knn")
@@ -76,7 +77,6 @@ def normalise(features) -> torch.Tensor:
 
 def _tsallis_conjugate(s: torch.Tensor, alpha: float) -> torch.Tensor:
     """Ω*(s) = ⟨s, p⟩ − Ω(p) per row for Ω the Tsallis regularizer of alpha (2: sparsemax, 1.5: entmax)."""
-    from models.mappings import entmax15, sparsemax
 
     p = sparsemax(s, -1) if alpha == 2.0 else entmax15(s, -1)
     omega = (p.pow(alpha).sum(-1) - 1.0) / (alpha * (alpha - 1.0))

@@ -6,6 +6,7 @@ head × norm × α combination), already aggregated over seeds.
 import math
 
 import matplotlib
+import numpy as np
 
 from common.io import atomic_write, through_file
 
@@ -348,8 +349,6 @@ def _patch_overlay(weights, grid):
     """(RGBA (grid, grid, 4) over an image, per-patch RGB of the outlines): used patches lightly tinted
     by weight relative to the image's largest (so the image stays visible), unused ones (weight 0)
     dimmed to near black."""
-    import numpy as np
-
     w = np.asarray(weights, dtype=np.float64).reshape(grid, grid)
     top = w.max() if w.max() > 0 else 1.0
     colors = plt.get_cmap(USED_PATCH_CMAP)(0.15 + 0.85 * w / top)[..., :3]
@@ -365,8 +364,6 @@ def plot_pool_support_maps(rows, path):
     weights, "grid": patches per side, "captions": [K strings]}] -> one row of K images per run, each
     with the patches its pooled feature uses tinted by weight (union over heads: the largest head's
     weight) and the unused patches dimmed."""
-    import numpy as np
-
     cols = max(len(r["images"]) for r in rows)
     fig, axes = plt.subplots(len(rows), cols, figsize=(2.3 * cols, 2.8 * len(rows) + 0.6), squeeze=False)
     for r, row in enumerate(rows):
