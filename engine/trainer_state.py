@@ -1,6 +1,6 @@
 """A checkpoint's trainer state (CHECKPOINT/trainer_state.json): one typed record, written and read here.
 
-`TrainerState` is train.py's saved counters (`Counters`, which train.py's RunState extends with what
+`TrainerState` is train.py's saved counters (`Counters`, which engine/training_run.py's RunState extends with what
 is not saved) plus what the checkpoint says about the launch that wrote it:
 
 - `config`: the resume fingerprint (engine/resume_policy.py `resume_fingerprint`): the whole resolved

@@ -790,9 +790,9 @@ def run_todo(todo, commands, requests, jobs, children, progress=None):
     return trained_now, evaluated_now
 
 
-def log_to_mlflow(plan, commands, args, runs_dir, report_dir, trial=None):
+def log_to_mlflow(plan, commands, args, runs_dir, report_dir):
     """The finished runs and the report in one MLflow experiment (scripts/compare_tracking.py), unless
-    --no-mlflow; `trial`: the tune trial the comparison belongs to, as a tag."""
+    --no-mlflow."""
     import compare_tracking
     from evaluation.report import flatten_metrics
 
@@ -807,7 +807,7 @@ def log_to_mlflow(plan, commands, args, runs_dir, report_dir, trial=None):
     for name, seed, run_dir, _ in plan:
         if all(run_status(run_dir, commands)):
             head, norm, alpha = settings[name]
-            tags = {"head": head, "seed": seed, "variant": name, "norm": norm, "alpha": alpha, "tune_trial": trial}
+            tags = {"head": head, "seed": seed, "variant": name, "norm": norm, "alpha": alpha}
             runs.append((run_dir, flatten_metrics(read_json(os.path.join(run_dir, commands.eval_file))), tags))
     uri, experiment = compare_tracking.log_comparison(runs, runs_dir, report_dir)
     print(f"mlflow: {len(runs)} run(s) and the report in experiment '{experiment}'; see them with: "

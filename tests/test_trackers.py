@@ -46,14 +46,17 @@ def test_a_missing_tracker_package_is_one_line_exit_2(tmp_path, capsys, monkeypa
 
 
 def test_training_logs_to_mlflow_and_tensorboard_through_accelerate(tmp_path, monkeypatch):
+    """...across a resume: the second session goes on in the first one's MLflow run (trackers.json)."""
     store = f"sqlite:///{tmp_path / 'store.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
     run = str(tmp_path / "run")
-    cfg = tiny_cfg(run, "optim.epochs=2", "data.builtin_train_size=64", "train.log_with=[tensorboard,mlflow]")
-    assert run_inprocess(cfg) == 0
+    overrides = ("optim.epochs=2", "data.builtin_train_size=64", "train.log_with=[tensorboard,mlflow]")
+    assert run_inprocess(tiny_cfg(run, *overrides, "train.pause_after=1")) == 0  # stops after epoch 1
+    cfg = tiny_cfg(run, *overrides)
+    assert run_inprocess(cfg, resume="auto") == 0
     client = MlflowClient(tracking_uri=store)
     experiment = client.get_experiment_by_name(cfg.name)
-    (found,) = client.search_runs([experiment.experiment_id])
+    (found,) = client.search_runs([experiment.experiment_id])  # one run for both sessions
     assert found.data.params["optim.lr"] == str(cfg.optim.lr) and found.data.params["head.name"] == "softmax"
     val = client.get_metric_history(found.info.run_id, "val_raw/top1")
     evals = [r for r in read_metrics(run) if r["kind"] == "eval" and r["weights"] == "raw"]
