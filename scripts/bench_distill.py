@@ -2,9 +2,10 @@
 """The cost of a teacher per training step (train.distill) and the saving of a linear probe
 (model.freeze=backbone), against the plain step of the same model measured in the same run.
 
-Each variant is a train.py run set up in a temporary directory (engine/training_run.py's setup) on the built-in data;
-train.py's own train_step (engine/train_step.py) runs on the same pre-drawn batches. Steps of all variants are interleaved in a new
-shuffled order each round and the median is reported, so the ratios hold on a shared machine. On
+Each variant is a train.py run set up in a temporary directory (engine/training_run.py's setup) on
+the built-in data; train.py's own train_step (engine/train_step.py) runs on the same pre-drawn
+batches. Steps of all variants are interleaved in a new shuffled order each round and the median is
+reported, so the ratios hold on a shared machine. On
 CPU the time is the process CPU time at one thread (other processes do not inflate it); on CUDA
 wall time around synchronised steps. The teacher is the student's architecture (the cheapest
 teacher worth having: the ratio to the plain step is then about 1 + forward / (forward + backward)),
