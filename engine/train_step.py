@@ -64,7 +64,6 @@ def train_step(run, batches, hooks=None):
     state.images += run.global_batch
 
 
-
 def finite_on_every_rank(run, finite):
     """Whether the loss is finite on every rank (all ranks must take the same branch)."""
     ok = finite.float().reshape(1)

@@ -83,7 +83,7 @@ class Run:
     log_images: int = 0
     session_updates: int = 0
     session_images: int = 0  # state.images when this session started
-    # On the device, read only at log steps / saves / epoch ends (see the module docstring):
+    # On the device, read only at log steps / saves / epoch ends (engine/train_step.py's docstring):
     last_loss: Any = None  # mean loss of the latest update
     epoch_loss: Any = None  # this rank, this session: [sum of its finite update losses, number of them] this epoch
     # the epoch's part before this session (from the checkpoint), in world-independent units:
@@ -122,8 +122,8 @@ class Run:
 
 def setup(cfg, resume, overwrite, accept_changes=False):
     """Accelerator, run directory (locked), data, model/optimizer/schedule/EMA, and the resumed
-    state. The main process holds the run lock from here on (`run.lock`; released by `train`, or
-    here when setup fails)."""
+    state. The main process holds the run lock from here on (`run.lock`; released by train.py's
+    `train`, or here when setup fails)."""
     # A guard, not a measured fix: arithmetic on denormal floats is slow on CPUs, and flushing them
     # to zero costs nothing (a census of one training step per head found none; the sparse-head
     # slowdowns first blamed on them came from other jobs sharing the cores). Deterministic either way.
