@@ -37,12 +37,12 @@ def pytest_configure(config):
     """The controller (or the one process without xdist) makes the run's shared folder before any
     worker starts (tests/session_dir.py)."""
     if not hasattr(config, "workerinput"):
-        config.session_dir = make_session_dir()
+        config._resmlp_session_dir = make_session_dir()
 
 
 def pytest_unconfigure(config):
-    if getattr(config, "session_dir", None):
-        shutil.rmtree(config.session_dir, ignore_errors=True)
+    if getattr(config, "_resmlp_session_dir", None):
+        shutil.rmtree(config._resmlp_session_dir, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items):
