@@ -56,7 +56,6 @@ from common import rundir
 from common.errors import UserError
 from common.io import prepare_output, write_json
 from data.classes import check_class_names
-from engine.checkpoint import file_sha256
 from engine.cli import run_cli
 from engine.runlock import writing_into
 from engine.trained_run import add_run_arguments, aps_seed, open_from_args, parse_with_overrides
@@ -177,7 +176,7 @@ def prediction_set_results(head, cfg, args, preds, evaluate_split):
     return out
 
 
-def save_conformal_thresholds(ps, head, checkpoint, weights, kind):
+def save_conformal_thresholds(ps, head, checkpoint, weights_sha256, kind):
     """RUN_DIR/conformal.json (conformal_ema.json for --ema): the calibrated thresholds predict.py
     uses for new images, tied to these weights by their sha256. Nothing for a weights file."""
     if ps is None or not os.path.isdir(checkpoint):
@@ -185,7 +184,7 @@ def save_conformal_thresholds(ps, head, checkpoint, weights, kind):
     path = conformal_path(checkpoint, kind)
     save_thresholds(path, prediction_sets=ps, head=head.name,
                     alpha=head.alpha_value(),
-                    weights_kind=kind, weights_sha256=file_sha256(weights), warning=ps.get("warning"))
+                    weights_kind=kind, weights_sha256=weights_sha256, warning=ps.get("warning"))
     return path
 
 
@@ -198,7 +197,7 @@ def main(argv=None):
     if args.output:
         prepare_output(args.output)  # a bad --output is one line now, not after the forward passes
     run = open_from_args(args)
-    cfg, weights, kind = run.cfg, run.weights, run.weights_kind
+    cfg, kind = run.cfg, run.weights_kind
 
     # Data and weights first: every user error surfaces before any process group is set up.
     if args.calib == "calib" and cfg.data.calib_fraction <= 0:
@@ -238,7 +237,7 @@ def main(argv=None):
     ood = ood_eval.ood_results(
         head, cfg, ood_cfg, ood_dataset, preds, evaluate_split, temperature=args.ood_temperature,
         memory_size=args.ood_memory, store_dir=args.checkpoint if os.path.isdir(args.checkpoint) else None,
-        weights_file=weights, weights_kind=kind, num_classes=num_classes,
+        weights_sha256=run.weights_sha256, weights_kind=kind, num_classes=num_classes,
         is_main=accelerator.is_main_process, say=lambda m: print(m, file=sys.stderr)) if ood_cfg is not None else None
     if not accelerator.is_main_process:
         return 0
@@ -262,7 +261,7 @@ def main(argv=None):
               f"{preds.totals['n']}", file=sys.stderr)
     if ps and ps.get("warning"):
         print(ps["warning"], file=sys.stderr)
-    save_conformal_thresholds(ps, head, args.checkpoint, weights, kind)
+    save_conformal_thresholds(ps, head, args.checkpoint, run.weights_sha256, kind)
     result["selective"] = selective_summary(preds.records, head.name)
     result["ood"] = ood
     pool_maps = None

@@ -45,7 +45,6 @@ from common.weights import read_state_dict
 from data.classes import check_class_names
 from data.samplers import eval_batches
 from data.unlabeled import ImageBatches, list_images
-from engine.checkpoint import file_sha256
 from engine.cli import run_cli
 from engine.logging import console, progress_bar
 from engine.runlock import writing_into
@@ -152,7 +151,7 @@ def load_model(run, names, source):
 
 
 # ============================================================================ conformal thresholds
-def conformal_thresholds(args, head, weights, kind, say):
+def conformal_thresholds(args, head, weights_sha256, kind, say):
     """-> (threshold rows, aps seed) eval.py calibrated for these weights; ([], None) with a note else."""
     if not os.path.isdir(args.checkpoint):
         say(f"note: {args.checkpoint} is a weights file: no conformal prediction sets (they need a run "
@@ -165,7 +164,7 @@ def conformal_thresholds(args, head, weights, kind, say):
         say(f"note: no conformal prediction sets: {path} does not exist; calibrate them with "
             f"python eval.py --checkpoint {args.checkpoint}{ema}")
         return [], None
-    if record.get("head") != head.name or record.get("weights_sha256") != file_sha256(weights):
+    if record.get("head") != head.name or record.get("weights_sha256") != weights_sha256:
         say(f"warning: no conformal prediction sets: {path} was calibrated on other weights (the run trained on "
             f"since, or was replaced); recalibrate with python eval.py --checkpoint {args.checkpoint}{ema}")
         return [], None
@@ -302,14 +301,14 @@ def main(argv=None):
     check_args(args)
     prepare_output(args.output)  # before the forward pass: a path through a file or a read-only folder is one line now
     run = open_from_args(args)
-    cfg, weights, kind = run.cfg, run.weights, run.weights_kind
+    cfg, kind = run.cfg, run.weights_kind
     transform = run.eval_transform()  # files of any size, as eval.py's pipeline transforms its split
     names, source = class_names_for(args, run)
     paths = list_images(args.images)  # every user error surfaces before any process group is set up
     model = load_model(run, names, source)
     head = model.output_head
     main_rank = int(os.environ.get("RANK", "0")) == 0  # notes once, not once per process (before Accelerate)
-    thresholds, aps_seed = conformal_thresholds(args, head, weights, kind,
+    thresholds, aps_seed = conformal_thresholds(args, head, run.weights_sha256, kind,
                                                 lambda m: print(m, file=sys.stderr) if main_rank else None)
 
     accelerator = Accelerator(cpu=not torch.cuda.is_available())  # cpu=True: gloo multi-process on CPU

@@ -30,7 +30,7 @@ import models
 from common import rundir
 from common.errors import UserError
 from common.seeding import mix_seed
-from common.weights import load_into, read_state_dict
+from common.weights import load_into, read_hashed_state_dict, read_state_dict
 from configs.loader import apply_overrides, config_to_dict
 from data.classes import load_class_names
 from data.transforms import build_eval_transform, eval_transform
@@ -55,6 +55,7 @@ class TrainedRun:
     cfg: "configs.Config"
     weights: str  # the weights file
     weights_kind: str  # raw | ema | file
+    weights_sha256: Optional[str] = None  # of the bytes build_model loaded (None before it ran)
 
     @property
     def run_dir(self) -> Optional[str]:
@@ -83,8 +84,13 @@ class TrainedRun:
         return transform
 
     def build_model(self, num_classes=None):
-        """The model in eval mode with the weights loaded (num_classes: len(classes()) by default)."""
-        return build_model(self.cfg, self.weights, len(self.classes()) if num_classes is None else num_classes)
+        """The model in eval mode with the weights loaded (num_classes: len(classes()) by default).
+        Records the sha256 of the very bytes it loaded (`weights_sha256`): what eval.py ties its
+        conformal thresholds and feature memory to, and predict.py checks them against, even when the
+        file is replaced meanwhile (a run still training exports new weights every epoch)."""
+        state_dict, self.weights_sha256 = read_hashed_state_dict(self.weights)
+        return model_from_state_dict(self.cfg, state_dict, self.weights,
+                                     len(self.classes()) if num_classes is None else num_classes)
 
 
 # ------------------------------------------------------------------------------------------ opening
@@ -159,9 +165,14 @@ def run_dir_of(path):
 
 
 def build_model(cfg, weights, num_classes):
-    """The classifier `cfg` describes with `weights` loaded (this project's, timm's or FB's format), in
-    eval mode; a linear probe for data.dataset=features. UserError naming a mismatch."""
-    state_dict = read_state_dict(weights)
+    """The classifier `cfg` describes with the weights file `weights` loaded (see `model_from_state_dict`)."""
+    return model_from_state_dict(cfg, read_state_dict(weights), weights, num_classes)
+
+
+def model_from_state_dict(cfg, state_dict, weights, num_classes):
+    """The classifier `cfg` describes with `state_dict` (read from the file `weights`: this project's,
+    timm's or FB's format) loaded, in eval mode; a linear probe for data.dataset=features. UserError
+    naming a mismatch."""
     if data.is_features(cfg.data):  # a linear probe on cached features
         model = build_eval_probe(cfg, num_classes)
         load_into(model, state_dict, weights)

@@ -16,7 +16,6 @@ import torch
 
 import data
 from common.errors import UserError
-from models.pretrained import file_sha256
 
 from . import feature_memory, ood_report, ood_scores
 
@@ -56,7 +55,7 @@ def build_memory(cfg, size, evaluate_split, num_classes):
 
 
 def ood_results(head, cfg, ood_cfg, ood_dataset, preds, evaluate_split, *, temperature, memory_size,
-                store_dir, weights_file, weights_kind, num_classes, is_main, say):
+                store_dir, weights_sha256, weights_kind, num_classes, is_main, say):
     """JSON-ready OOD results (ood_report.run_summary plus the logit and feature-memory scores and,
     with a memory, where it came from and what it cost)."""
     use_memory = wants_memory(ood_cfg, memory_size)
@@ -71,7 +70,7 @@ def ood_results(head, cfg, ood_cfg, ood_dataset, preds, evaluate_split, *, tempe
         request = {"split": "train", "size": memory_size, "seed": cfg.train.seed, "dataset": cfg.data.dataset}
         path = feature_memory.memory_path(store_dir, weights_kind) if store_dir else None
         memory, source = feature_memory.obtain(
-            path, file_sha256(weights_file), request,
+            path, weights_sha256, request,
             lambda: build_memory(cfg, memory_size, evaluate_split, num_classes),
             write=is_main, say=say)
         t1 = time.perf_counter()

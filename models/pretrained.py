@@ -13,7 +13,6 @@ classifier built for another task: the backbone strictly, the classifier only wh
 """
 from __future__ import annotations
 
-import hashlib
 import math
 
 import torch
@@ -24,14 +23,6 @@ from .convert import _rename, detect_format, settings_behind
 
 CLASSIFIER_PREFIX = "head."
 OUTPUT_HEAD_PREFIX = "output_head."
-
-
-def file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def renamed_state_dict(state_dict) -> dict:

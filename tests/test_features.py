@@ -126,7 +126,7 @@ def test_features_are_the_pre_logits_of_the_source_in_dataset_order(source, feat
     meta = json.load(open(os.path.join(features, "features.json")))
     assert meta["feature_dim"] == 128 and meta["counts"] == {"train": 192, "val": 64}
     assert meta["views"] == 1 and meta["augment"] is False and meta["ood"] == "builtin100_ood"
-    from models.pretrained import file_sha256
+    from engine.checkpoint import file_sha256
 
     assert meta["source"]["sha256"] == file_sha256(os.path.join(source, "model.safetensors"))
     assert json.load(open(os.path.join(features, "classes.json")))["classes"][:2] == data.class_names(

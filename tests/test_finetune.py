@@ -64,7 +64,7 @@ def test_fine_tune_starts_from_the_source_backbone_with_a_new_head(tmp_path, sou
     assert len(line) == 1 and "head.weight, head.bias (10 classes in the weights, 100 here: re-initialised)" in line[0]
     # recorded: config.yaml (the resume fingerprint reads the same config) holds path and sha256
     saved = yaml.safe_load(open(tmp_path / "ft" / "config.yaml"))
-    from models.pretrained import file_sha256
+    from engine.checkpoint import file_sha256
 
     assert saved["model"]["pretrained"] == source
     assert saved["model"]["pretrained_sha256"] == file_sha256(os.path.join(source, "model.safetensors"))

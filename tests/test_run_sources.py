@@ -22,6 +22,8 @@ import sys
 import pytest
 import torch
 import yaml
+from PIL import Image
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from common.errors import UserError
@@ -249,6 +251,38 @@ def test_the_recorded_sha256_is_that_of_the_weights_loaded(workspace, tmp_path, 
         loaded = {k: v for k, v in model.state_dict().items() if k.startswith("blocks.0.")}
     assert swapped and sha in by_sha  # the file did change under the reader
     assert all(torch.equal(v, by_sha[sha][k]) for k, v in loaded.items()) and loaded
+
+
+def test_eval_ties_its_thresholds_and_memory_to_the_weights_it_evaluated(workspace, tmp_path, monkeypatch, capsys):
+    """A run's model.safetensors replaced while eval.py runs (the run still training, exporting each
+    epoch): conformal.json and the OOD feature memory name the sha256 of the weights evaluated, so
+    predict.py refuses those thresholds for the new file instead of applying them to it."""
+    import eval as eval_entry
+    import predict
+
+    from evaluation.calibration_file import conformal_path, load_thresholds
+
+    run = tmp_path / "run"
+    shutil.copytree(os.path.join(workspace, SOURCE), run, ignore=shutil.ignore_patterns("checkpoints"))
+    weights = str(run / "model.safetensors")
+    evaluated = hashlib.sha256(open(weights, "rb").read()).hexdigest()
+    other = _other_weights(weights, str(tmp_path / "other.safetensors"))
+    swapped = swap_after_first_read(monkeypatch, weights, other)
+    reset_accelerate_state()
+    assert eval_entry.main(["--checkpoint", str(run), "--output", str(tmp_path / "eval.json"), "--quiet",
+                            "--ood-dataset", "auto", "--ood-memory", "16"]) == 0
+    assert swapped and hashlib.sha256(open(weights, "rb").read()).hexdigest() != evaluated
+    assert load_thresholds(conformal_path(str(run), "raw"))["weights_sha256"] == evaluated
+    memory = json.load(open(tmp_path / "eval.json"))["ood"]["memory"]["path"]
+    with safe_open(memory, "pt") as f:
+        assert f.metadata()["weights_sha256"] == evaluated
+
+    image = tmp_path / "img.png"
+    Image.new("RGB", (20, 24), (90, 30, 200)).save(image)
+    reset_accelerate_state()
+    capsys.readouterr()
+    assert predict.main(["--checkpoint", str(run), "--images", str(image), "--output", str(tmp_path / "p.jsonl")]) == 0
+    assert "was calibrated on other weights" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- messages
