@@ -275,21 +275,28 @@ def report_dir_of(args, runs_dir, stem):
 
 def check_report_dir(report_dir, runs_dir, overwrite, record=False):
     """Refuse to write over the report of another runs folder (unless `overwrite`); with `record`,
-    note in the folder which runs folder its report is of."""
+    note in the folder which runs folder its report is of: its path, and where it lies from the
+    report folder, so that a project moved or copied as a whole (another mount point, another
+    machine) still reports into its own folder."""
     path = os.path.join(report_dir, REPORT_SOURCE)
     mine = os.path.realpath(runs_dir)
+    mine_relative = os.path.relpath(mine, os.path.realpath(report_dir))
     try:
         with open(path) as f:
-            theirs = json.load(f).get("runs_dir")
+            theirs = json.load(f)
+        if not isinstance(theirs, dict):
+            raise ValueError("not a JSON object")
     except (FileNotFoundError, NotADirectoryError):  # (a path through a file: prepare_output says so, exit 74)
-        theirs = None  # a new folder, or a report written before folders recorded their runs
-    except (OSError, ValueError, AttributeError) as err:
+        theirs = {}  # a new folder, or a report written before folders recorded their runs
+    except (OSError, ValueError) as err:
         raise UserError(f"cannot read {path} ({err}); give another --report-dir, or --overwrite to replace it")
-    if theirs not in (None, mine) and not overwrite:
-        raise UserError(f"{report_dir} holds the report of the runs in {theirs}, not {runs_dir}; give another "
+    known = theirs.get("runs_dir")
+    same = known in (None, mine) or theirs.get("runs_dir_relative") == mine_relative
+    if not same and not overwrite:
+        raise UserError(f"{report_dir} holds the report of the runs in {known}, not {runs_dir}; give another "
                         f"--report-dir, or --overwrite to replace that report")
     if record:
-        write_json({"runs_dir": mine}, path)
+        write_json({"runs_dir": mine, "runs_dir_relative": mine_relative}, path)
 
 
 def baseline_pairs(args):

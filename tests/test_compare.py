@@ -64,13 +64,14 @@ def tiny_comparison():
 
 
 def tiny_comparison_copy(tmp_path, monkeypatch):
-    """A private copy of the tiny comparison's config and runs (no report), made the current directory,
-    where compare_args() names the same comparison."""
+    """A private copy of the tiny comparison's folder (config, runs, report), made the current
+    directory, where compare_args() names the same comparison: as a project moved or copied whole."""
     root, _ = tiny_comparison()
     copy = tmp_path / "comparison"
     copy.mkdir()
-    shutil.copy(os.path.join(root, "tiny.yaml"), copy)
-    shutil.copytree(os.path.join(root, "runs"), copy / "runs")
+    for name in ("tiny.yaml", "runs", "report"):
+        (shutil.copytree if os.path.isdir(os.path.join(root, name)) else shutil.copy)(os.path.join(root, name),
+                                                                                      copy / name)
     monkeypatch.chdir(copy)
     return str(copy)
 
@@ -139,9 +140,11 @@ def _stamps(root):
 
 
 def test_second_invocation_runs_nothing(tmp_path, monkeypatch, capsys):
-    """...also in a copy of the folder, config and runs moved together (the config's path is no setting)."""
+    """...also in a copy of the whole folder elsewhere: the config's path is no setting, and the report
+    folder, which names its runs folder, is still this comparison's."""
     root = tiny_comparison_copy(tmp_path, monkeypatch)
     before = _stamps(root)
+    report_written = os.stat(os.path.join(root, "report", "report.md")).st_mtime_ns
     import compare_heads
 
     calls = []
@@ -152,6 +155,7 @@ def test_second_invocation_runs_nothing(tmp_path, monkeypatch, capsys):
     assert "0 training run(s) and 0 evaluation(s)" in out
     assert out.count("done, skipped") == len(HEADS)
     assert _stamps(root) == before
+    assert os.stat(os.path.join(root, "report", "report.md")).st_mtime_ns != report_written  # rewritten in place
 
 
 def test_missing_eval_is_redone_without_retraining(tmp_path, monkeypatch, capsys):
