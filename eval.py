@@ -49,7 +49,6 @@ from common.startup import say_loading
 
 say_loading("eval.py")  # before the imports' seconds, so the command does not look hung
 import torch  # noqa: E402
-from accelerate import Accelerator
 
 import data
 from common import rundir
@@ -57,6 +56,7 @@ from common.errors import UserError
 from common.io import prepare_output, write_json
 from data.classes import check_class_names
 from engine.cli import run_cli
+from engine.inference_processes import finished, inference_accelerator
 from engine.runlock import writing_into
 from engine.trained_run import add_run_arguments, aps_seed, open_from_args, parse_with_overrides
 from evaluation import conformal, ood_eval, ood_report, pool_support, report, selective_report
@@ -213,9 +213,7 @@ def main(argv=None):
                           allow_mismatch=args.allow_class_mismatch, warn=lambda m: print(m, file=sys.stderr))
     head = model.output_head
 
-    # Without CUDA, `cpu=True` is what makes `accelerate launch --num_processes N` a gloo MULTI_CPU
-    # group; otherwise every process silently runs alone on the whole split.
-    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    accelerator = inference_accelerator()  # without CUDA a gloo group of the launched processes
     rank, world = accelerator.process_index, accelerator.num_processes
     model.to(accelerator.device)
 
@@ -239,6 +237,7 @@ def main(argv=None):
         memory_size=args.ood_memory, store_dir=args.checkpoint if os.path.isdir(args.checkpoint) else None,
         weights_sha256=run.weights_sha256, weights_kind=kind, num_classes=num_classes,
         is_main=accelerator.is_main_process, say=lambda m: print(m, file=sys.stderr)) if ood_cfg is not None else None
+    finished(accelerator)  # the last collective is behind every rank: the rest is the main process's
     if not accelerator.is_main_process:
         return 0
 

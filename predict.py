@@ -32,7 +32,6 @@ from common.startup import say_loading
 
 say_loading("predict.py")  # before the imports' seconds, so the command does not look hung
 import torch  # noqa: E402
-from accelerate import Accelerator
 from accelerate.utils import gather_object
 from torch.utils.data import DataLoader
 
@@ -46,6 +45,7 @@ from data.classes import check_class_names
 from data.samplers import eval_batches
 from data.unlabeled import ImageBatches, list_images
 from engine.cli import run_cli
+from engine.inference_processes import finished, inference_accelerator
 from engine.logging import console, progress_bar
 from engine.runlock import writing_into
 from engine.trained_run import add_run_arguments, open_from_args
@@ -311,7 +311,7 @@ def main(argv=None):
     thresholds, aps_seed = conformal_thresholds(args, head, run.weights_sha256, kind,
                                                 lambda m: print(m, file=sys.stderr) if main_rank else None)
 
-    accelerator = Accelerator(cpu=not torch.cuda.is_available())  # cpu=True: gloo multi-process on CPU
+    accelerator = inference_accelerator()  # without CUDA a gloo group of the launched processes
     model.to(accelerator.device)
     t0 = time.perf_counter()
     index, logits, failed, bf16 = forward_images(
@@ -319,6 +319,7 @@ def main(argv=None):
         batch_size=args.batch_size or cfg.data.eval_batch_size,
         num_workers=cfg.data.num_workers if args.num_workers is None else args.num_workers)
     forward_s = time.perf_counter() - t0
+    finished(accelerator)  # the last collective is behind every rank: the rest is the main process's
     if not accelerator.is_main_process:
         return 0
     topk = min(args.topk, len(names))

@@ -38,7 +38,6 @@ import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
 import numpy as np
 import torch
-from accelerate import Accelerator
 
 import data
 from common import rundir
@@ -51,6 +50,7 @@ from data import features as F
 from data.classes import save_class_names
 from data.loaders import TaskLoader
 from engine.cli import run_cli
+from engine.inference_processes import finished, inference_accelerator
 from engine.logging import progress_bar
 from engine.runlock import writing_into
 from engine.trained_run import add_run_arguments, open_from_args, parse_with_overrides
@@ -270,7 +270,7 @@ def main(argv=None):
                         f"the run or weights of the image model")
     splits = list(dict.fromkeys(args.splits or default_splits(cfg)))
     ood_cfg = ood_config(cfg, args)
-    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    accelerator = inference_accelerator()
     main_proc = accelerator.is_main_process
 
     def say(msg):
@@ -292,7 +292,7 @@ def main(argv=None):
         if ood_cfg is not None:
             extract_folder(model, ood_cfg, os.path.join(out, F.OOD_SUBDIR), ["val"], views=1, augment=False,
                            shard_size=args.shard_size, source=source, classifier={}, accelerator=accelerator, say=say)
-    return 0
+    return finished(accelerator)
 
 
 if __name__ == "__main__":
