@@ -17,10 +17,12 @@ venv:
 	$(MAKE_VENV)
 
 # Sets up what is missing (fast when already set up), then runs the whole test suite, one pytest
-# worker per core (pytest-xdist).
+# worker per core (pytest-xdist). worksteal: a worker that runs out of tests takes over half of
+# another's queue, so the long multi-process tests that start the run (tests/conftest.py) cannot
+# leave one worker finishing its first batch alone.
 test: venv
 	$(PYTHON) scripts/ensure_deps.py requirements-test.txt
-	$(PYTHON) -m pytest -n auto
+	$(PYTHON) -m pytest -n auto --dist worksteal
 
 # Sets up what is missing, then trains and compares softmax, sparsemax and entmax-1.5 over 3 seeds
 # on the built-in dataset (offline, CPU); the comparison ends with what it found, in plain words.
