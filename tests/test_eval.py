@@ -82,18 +82,23 @@ def test_two_processes_give_the_same_numbers_as_one(tmp_path):
         assert two["selective"][conf]["aurc"] == pytest.approx(sel["aurc"], rel=1e-12)
 
 
-def test_weights_file_with_model_flags_and_calibration_fallback(tmp_path, capsys):
+def test_weights_file_with_model_flags_and_calibration_fallback(tmp_path, capsys, monkeypatch):
     """The EMA weights as a bare file + --model/--dataset flags: train.py's EMA accuracy again;
-    with no calib split (defaults) prediction sets calibrate on half of val, and say so."""
+    with no calib split (defaults) prediction sets calibrate on half of val, and say so. The process
+    group is destroyed once, before the main process writes (engine/inference_processes.py)."""
     run = tiny_run_dir("softmax")
     out = tmp_path / "file.json"
     import eval as eval_entry
+    from accelerate import Accelerator
 
+    ended = []
+    monkeypatch.setattr(Accelerator, "end_training", lambda self: ended.append(os.path.exists(out)))
     reset_accelerate_state()
     assert eval_entry.main(["--checkpoint", os.path.join(run, "model_ema.safetensors"), "--model", "resmlp_tiny",
                             "--dataset", "builtin10", "--data.builtin_val_size", "101", "--batch-size", "50",
                             "--output", str(out)]) == 0
     stdout = capsys.readouterr().out
+    assert ended == [False]
     result = _load(out)
     final = _load(os.path.join(run, "summary.json"))["final"]["ema"]
     assert result["weights"] == "file" and result["head"] == "softmax" and result["n"] == final["n"] == 101
