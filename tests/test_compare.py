@@ -34,12 +34,10 @@ train: {eval_every: 1, log_every: 2, save_every: 100, ema: true, ema_decay: 0.5,
 _CACHE = {}
 
 
-def compare_args(root=None):
+def compare_args():
     """compare_heads' arguments for the tiny comparison: paths relative to its folder (run from there),
-    so that a copy of the folder is the same comparison; `root`: absolute paths into that folder."""
-    at = (lambda name: os.path.join(root, name)) if root else (lambda name: name)
-    return ["--config", at("tiny.yaml"), "--heads", *HEADS, "--seeds", "0", "--runs-dir", at("runs"),
-            "--report-dir", at("report")]
+    so that a copy of the folder is the same comparison."""
+    return ["--config", "tiny.yaml", "--heads", *HEADS, "--seeds", "0", "--runs-dir", "runs", "--report-dir", "report"]
 
 
 def _build_tiny_comparison(root):
