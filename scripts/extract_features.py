@@ -292,7 +292,8 @@ def main(argv=None):
         if ood_cfg is not None:
             extract_folder(model, ood_cfg, os.path.join(out, F.OOD_SUBDIR), ["val"], views=1, augment=False,
                            shard_size=args.shard_size, source=source, classifier={}, accelerator=accelerator, say=say)
-    return finished(accelerator)
+    finished(accelerator)
+    return 0
 
 
 if __name__ == "__main__":
