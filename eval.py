@@ -11,8 +11,8 @@ A run directory gives the resolved config (config.yaml) and weights (model.safet
 model_ema.safetensors with --ema); a checkpoint directory of a run (RUN/checkpoints/step_N) gives
 its weights and the config that trained it; a weights file (.safetensors/.pth, this project's,
 timm's or the original FB/DeiT ResMLP format) needs --config or --model/--dataset to say what to
-build (engine/trained_run.py opens all three).
-Extra `key.sub=value` arguments (or `--data.root X`) override the config, as for train.py.
+build (inference/trained_run.py opens all three).
+Extra `key.sub=value` or `--key.sub VALUE` arguments override the config (configs/overrides.py: the dialect of every command).
 
 Metrics (evaluation/metrics.py, through evaluation/evaluate.py, the loop train.py's periodic eval
 uses too; float32, autocast off): top-1/5, the head's Fenchel-Young loss, NLL where finite and the
@@ -55,10 +55,11 @@ from common import rundir
 from common.errors import UserError
 from common.io import prepare_output, write_json
 from data.classes import check_class_names
-from engine.cli import run_cli
-from engine.inference_processes import finished, inference_accelerator
-from engine.runlock import writing_into
-from engine.trained_run import add_run_arguments, aps_seed, open_from_args, parse_with_overrides
+from common.cli import run_cli
+from inference.processes import finished, inference_accelerator
+from common.runlock import writing_into
+from configs.overrides import parse_command_line  # noqa: E402
+from inference.trained_run import add_run_arguments, aps_seed, open_from_args
 from evaluation import conformal, ood_eval, ood_report, pool_support, report, selective_report
 from evaluation import metrics as M
 from evaluation.calibration_file import conformal_path, save_thresholds
@@ -93,7 +94,7 @@ def parse_args(argv=None):
     p.add_argument("--quiet", action="store_true", help="no table on the terminal")
     p.add_argument("--allow-class-mismatch", action="store_true",
                    help="evaluate although the dataset's class names differ from the run's classes.json")
-    return parse_with_overrides(p, argv, tool="python eval.py")
+    return parse_command_line(p, argv, tool="python eval.py")
 
 
 def _split_half(n, seed=0):

@@ -8,7 +8,7 @@
 
 --checkpoint is a train.py run directory (its config.yaml, classes.json and model.safetensors, or
 model_ema.safetensors with --ema), one of its checkpoints, or a weights file with --config or --model,
-opened as eval.py opens it (engine/trained_run.py). --images is a folder (searched recursively), a
+opened as eval.py opens it (inference/trained_run.py). --images is a folder (searched recursively), a
 glob or a list file (one path per line). Each image goes through the run's eval transform (data/transforms.py: any shape and mode).
 Per image the output (CSV or JSONL, by the extension of --output) has: the path, the top-k classes
 and probabilities (PROB_DIGITS significant digits; a sparse head lists only classes with p > 0, so
@@ -44,11 +44,12 @@ from common.weights import read_state_dict
 from data.classes import check_class_names
 from data.samplers import eval_batches
 from data.unlabeled import ImageBatches, list_images
-from engine.cli import run_cli
-from engine.inference_processes import finished, inference_accelerator
-from engine.logging import console, progress_bar
-from engine.runlock import writing_into
-from engine.trained_run import add_run_arguments, open_from_args
+from common.cli import run_cli
+from inference.processes import finished, inference_accelerator
+from training.logging import console, progress_bar
+from common.runlock import writing_into
+from configs.overrides import parse_command_line  # noqa: E402
+from inference.trained_run import add_run_arguments, open_from_args
 from evaluation import conformal
 from evaluation.calibration_file import conformal_path, load_thresholds
 from evaluation.gather import gather_chunks
@@ -77,7 +78,7 @@ def parse_args(argv=None):
                    help="class names: a classes.json ({\"classes\": [...]}) or one name per line (default: the "
                         "run's classes.json)")
     p.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
-    return p.parse_args(argv)
+    return parse_command_line(p, argv, tool="python predict.py")
 
 
 def check_args(args):

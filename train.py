@@ -8,11 +8,11 @@
 Accelerate owns devices, distribution (DDP), mixed precision (train.mixed_precision: no | bf16 |
 fp16) and gradient accumulation (train.grad_accum). The run directory (train.output_dir) gets
 config.yaml, metrics.jsonl, epochs.csv, model.safetensors, model_ema.safetensors, summary.json,
-checkpoints/ and TensorBoard logs (see engine/checkpoint.py).
+checkpoints/ and TensorBoard logs (see training/checkpoint/files.py).
 
-The loop reads top to bottom: `setup` builds the run (engine/training_run.py: accelerator, run
+The loop reads top to bottom: `setup` builds the run (training/run.py: accelerator, run
 dir, data, model, optimizer, schedule, EMA, resume), `train_step` does one optimizer update
-(engine/train_step.py), `end_of_epoch` evaluates, exports the weights and checkpoints,
+(training/train_step.py), `end_of_epoch` evaluates, exports the weights and checkpoints,
 `write_summary` closes the run.
 
 Exact resume: the training loader is NOT passed through `accelerator.prepare` (its re-sharding
@@ -30,20 +30,20 @@ optimizer step, so it reads one flag per update (one device sync per update: a d
 train.compile compiles the forward together with the head's loss (auto: on for CUDA).
 
 Run safety (the run directory is never lost or mixed):
-- Run lock: the main process holds RUN_DIR/run.lock (engine/runlock.py) from before the first
+- Run lock: the main process holds RUN_DIR/run.lock (common/runlock.py) from before the first
   look at the directory to the end; a second run gets one line naming the holder. Leftover temp
   files of killed saves are removed under the lock at start.
 - Fresh start: a directory that holds a run (weights, logs, summary, checkpoints) is refused
   unless --overwrite (which lists what it deletes); `--resume auto` without a complete checkpoint
   refuses too, unless the directory holds no run.
 - Resume: the checkpoint stores the whole resolved config; any change outside
-  engine.resume_policy.RESUME_ALLOWLIST is refused in one line, or applied for real with
+  training.resume_policy.RESUME_ALLOWLIST is refused in one line, or applied for real with
   --resume-with-changes (a new lr/epochs rebuilds the schedule from the current update; the change
   is recorded in metrics.jsonl and in config_history.yaml beside config.yaml). Invalid checkpoints are skipped
   with a warning (sha256 in COMPLETE.json). The epoch's partial loss sums travel in the
   checkpoint in world-independent units (per update, not per rank; the position in updates), so
   epochs.csv is exact after a mid-epoch resume, on another number of processes too.
-- Preemption (engine/preemption.py): SIGTERM / SIGINT / SIGUSR1 stop the run at the next agreed
+- Preemption (training/preemption.py): SIGTERM / SIGINT / SIGUSR1 stop the run at the next agreed
   update boundary with a complete checkpoint, exit 143 / 130 / 138; a second signal exits at once
   (137). One process: the flag is a Python bool read after each update. Several: the ranks agree
   every train.log_every updates (and after each epoch end) through one all-reduce on a CPU gloo
@@ -80,16 +80,17 @@ import data as data_lib  # noqa: E402
 from common import rundir  # noqa: E402
 from common.errors import EXIT_NONFINITE, UserError  # noqa: E402
 from common.io import write_json  # noqa: E402
-from engine import checkpoint as ck  # noqa: E402
-from engine import resume_policy as rp  # noqa: E402
-from engine.cli import run_cli  # noqa: E402
-from engine.finetune import summary_fields  # noqa: E402
-from engine.logging import format_eval  # noqa: E402
-from engine.preemption import PreemptionGuard, gloo_reduce_max  # noqa: E402
-from engine.rng import capture_rng_state  # noqa: E402
-from engine.train_step import NonFiniteLoss, stop_if_nonfinite, train_step  # noqa: E402
-from engine.trainer_state import TrainerState  # noqa: E402
-from engine.training_run import setup  # noqa: E402
+from configs.overrides import parse_command_line  # noqa: E402
+from training.checkpoint import files as ck  # noqa: E402
+from training import resume_policy as rp  # noqa: E402
+from common.cli import run_cli  # noqa: E402
+from training.finetune import summary_fields  # noqa: E402
+from training.logging import format_eval  # noqa: E402
+from training.preemption import PreemptionGuard, gloo_reduce_max  # noqa: E402
+from training.rng import capture_rng_state  # noqa: E402
+from training.train_step import NonFiniteLoss, stop_if_nonfinite, train_step  # noqa: E402
+from training.checkpoint.state import TrainerState  # noqa: E402
+from training.run import setup  # noqa: E402
 from evaluation.evaluate import evaluate  # noqa: E402
 
 # Updates at the start of every session (compilation, autotuning, allocator warm-up) that are left
@@ -100,7 +101,8 @@ WARMUP_UPDATES = 2
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
-        epilog="Overrides: key.sub=value (value parsed as YAML), e.g. optim.lr=1e-3 head.name=sparsemax; "
+        epilog="Overrides: key.sub=value or --key.sub VALUE (value parsed as YAML), e.g. optim.lr=1e-3 "
+               "head.name=sparsemax; "
                "python train.py --help-config lists every key",
     )
     parser.add_argument("--config", help="YAML config (may extend another with base:); a run's config.yaml works")
@@ -115,14 +117,9 @@ def parse_args(argv=None):
                              "change freely); the changes apply from the checkpoint's step and are recorded")
     parser.add_argument("--overwrite", action="store_true",
                         help="start over in a run directory that holds a run, deleting it (lists what it deletes)")
-    args, rest = parser.parse_known_args(argv)
-    bad = [r for r in rest if "=" not in r]
-    if bad:
-        raise UserError(f"unexpected argument '{bad[0]}': overrides look like key.sub=value, options are "
-                        f"--config/--resume/{rp.RESUME_FLAG}/--overwrite")
+    args = parse_command_line(parser, argv, tool="python train.py")
     if args.config is None and not args.help_config:
         parser.error("the following arguments are required: --config")
-    args.overrides = rest
     return args
 
 
@@ -218,7 +215,7 @@ def run_epoch(run, hooks=None):
 
 def signalled(run, force_sync=False):
     """Whether every rank agrees to stop for a signal after this update (a Python bool with one
-    process; one CPU all-reduce every train.log_every updates with several, see engine/preemption.py)."""
+    process; one CPU all-reduce every train.log_every updates with several, see training/preemption.py)."""
     return run.guard is not None and run.guard.should_stop(run.state.step, run.reduce_max, force_sync=force_sync)
 
 

@@ -5,7 +5,7 @@ anything else is a bug and keeps its traceback. Also here, torch-free so that la
 it: the exit status of a training stopped by a non-finite loss.
 """
 
-EXIT_NONFINITE = 3  # train.py after a non-finite loss (engine/train_step.py); compare_heads --tune: a diverged trial
+EXIT_NONFINITE = 3  # train.py after a non-finite loss (training/train_step.py); compare_heads --tune: a diverged trial
 
 
 class UserError(ValueError):

@@ -4,7 +4,7 @@ Atomic: `atomic_write(path, write)` creates `path.tmp<pid>` in the same folder, 
 os.replace()s it onto `path`, so a reader, or a run resumed after a kill, sees the old file or the
 new one, never half of one. JSON, text/YAML/CSV, PNG and safetensors (common/weights.py) all go
 through it; the checkpoint files inside a checkpoint's temporary directory go through
-`write_file` (the directory rename is their atomic step, engine/checkpoint.py).
+`write_file` (the directory rename is their atomic step, training/checkpoint/files.py).
 
 Error-mapped: an OSError while writing (ENOSPC, EDQUOT, EROFS, EACCES, ENOTDIR, EIO, ...; also when
 torch or safetensors wrap it in their own exception) removes the temporary file and raises
@@ -15,7 +15,7 @@ the run lock's files).
 
 Temporary files: every one is named `NAME.tmp<pid>` (`temp_path`); a process killed mid-write
 leaves one behind, which `remove_stale_temp` deletes (only when that pid is gone) under the lock of
-the folder at the next start (engine/checkpoint.py for a run directory; engine.runlock.writing_into
+the folder at the next start (training/checkpoint/files.py for a run directory; common.runlock.writing_into
 for the outputs of eval.py, predict.py, scripts/export.py and scripts/extract_features.py).
 
 Before the expensive work: `prepare_output(path)` creates the folder an output goes into and
@@ -286,7 +286,7 @@ def read_json(path):
 def remove_stale_temp(folder, names=None):
     """Delete the `NAME.tmp<pid>` files killed writes left in `folder` (only those of `names` when
     given, and only where process <pid> is gone); -> their paths. Call it only while holding the
-    folder's lock (engine/runlock.py), so no writer of the folder is live; the pid check also keeps
+    folder's lock (common/runlock.py), so no writer of the folder is live; the pid check also keeps
     the files of a live writer that does not take that lock. One named with this process's own pid
     is a predecessor's (a restarted container reuses pids): this process writes none while it cleans."""
     if not os.path.isdir(folder):

@@ -4,19 +4,19 @@
         config.yaml              the resolved config (configs/loader.py)
         classes.json             the training data's class names (data/classes.py)
         class_map.txt            the same names, one per line: timm's class_map format
-        run.lock                 one writer at a time (engine/runlock.py)
+        run.lock                 one writer at a time (common/runlock.py)
         metrics.jsonl            one row per logged step, eval and accepted config change
-        epochs.csv               one row per epoch (engine/logging.py)
+        epochs.csv               one row per epoch (training/logging.py)
         model.safetensors        exported raw weights, after every epoch
         model_ema.safetensors    exported EMA weights (train.ema)
         summary.json             written last by a finished training
-        tensorboard/<name>/      TensorBoard logs through Accelerate (train.log_with, engine/trackers.py)
+        tensorboard/<name>/      TensorBoard logs through Accelerate (train.log_with, training/trackers.py)
         mlflow.db, trackers.json MLflow's local store when MLFLOW_TRACKING_URI is unset; the MLflow run id
         eval.json, eval_ema.json eval results scripts/compare_heads.py asks eval.py for (with the
                                  .csv row and .examples.safetensors records beside, see below)
         compare_request.json     the settings compare_heads trained the run with
         compare.log              the run's output under compare_heads --jobs N > 1
-        checkpoints/step_<N>/    one checkpoint (engine/checkpoint.py):
+        checkpoints/step_<N>/    one checkpoint (training/checkpoint/files.py):
             model.safetensors, model_ema.safetensors, optimizer.pt, scheduler.pt, scaler.pt,
             trainer_state.json, rng_<rank>.json, COMPLETE.json (written last)
 
@@ -40,7 +40,7 @@ WEIGHTS = "model.safetensors"
 EMA_WEIGHTS = "model_ema.safetensors"
 SUMMARY = "summary.json"
 TENSORBOARD = "tensorboard"
-TRACKERS = "trackers.json"  # the MLflow run a resumed training goes on logging into (engine/trackers.py)
+TRACKERS = "trackers.json"  # the MLflow run a resumed training goes on logging into (training/trackers.py)
 CHECKPOINTS = "checkpoints"
 EVAL_RESULT = "eval.json"
 EVAL_EMA_RESULT = "eval_ema.json"

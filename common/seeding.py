@@ -1,6 +1,6 @@
 """The one seed hash: stable 63-bit seeds from tuples of ints and strings.
 
-Used for every derived seed: the training step RNGs (engine/rng.py), the sample order and
+Used for every derived seed: the training step RNGs (training/rng.py), the sample order and
 per-sample augmentation seeds (data/samplers.py), the calibration hold-out and the built-in
 dataset's generator (data/). A pure function of its arguments, identical across processes,
 platforms and Python runs (no `hash()`, which is salted per process).

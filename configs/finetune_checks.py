@@ -1,6 +1,6 @@
 """Cross-key checks of the fine-tuning, probe and distillation settings (model.pretrained,
-model.freeze, train.distill, train.teacher...); the files themselves are read by engine/finetune.py
-and engine/distill.py when a run starts, so a config stays loadable after they moved (eval.py)."""
+model.freeze, train.distill, train.teacher...); the files themselves are read by training/finetune.py
+and training/distill.py when a run starts, so a config stays loadable after they moved (eval.py)."""
 import re
 
 from common.errors import UserError

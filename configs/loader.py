@@ -32,83 +32,13 @@ from models.hopfield_pool import check_pool_k
 from models.registry import HPARAMS, check_settings
 
 from .finetune_checks import check_finetune_settings
+from .overrides import apply_overrides, parse_override
+from .yaml12 import DuplicateKeyError, SafeLoaderYaml12Bools, safe_load, show_value as _show
 from .schema import CHOICES, RANGES, REPLACED_KEYS, Config, schema_fields, section_names
 
 # How close an unknown key must be to a valid one (difflib ratio) to be suggested: below it, a
 # suggestion is more often wrong than right (learning_rate is not optim.clip_grad).
 SUGGEST_CUTOFF = 0.8
-
-
-class _SafeLoaderYaml12Bools(yaml.SafeLoader):
-    """yaml.SafeLoader (no object construction) whose booleans are YAML 1.2's: only true/false,
-    and which refuses aliases and duplicate keys.
-
-    PyYAML follows YAML 1.1, where `no`, `yes`, `on`, `off` are booleans, so
-    `train.mixed_precision=no` (Accelerate's own spelling) would arrive as False.
-    Aliases (`*name`) are refused where they are met, before anything is expanded: a few hundred
-    bytes of nested aliases expand to billions of nodes ("billion laughs"), and a config has no
-    need for them (`base:` shares settings between files).
-
-    Keys given twice in one mapping (at any depth) are refused (`DuplicateKeyError`), where
-    yaml.safe_load silently keeps the last one: `optim: {lr: 1.0e-4, lr: 5.0e-2}` is a mistake.
-    """
-
-    def __init__(self, stream):
-        super().__init__(stream)
-        self._paths = {}  # id(mapping node) -> its dotted key, for duplicate-key messages
-
-    def compose_node(self, parent, index):
-        if self.check_event(yaml.AliasEvent):
-            raise yaml.composer.ComposerError(None, None, "YAML aliases (*name) are not allowed in a config; "
-                                              "write the value out or share it with base:", self.peek_event().start_mark)
-        return super().compose_node(parent, index)
-
-    def construct_mapping(self, node, deep=False):
-        if isinstance(node, yaml.MappingNode):
-            self._check_duplicates(node)
-        return super().construct_mapping(node, deep=deep)
-
-    def _check_duplicates(self, node):
-        prefix = self._paths.get(id(node), "")
-        first_line = {}
-        for key_node, value_node in node.value:
-            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
-                continue  # complex keys are refused by the config's type checks; merge keys merge
-            key = self.construct_object(key_node)
-            line = key_node.start_mark.line + 1
-            if key in first_line:
-                raise DuplicateKeyError(f"{prefix}{key}", first_line[key], line, key_node.start_mark)
-            first_line[key] = line
-            if isinstance(value_node, yaml.MappingNode):
-                self._paths[id(value_node)] = f"{prefix}{key}."
-
-
-class DuplicateKeyError(yaml.constructor.ConstructorError):
-    """A key given twice in one YAML mapping: names the dotted key and both lines."""
-
-    def __init__(self, key, first_line, line, mark):
-        super().__init__(None, None, f"duplicate key '{key}' (lines {first_line} and {line})", mark)
-        self.key, self.lines = key, (first_line, line)
-
-
-_BOOL_TAG = "tag:yaml.org,2002:bool"
-_SafeLoaderYaml12Bools.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag != _BOOL_TAG]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_SafeLoaderYaml12Bools.add_implicit_resolver(
-    _BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
-
-
-def safe_load(stream):
-    """yaml.safe_load with YAML 1.2 booleans (see _SafeLoaderYaml12Bools)."""
-    return yaml.load(stream, Loader=_SafeLoaderYaml12Bools)  # a SafeLoader subclass: safe
-
-
-def _show(value, limit=60):
-    """repr(value) cut to `limit` characters: an error line stays one short line whatever the value."""
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 # ----------------------------------------------------------------------------- reading YAML
@@ -125,7 +55,7 @@ def read_yaml_file(path, what="config file"):
     except UnicodeDecodeError as err:
         raise UserError(f"{path} is not UTF-8 text (byte {err.start}: {raw[err.start:err.start + 1]!r} cannot be "
                         f"decoded); save it as UTF-8") from None
-    loader = _SafeLoaderYaml12Bools(text)
+    loader = SafeLoaderYaml12Bools(text)
     try:
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None
@@ -200,39 +130,6 @@ def _load_chain(path, seen=()):
     return _merge(merged, data), {**merged_where, **where}
 
 
-# ----------------------------------------------------------------------------- overrides
-def parse_override(text):
-    """'optim.lr=1e-3' -> (['optim', 'lr'], 0.001): the value is parsed as a YAML scalar."""
-    text = text[2:] if text.startswith("--") else text
-    key, sep, raw = text.partition("=")
-    if not sep or not key.strip():
-        raise UserError(f"override {_show(text)} must look like key.sub=value (e.g. optim.lr=1e-3)")
-    try:
-        value = safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw  # not valid YAML: keep it as a plain string, the type check decides
-    return key.strip().split("."), value
-
-
-def apply_overrides(data, overrides):
-    """Set each `key.sub=value` in the nested dict `data` (missing sections are created; a
-    section that holds a value, e.g. `optim: 3`, is not silently replaced)."""
-    for text in overrides or ():
-        keys, value = parse_override(text)
-        node = data
-        for depth, k in enumerate(keys[:-1]):
-            if node.get(k) is None:
-                node[k] = {}
-            elif not isinstance(node[k], dict):
-                where = ".".join(keys[:depth + 1])
-                raise UserError(f"override '{'.'.join(keys)}=...': '{where}' is {_show(node[k])} in the config, not a "
-                                f"section of keys; fix the config or override '{where}' itself")
-            node = node[k]
-        node[keys[-1]] = value
-    return data
-
-
-# ----------------------------------------------------------------------------- typed building
 def suggest_key(full_key):
     """The schema key closest to an unknown dotted key, or None when none is close enough.
 
@@ -438,8 +335,8 @@ def config_from_dict(data, default_name="run", sources=None):
 def load_config(path, overrides=()):
     """Read `path` (following `base:` chains), apply `key.sub=value` overrides, validate."""
     data, sources = _load_chain(path)
-    for text in overrides or ():  # an overridden key is no longer the file's
-        sources.pop(".".join(parse_override(text)[0]), None)
+    for item in overrides or ():  # an overridden key is no longer the file's
+        sources.pop(item[0] if isinstance(item, tuple) else ".".join(parse_override(item)[0]), None)
     data = apply_overrides(data, overrides)
     return config_from_dict(data, default_name=os.path.splitext(os.path.basename(path))[0], sources=sources)
 

@@ -9,7 +9,7 @@ of what is known about its key (`setting` writes it):
   tuple's every element; every float must also be finite);
 - choices: the closed vocabulary of a str key;
 - search: the range compare_heads --tune samples the key from (common/search_space.py), inside `range`;
-- resume: what a resume may do with the key (engine/resume_policy.py): FREE (changes freely),
+- resume: what a resume may do with the key (training/resume_policy.py): FREE (changes freely),
   FROZEN (never: another model, dataset, sample order or optimizer), OPTIMIZER (with
   --resume-with-changes, and the lr schedule is rebuilt); absent: changes with
   --resume-with-changes only.
@@ -32,7 +32,7 @@ from models.registry import HEAD_NAMES, HPARAMS
 from models.resmlp import MODEL_NAMES, NORMS
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
-# Accelerate's tracker names (each needs the package of the same name; engine/trackers.py)
+# Accelerate's tracker names (each needs the package of the same name; training/trackers.py)
 TRACKER_NAMES = ("tensorboard", "wandb", "mlflow", "aim", "comet_ml", "clearml", "dvclive")
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
@@ -142,7 +142,7 @@ class ModelConfig:
     drop_path: float = setting(0.0, "stochastic depth rate, uniform over blocks as in the paper", range="[0, 1)")
     init_values: Optional[float] = setting(None, "LayerScale init; null: by depth (0.1 / 1e-5 / 1e-6)",
                                            range="(0, inf)", resume=FROZEN)
-    # Start from pretrained weights (engine/finetune.py): the classifier is re-initialised when the
+    # Start from pretrained weights (training/finetune.py): the classifier is re-initialised when the
     # class count or the classifier kind differs; the weights' image size is kept (data.image_size
     # follows it: the token-mixing layers fix the patch count).
     pretrained: Optional[str] = setting(None, "start from these weights: a run or checkpoint directory, or a "
@@ -244,7 +244,7 @@ class TrainConfig:
     # CUDA only: torch.cuda.set_sync_debug_mode("error") around every update that is not a log step
     # (after the warm-up updates), so a host sync in the training step fails loudly.
     sync_debug: bool = setting(False, "CUDA only: fail on any host sync inside a training step")
-    # Experiment trackers through Accelerate (engine/trackers.py).
+    # Experiment trackers through Accelerate (training/trackers.py).
     log_with: Union[str, Tuple[str, ...]] = setting(
         "auto", "experiment trackers through Accelerate: auto (TensorBoard when installed), none, a tracker, "
         "or a list of them", choices=("auto", "none") + TRACKER_NAMES, resume=FREE)
@@ -252,7 +252,7 @@ class TrainConfig:
     allow_empty_eval: bool = setting(False, "go on when an evaluation found no image (every val image undecodable "
                                      "under data.skip_corrupt); false: stop with exit 2 after that epoch's "
                                      "checkpoint", resume=FREE)
-    # Knowledge distillation through the one classifier, as DeiT's DistillationLoss (engine/distill.py;
+    # Knowledge distillation through the one classifier, as DeiT's DistillationLoss (training/distill.py;
     # ResMLP has no distillation token).
     distill: str = setting("none", "distillation: none, hard (the teacher's argmax is the target) or soft (its "
                            "distribution at distill_tau, scaled by tau^2), through the head's own loss",

@@ -24,7 +24,7 @@ from common.errors import UserError
 from .classes import class_names
 from .datasets import build_dataset, calib_indices, num_classes, split_positions
 from .dali_loader import explain_backend, resolve_backend
-from .features import FeatureEvalLoader, FeatureTrainLoader
+from .feature_loaders import FeatureEvalLoader, FeatureTrainLoader
 from .loaders import EvalLoader, TrainLoader
 from .registry import DATASETS, dataset_names, dataset_spec, is_features
 

@@ -2,8 +2,8 @@
 """The cost of a teacher per training step (train.distill) and the saving of a linear probe
 (model.freeze=backbone), against the plain step of the same model measured in the same run.
 
-Each variant is a train.py run set up in a temporary directory (engine/training_run.py's setup) on
-the built-in data; train.py's own train_step (engine/train_step.py) runs on the same pre-drawn
+Each variant is a train.py run set up in a temporary directory (training/run.py's setup) on
+the built-in data; train.py's own train_step (training/train_step.py) runs on the same pre-drawn
 batches. Steps of all variants are interleaved in a new shuffled order each round and the median is
 reported, so the ratios hold on a shared machine. On
 CPU the time is the process CPU time at one thread (other processes do not inflate it); on CUDA
@@ -28,8 +28,8 @@ from safetensors.torch import save_file
 
 import configs
 from configs.schema import HeadConfig, ModelConfig
-from engine.train_step import train_step
-from engine.training_run import setup
+from training.train_step import train_step
+from training.run import setup
 from models import create_classifier
 
 

@@ -34,7 +34,7 @@ from _root import ROOT  # the repository root, on sys.path (scripts/_root.py)
 import yaml
 
 from common.io import atomic_write_text, prepare_output
-from engine.cli import run_cli
+from common.cli import run_cli
 from models.heads import HEAD_NAMES
 
 TARGET_S = 60.0

@@ -38,8 +38,8 @@ from common import rundir
 from common.io import prepare_output, write_json, writing
 from models.convert import convert_state_dict
 
-from engine.children import ChildProcesses, StoppedBySignal
-from engine.cli import run_cli
+from common.children import ChildProcesses, StoppedBySignal
+from common.cli import run_cli
 
 # Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s, from the vendors' data sheets.
 PEAK_BF16_TFLOPS = {
@@ -138,7 +138,7 @@ def bench_model(device, batch, steps, reps, peak):
 
 
 def run_script(children, args, timeout, log):
-    """Run a sibling script with the same interpreter through `children` (engine.children: while it
+    """Run a sibling script with the same interpreter through `children` (common.children: while it
     runs our signals reach it, a time limit kills it with exit 124); return (exit code, seconds).
     Raises StoppedBySignal once this script was signalled."""
     t0 = time.perf_counter()

@@ -39,9 +39,9 @@ import torch
 import configs
 from common import rundir
 from common.errors import UserError
-from engine.children import ChildProcesses
-from engine.cli import run_cli
-from engine.optim import build_optimizer
+from common.children import ChildProcesses
+from common.cli import run_cli
+from training.optim import build_optimizer
 from evaluation import comparison, paired, report
 from models import create_classifier
 from models.hopfield_pool import POOL_MAPPINGS
@@ -129,7 +129,7 @@ def print_speed(times, cfg, batch, rounds, steps):
 # ------------------------------------------------------------------------------------------ accuracy
 def train_and_evaluate(children, config, overrides, run_dir):
     """Train (unless finished) and evaluate (unless evaluated) one run: train.py, then eval.py, each a
-    child process that gets this one's signals (engine/children.py)."""
+    child process that gets this one's signals (common/children.py)."""
     out = os.path.join(run_dir, rundir.EVAL_RESULT)
     steps = []
     if not os.path.isfile(os.path.join(run_dir, rundir.SUMMARY)):

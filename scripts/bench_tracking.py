@@ -46,7 +46,7 @@ def time_tracker(name, steps, batch, folder):
     GradientState._reset_state()
     os.makedirs(folder, exist_ok=True)
     if name == "mlflow":
-        from engine.trackers import quiet_mlflow
+        from training.trackers import quiet_mlflow
 
         os.environ["MLFLOW_TRACKING_URI"] = "sqlite:///" + os.path.join(folder, "mlflow.db")
         quiet_mlflow()
@@ -71,7 +71,7 @@ def main(argv=None):
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--trackers", nargs="+", default=["tensorboard", "mlflow"])
     args = p.parse_args(argv)
-    from engine.trackers import installed
+    from training.trackers import installed
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     with tempfile.TemporaryDirectory() as folder:

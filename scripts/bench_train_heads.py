@@ -20,8 +20,8 @@ import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 import torch
 
 import configs
-from engine.cli import run_cli
-from engine.optim import build_optimizer
+from common.cli import run_cli
+from training.optim import build_optimizer
 from models import create_classifier
 from models.heads import HEAD_NAMES
 

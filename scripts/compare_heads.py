@@ -44,11 +44,11 @@ same report, statistics, prediction sets, selective prediction and OOD detection
 folder's OOD features, DIR/ood, when it has them). Without --launcher and --jobs, train.py and eval.py then
 run inside this process, one after the other (a probe trains in well under a second; a fresh Python with
 torch costs several), exactly as their command lines would run them.
-Tuning (--tune, scripts/tune_heads.py and engine/tuning.py): first one Optuna study per variant, the
+Tuning (--tune, scripts/tune_heads.py and comparison/tuning.py): first one Optuna study per variant, the
 same --trials each, on a tune split held out of train (data.tune_fraction); then each variant's best
 settings and the config's own are both trained over --seeds and compared on val, which no trial read.
 Signals: SIGTERM / SIGINT / SIGUSR1 are forwarded to the running train.py / eval.py children
-(engine/children.py), which save and stop; compare_heads then exits with their code (143 ...), a
+(common/children.py), which save and stop; compare_heads then exits with their code (143 ...), a
 second signal kills them, and no child outlives it.
 Resumable: a run with summary.json is trained and skipped; an interrupted one continues from its last
 checkpoint (--resume auto); a run evaluated already (eval.json, its per-example records and, when an
@@ -67,7 +67,6 @@ images of each run with the patches its pooling uses).
 import argparse
 import json
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -81,40 +80,23 @@ from common.startup import say_loading  # noqa: E402  (standard library only)
 
 say_loading("compare_heads.py")
 from compare_progress import Progress  # noqa: E402
-from engine.worker_slots import InProcess, WorkerSlot, can_run  # noqa: E402
-from engine.children import ChildProcesses  # noqa: E402
-from engine.cli import run_cli  # noqa: E402
+from comparison.worker_slots import InProcess, WorkerSlot, can_run  # noqa: E402
+from common.children import ChildProcesses  # noqa: E402
+from common.cli import run_cli  # noqa: E402
 from common import rundir  # noqa: E402
 from common.errors import UserError  # noqa: E402
 from common.io import atomic_write_text, ensure_folder, json_text, prepare_output, read_json, write_json, writing  # noqa: E402
-from engine.runlock import RunLock  # noqa: E402
+from common.runlock import RunLock  # noqa: E402
+from configs.overrides import parse_command_line, split_command_line  # noqa: E402
 from models.registry import HEAD_NAMES, check_settings  # noqa: E402
 
 FEATURE_IDENTITY_KEYS = ("features_source_sha256", "features_settings_sha256")  # data.* keys, data/features.py
 REPORT_SOURCE = "compare_source.json"  # in a report folder: the runs folder its report is of
 
 
-# a config override: a (dotted) key, '=', a value (parsed as YAML), e.g. optim.epochs=1
-OVERRIDE = re.compile(r"[A-Za-z_]\w*(\.\w+)*=")
-
-
-def split_overrides(parser, argv):
-    """(options, overrides): every key.sub=value token is an override wherever it stands (after
-    --heads or --seeds too, whose lists would otherwise swallow it), unless it is the value of an
-    option that takes one (e.g. --runs-dir a=b)."""
-    takes_one = {s for a in parser._actions if a.option_strings and a.nargs is None for s in a.option_strings}
-    options, overrides = [], []
-    for i, token in enumerate(argv):
-        if OVERRIDE.match(token) and not (i and argv[i - 1] in takes_one):
-            overrides.append(token)
-        else:
-            options.append(token)
-    return options, overrides
-
-
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                epilog="Overrides: key.sub=value arguments (value parsed as YAML) override the config\n"
+                                epilog="Overrides: key.sub=value or --key.sub VALUE (value parsed as YAML) override the config\n"
                                        "of every run. They may go anywhere on the line, before or after the options,\n"
                                        "e.g. --heads softmax sparsemax --seeds 0 1 optim.epochs=1",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -169,11 +151,9 @@ def parse_args(argv=None):
                       help="write a SLURM array job script (one task per run) instead of running")
     mode.add_argument("--report-only", action="store_true",
                       help="train and evaluate nothing: report the finished runs, name the missing ones")
-    options, overrides = split_overrides(p, list(sys.argv[1:] if argv is None else argv))
-    args, rest = p.parse_known_args(options)
-    if rest:
-        raise UserError(f"unexpected argument '{rest[0]}': options are listed by --help, overrides look like "
-                        f"key.sub=value (anywhere on the line)")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_command_line(p, argv, tool="python scripts/compare_heads.py")
+    options, overrides = split_command_line(p, argv)[0], args.overrides
     if args.jobs < 1:
         raise UserError(f"--jobs must be at least 1, got {args.jobs}")
     if args.jobs > 1 and (args.emit_slurm or args.report_only or args.dry_run):
@@ -776,7 +756,7 @@ def runs_to_do(plan, commands, args):
 
 def run_todo(todo, commands, requests, jobs, children, progress=None):
     """Train and evaluate `todo`, one run after another or `jobs` at once, through `children`
-    (engine.children.ChildProcesses: signals are forwarded); -> (trained, evaluated)."""
+    (common.children.ChildProcesses: signals are forwarded); -> (trained, evaluated)."""
     for _, run_dir, _, _ in todo:
         _check_request(run_dir, requests[run_dir])
     if todo and jobs > 1:

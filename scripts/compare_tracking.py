@@ -24,7 +24,7 @@ import os
 import configs
 from common import rundir
 from common.io import read_json
-from engine.trackers import MLFLOW_DB, MLFLOW_URI_ENV, flat_params, quiet_mlflow
+from training.trackers import MLFLOW_DB, MLFLOW_URI_ENV, flat_params, quiet_mlflow
 
 REPORT_TAG = "report"
 

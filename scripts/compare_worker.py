@@ -18,7 +18,7 @@ import traceback
 
 import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
-from engine.worker_slots import BUG_EXIT, InProcess, ends_worker
+from comparison.worker_slots import BUG_EXIT, InProcess, ends_worker
 
 
 def _redirect(fd_from, fd_to):

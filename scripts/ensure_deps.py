@@ -20,8 +20,8 @@ from importlib import metadata
 import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
 from common.errors import UserError  # (standard library only: fine in a bare environment)
-from engine.children import ChildProcesses
-from engine.cli import run_cli
+from common.children import ChildProcesses
+from common.cli import run_cli
 
 # Where to go instead of this Python (make's default, or an environment of one's own).
 FIX = ("run make without PYTHON= (it makes and uses the project's .venv), or point PYTHON= at a virtual or "

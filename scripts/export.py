@@ -24,7 +24,7 @@ interpolation and crop_pct also at the top level), the model and the head with i
 scripts/onnx_predict.py is a consumer that follows only the sidecar (onnxruntime, numpy, Pillow).
 class_map.txt beside OUTPUT lists the classes in timm's class_map format. The files are written
 atomically; an existing OUTPUT (or a class_map.txt of other classes) needs --overwrite. The run directory or
-weights file is opened as eval.py opens it (engine/trained_run.py: config.yaml, classes.json,
+weights file is opened as eval.py opens it (inference/trained_run.py: config.yaml, classes.json,
 model[_ema].safetensors).
 """
 import argparse
@@ -43,9 +43,10 @@ from common.errors import UserError
 from common.io import atomic_write, atomic_write_text, prepare_output, write_json
 from data.classes import class_map_text
 from data.transforms import eval_transform
-from engine.cli import run_cli
-from engine.runlock import writing_into
-from engine.trained_run import add_run_arguments, open_from_args, parse_with_overrides
+from common.cli import run_cli
+from common.runlock import writing_into
+from configs.overrides import parse_command_line  # noqa: E402
+from inference.trained_run import add_run_arguments, open_from_args
 from models.mappings import threshold_path
 from models.registry import head_spec
 
@@ -108,7 +109,7 @@ def parse_args(argv=None):
                                     "model.torchscript.pt in a run directory); the sidecar is OUTPUT.json; "
                                     "--format timm: a folder (default RUN_DIR/timm, or RUN_DIR/timm_ema with --ema)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUTPUT")
-    return parse_with_overrides(p, argv, tool="python scripts/export.py")
+    return parse_command_line(p, argv, tool="python scripts/export.py")
 
 
 def check_format(fmt: str) -> str:

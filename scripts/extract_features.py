@@ -49,11 +49,12 @@ from configs.loader import config_to_dict
 from data import features as F
 from data.classes import save_class_names
 from data.loaders import TaskLoader
-from engine.cli import run_cli
-from engine.inference_processes import finished, inference_accelerator
-from engine.logging import progress_bar
-from engine.runlock import writing_into
-from engine.trained_run import add_run_arguments, open_from_args, parse_with_overrides
+from common.cli import run_cli
+from inference.processes import finished, inference_accelerator
+from training.logging import progress_bar
+from common.runlock import writing_into
+from configs.overrides import parse_command_line  # noqa: E402
+from inference.trained_run import add_run_arguments, open_from_args
 from evaluation import ood_report
 from models import create_classifier
 from models.pretrained import (CLASSIFIER_PREFIX, OUTPUT_HEAD_PREFIX, fit_pretrained, renamed_state_dict,
@@ -78,7 +79,7 @@ def parse_args(argv=None):
     p.add_argument("--ood", metavar="NAME|auto", default=None,
                    help="also extract this OOD set's val split to OUTPUT/ood (auto: the built-in data's own)")
     p.add_argument("--ood-root", metavar="DIR", default=None, help="data root of the OOD set")
-    args = parse_with_overrides(p, argv, tool="python scripts/extract_features.py")
+    args = parse_command_line(p, argv, tool="python scripts/extract_features.py")
     if args.views < 1:
         raise UserError(f"--views must be at least 1, got {args.views}")
     if args.views > 1 and not args.augment:

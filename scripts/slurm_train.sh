@@ -10,7 +10,7 @@
 # lr scale to 1e-2. `--resume auto` makes the job restartable: a requeued or resubmitted job
 # continues from the latest complete checkpoint of train.output_dir, bit-exactly where it stopped.
 #
-# Preemption / time limit (engine/preemption.py):
+# Preemption / time limit (training/preemption.py):
 #   1. SLURM sends USR1 to this batch shell GRACE seconds before the time limit (--signal=B:USR1@300).
 #   2. The trap below signals the job step with `scancel --signal=USR1` (all steps, not the batch
 #      shell), which reaches the training processes; each node's task also forwards it to the

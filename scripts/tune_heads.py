@@ -2,7 +2,7 @@
 and the untuned settings compared on the held-out split (what compare_heads.py calls for --tune).
 
     RUNS_DIR/tune/studies.db                   the Optuna storage (default; --storage URL for another)
-    RUNS_DIR/tune/trials/<variant>/trial-N/    one training run per trial (engine/tuning.py)
+    RUNS_DIR/tune/trials/<variant>/trial-N/    one training run per trial (comparison/tuning.py)
     RUNS_DIR/tune/tuned/<variant>-s<seed>/     the verdict runs: each variant's best settings, --seeds
     RUNS_DIR/tune/untuned/<variant>-s<seed>/   the same runs with the config's own settings
     REPORT_DIR/report.md                       the tuned comparison, then the tuning (settings, scores,
@@ -27,9 +27,9 @@ import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
 from common.errors import UserError  # noqa: E402
 from common.io import ensure_folder, write_json, writing  # noqa: E402
-from engine.worker_slots import InProcess, WorkerSlot  # noqa: E402
-from engine import tuning  # noqa: E402
-from engine.children import ChildProcesses  # noqa: E402
+from comparison.worker_slots import InProcess, WorkerSlot  # noqa: E402
+from comparison import tuning  # noqa: E402
+from common.children import ChildProcesses  # noqa: E402
 
 TUNE_FRACTION = 0.1  # of train (after the calib split), when the config holds out no tune split
 SAMPLER_SEED = 0
@@ -46,7 +46,7 @@ def tune_overrides(args, base_cfg):
 
 
 def open_studies(args, base_cfg, compare, tune_dir):
-    """{variant name: engine.tuning.VariantStudy} in plan order."""
+    """{variant name: comparison.tuning.VariantStudy} in plan order."""
     import data
 
     storage = tuning.open_storage(args.storage or tuning.default_storage(tune_dir))

@@ -54,7 +54,7 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(autouse=True)
 def _keep_denormals_after_in_process_training():
-    """engine.training_run.setup flushes denormals to zero for the whole process (a CPU speed guard); a test that
+    """training.run.setup flushes denormals to zero for the whole process (a CPU speed guard); a test that
     trains in-process must not leave that on for later tests (hypothesis refuses to draw subnormal
     floats under flush-to-zero, and the float64 references need them)."""
     yield
@@ -77,10 +77,10 @@ def one_thread():
 @pytest.fixture
 def one_line_error(capsys):
     """run(entry, args): call entry point `entry` ("eval", "train", "predict") as its command line does
-    (engine.cli.run_cli) and return its one `error:` line, after checking exit 2."""
+    (common.cli.run_cli) and return its one `error:` line, after checking exit 2."""
     import importlib
 
-    from engine.cli import run_cli
+    from common.cli import run_cli
 
     def run(entry, args):
         with pytest.raises(SystemExit) as exit_info:

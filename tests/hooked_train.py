@@ -13,7 +13,7 @@ tests/hooked_train.py --pause-after-step 2 --gate G"): train.py gets the hooks, 
                        (a test then signals the process at a known step, with no timing guess)
 --kill-during-save S   SIGKILL right after the weights of the step-S checkpoint are written into its
                        temporary directory (before the optimizer state and the completion marker),
-                       through engine.checkpoint's `_after_file_written` hook
+                       through training.checkpoint.files's `_after_file_written` hook
 """
 import argparse
 import os
@@ -50,7 +50,7 @@ class FaultHooks:
 def kill_during_save(step):
     """Install the checkpoint writer's test hook: SIGKILL mid-save of the step-`step` checkpoint."""
     from common import rundir
-    from engine import checkpoint as ck
+    from training.checkpoint import files as ck
 
     target = ".tmp-" + rundir.checkpoint_name(step)
 
@@ -78,7 +78,7 @@ def main(argv=None):
             runpy.run_path(script, run_name="__main__")
             return
     import train
-    from engine.cli import run_cli
+    from common.cli import run_cli
 
     if args.kill_during_save is not None:
         kill_during_save(args.kill_during_save)

@@ -73,7 +73,7 @@ def test_set_masks_are_the_sets_eval_measures(head_name):
 
 
 def test_the_training_bar_is_off_when_stdout_is_not_a_terminal(monkeypatch):
-    from engine.logging import console, progress_bar
+    from training.logging import console, progress_bar
 
     class Terminal(io.StringIO):
         def isatty(self):

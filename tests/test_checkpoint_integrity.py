@@ -17,10 +17,10 @@ from common import rundir
 from common import weights as common_weights
 from common.errors import UserError
 from common.weights import read_safetensors
-from engine import checkpoint as ck
-from engine.trainer_state import TrainerState
-from engine.cli import run_cli
-from engine.runlock import RunLock
+from training.checkpoint import files as ck
+from training.checkpoint.state import TrainerState
+from common.cli import run_cli
+from common.runlock import RunLock
 
 
 def _state(width=64, seed=0):

@@ -89,7 +89,7 @@ def _png_size(path):
 
 
 def _child_run(call):
-    """A subprocess.call-like stand-in as engine.children.ChildProcesses.run (children start through it)."""
+    """A subprocess.call-like stand-in as common.children.ChildProcesses.run (children start through it)."""
     return lambda self, cmd, **kwargs: call(cmd, **kwargs)
 
 def test_report_has_every_column_and_plot():

@@ -84,7 +84,7 @@ def test_every_mode_runs_the_same_plan(sandbox, monkeypatch, capsys):
     assert all(c[2] is None for c in sequential)  # the caller's environment, unpinned
 
     # --jobs 2: the same commands (any order), each job pinned to half the CPU threads, through each
-    # slot's worker process (engine.worker_slots.WorkerSlot; its own tests: test_compare_worker.py).
+    # slot's worker process (comparison.worker_slots.WorkerSlot; its own tests: test_compare_worker.py).
     shutil.rmtree(runs)
     parallel = []
     fake = _fake_call(parallel, source_runs)

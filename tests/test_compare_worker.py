@@ -1,4 +1,4 @@
-"""scripts/compare_worker.py (and its launcher side, engine/worker_slots.py): a --jobs slot's worker runs train.py / eval.py mains one after another.
+"""scripts/compare_worker.py (and its launcher side, comparison/worker_slots.py): a --jobs slot's worker runs train.py / eval.py mains one after another.
 
 - A run trained and evaluated by a worker, after another run in the same process, is bit-identical
   (weights, per-example evaluation records) to the same run by fresh `python train.py` / `eval.py`.
@@ -22,14 +22,14 @@ import torch
 from safetensors.torch import load_file
 
 from common import rundir
-from engine import checkpoint as ck
-from engine.children import ChildProcesses
+from training.checkpoint import files as ck
+from common.children import ChildProcesses
 from test_compare import TINY_CONFIG, tiny_run_dir
 from test_train_helpers import ROOT, subprocess_env
 
 import compare_worker  # scripts/ is on sys.path (tests/conftest.py)
-from engine import worker_slots
-from engine.worker_slots import WorkerSlot, can_run
+from comparison import worker_slots
+from comparison.worker_slots import WorkerSlot, can_run
 
 TRAIN, EVAL = os.path.join(ROOT, "train.py"), os.path.join(ROOT, "eval.py")
 

@@ -44,7 +44,7 @@ def _load_error(path, *overrides):
 
 def _cli(capsys, main, argv):
     """An entry point's command line in this process -> (exit status, stderr)."""
-    from engine.cli import run_cli
+    from common.cli import run_cli
 
     reset_accelerate_state()
     capsys.readouterr()
@@ -303,8 +303,8 @@ def test_a_runs_config_yaml_after_resume_with_changes_is_a_valid_config(resumed_
 
 
 def test_eval_takes_a_checkpoint_directory_of_a_run(resumed_run, tmp_path, capsys):
-    from engine import checkpoint as ck
-    from engine.trained_run import CHECKPOINT, open_run
+    from training.checkpoint import files as ck
+    from inference.trained_run import CHECKPOINT, open_run
 
     root = os.path.join(resumed_run, rundir.CHECKPOINTS)
     steps = [s for s, _ in ck.list_checkpoints(root)]

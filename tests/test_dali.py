@@ -495,7 +495,7 @@ def test_train_py_resume_mid_epoch_bit_identical(mixed, tmp_path):
     same weights as the uninterrupted run (RandAugment, erasing, Mixup/CutMix on)."""
     import shutil
 
-    from engine.trainer_state import read_trainer_state
+    from training.checkpoint.state import read_trainer_state
     from test_train_helpers import run_inprocess, tiny_cfg, weights
 
     recipe = ["data.dataset=imagefolder", f"data.root={mixed}", "data.backend=dali", "data.num_workers=1",

@@ -2,7 +2,6 @@
 checked, and everything the data code, the config schema and evaluation know about a dataset they
 read from it; a new dataset is its module plus one declaration (checked on a copy of the tree)."""
 import os
-import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -16,6 +15,7 @@ from configs.schema import CHOICES, DataConfig
 from data import registry
 from data.arrays import ArrayDataset
 from evaluation import ood_report
+from project_files import copy_project
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -120,7 +120,7 @@ def test_a_new_dataset_is_its_module_and_one_declaration(tmp_path):
     """On a copy of the tree: add data/toy.py and one line in data/registry.py, nothing else; then
     `train.py --help-config data.dataset=toy` lists and accepts it, and the loader trains on it."""
     tree = tmp_path / "tree"
-    shutil.copytree(ROOT, tree, ignore=shutil.ignore_patterns(".git", "tests", "runs", "__pycache__", "*.egg-info"))
+    copy_project(tree)  # the tracked files only: never a user's .venv, runs/ or features/
     (tree / "data" / "toy.py").write_text(TOY_MODULE)
     reg = tree / "data" / "registry.py"
     text = reg.read_text()

@@ -1,4 +1,4 @@
-"""train.distill (engine/distill.py): DeiT's distillation loss through each head's own loss.
+"""train.distill (training/distill.py): DeiT's distillation loss through each head's own loss.
 
 - hard, alpha = 1: the loss is the head's loss towards the teacher's argmax, not the labels;
 - soft with a teacher equal to the student's initial weights: the loss is, in float64 from first
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _setup(cfg):
-    from engine.training_run import setup
+    from training.run import setup
 
     reset_accelerate_state()
     run = setup(cfg, resume=None, overwrite=False)

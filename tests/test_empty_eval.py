@@ -11,7 +11,7 @@ from PIL import Image
 
 from common import rundir
 from common.errors import UserError
-from engine import checkpoint as ck
+from training.checkpoint import files as ck
 from test_train_helpers import read_metrics, reset_accelerate_state, run_inprocess, tiny_cfg, write_cfg
 
 
@@ -61,7 +61,7 @@ def test_empty_val_split_gives_null_metrics_and_stops_unless_allowed(tmp_path, c
 
     # eval.py on the same split: null metrics, one warning line, the outputs written
     import eval as eval_entry
-    from engine.cli import run_cli
+    from common.cli import run_cli
 
     reset_accelerate_state()
     output = str(tmp_path / "eval" / "eval.json")

@@ -85,7 +85,7 @@ def test_two_processes_give_the_same_numbers_as_one(tmp_path):
 def test_weights_file_with_model_flags_and_calibration_fallback(tmp_path, capsys, monkeypatch):
     """The EMA weights as a bare file + --model/--dataset flags: train.py's EMA accuracy again;
     with no calib split (defaults) prediction sets calibrate on half of val, and say so. The process
-    group is destroyed once, before the main process writes (engine/inference_processes.py)."""
+    group is destroyed once, before the main process writes (inference/processes.py)."""
     run = tiny_run_dir("softmax")
     out = tmp_path / "file.json"
     import eval as eval_entry
@@ -114,7 +114,7 @@ def test_weights_file_with_model_flags_and_calibration_fallback(tmp_path, capsys
 def _cli_error(capsys, argv):
     import eval as eval_entry
 
-    from engine.cli import run_cli
+    from common.cli import run_cli
 
     with pytest.raises(SystemExit) as exc:
         run_cli(eval_entry.main, argv)
@@ -140,7 +140,7 @@ def test_user_errors_are_one_line(tmp_path, capsys):
     err = _cli_error(capsys, ["--checkpoint", run, "model.name=resmlp_cifar_s12"])
     assert "checkpoint" in err
     # --ema picks the run's EMA export
-    from engine.trained_run import open_run
+    from inference.trained_run import open_run
     opened = open_run(run, ema=True)
     cfg, path, kind = opened.cfg, opened.weights, opened.weights_kind
     assert path == os.path.join(run, "model_ema.safetensors") and kind == "ema"
@@ -282,7 +282,7 @@ def test_ood_detection_and_selective_prediction_in_eval_json():
 def test_aps_seed_differs_per_run():
     """APS's uniforms are seeded per run: each head and each training seed draws its own."""
     import configs
-    from engine.trained_run import aps_seed
+    from inference.trained_run import aps_seed
 
     seeds = {h: _load(os.path.join(tiny_run_dir(h), "eval.json"))["prediction_sets"]["calibration"]["aps_seed"]
              for h in ("softmax", "sparsemax")}

@@ -133,7 +133,7 @@ def test_torchscript_export_keeps_the_input_size_error(tmp_path):
 
 def cli_error(capsys, argv):
     """(exit status, stderr) of the export entry point run on argv."""
-    from engine.cli import run_cli
+    from common.cli import run_cli
 
     with pytest.raises(SystemExit) as e:
         run_cli(export.main, argv)

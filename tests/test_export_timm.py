@@ -111,7 +111,7 @@ def test_every_paper_variant_has_timms_names_and_shapes(name):
     ("resmlp_s12", "softmax", {"pool": "hopfield"}, "pools by averaging; this run uses model.pool=hopfield"),
 ])
 def test_runs_timm_has_no_model_for_are_refused_in_one_line(tmp_path, capsys, name, head, model, why):
-    from engine.cli import run_cli
+    from common.cli import run_cli
 
     run, _ = make_run(tmp_path, name, head, weights=False, **model)
     with pytest.raises(SystemExit) as e:

@@ -54,7 +54,7 @@ def _probe_cfgs(tmp_path, source, features, *extra):
 
 
 def _setup(cfg):
-    from engine.training_run import setup
+    from training.run import setup
 
     reset_accelerate_state()
     run = setup(cfg, resume=None, overwrite=False)
@@ -67,7 +67,7 @@ def _final_val_logits(run_dir, features_root=None):
     """Logits on val of the run's final weights, through eval.py's model and loader."""
     import configs
     import data
-    from engine.trained_run import build_model
+    from inference.trained_run import build_model
 
     cfg = configs.load_run_config(run_dir, [])
     model = build_model(cfg, os.path.join(run_dir, "model.safetensors"), data.num_classes(cfg.data))
@@ -121,12 +121,12 @@ def test_the_source_classifier_is_fitted_as_the_image_path_fits_it(tmp_path, sou
 def test_features_are_the_pre_logits_of_the_source_in_dataset_order(source, features):
     import configs
     import data
-    from engine.trained_run import build_model
+    from inference.trained_run import build_model
 
     meta = json.load(open(os.path.join(features, "features.json")))
     assert meta["feature_dim"] == 128 and meta["counts"] == {"train": 192, "val": 64}
     assert meta["views"] == 1 and meta["augment"] is False and meta["ood"] == "builtin100_ood"
-    from engine.checkpoint import file_sha256
+    from training.checkpoint.files import file_sha256
 
     assert meta["source"]["sha256"] == file_sha256(os.path.join(source, "model.safetensors"))
     assert json.load(open(os.path.join(features, "classes.json")))["classes"][:2] == data.class_names(
@@ -238,7 +238,7 @@ def test_bad_feature_folders_are_one_line(tmp_path, features):
 
 
 def test_bad_settings_of_a_features_run_are_one_line(tmp_path, source, features, one_line_error):
-    from engine.training_run import setup
+    from training.run import setup
 
     for extra, match in (([f"model.pretrained={source}"], "model.pretrained does not apply"),
                          (["data.mixup=0.8"], "data.mixup=0.8 is an image augmentation"),

@@ -1,7 +1,7 @@
 """Starting from pretrained weights: fine-tuning with a new head (model.pretrained), the linear
 probe (model.freeze=backbone), layer-wise lr decay (optim.layer_decay) and distillation
-(train.distill), with their bad values refused in one line (configs/finetune_checks.py, engine/finetune.py,
-engine/freeze.py, engine/distill.py).
+(train.distill), with their bad values refused in one line (configs/finetune_checks.py, training/finetune.py,
+training/freeze.py, training/distill.py).
 
 The source is a tiny run trained here on builtin10 (BatchNorm, so the probe can check frozen
 running statistics); the fine-tunes train on builtin100 with another head."""
@@ -35,7 +35,7 @@ def source(tmp_path_factory):
 
 
 def _setup(cfg):
-    from engine.training_run import setup
+    from training.run import setup
 
     reset_accelerate_state()
     run = setup(cfg, resume=None, overwrite=False)
@@ -64,7 +64,7 @@ def test_fine_tune_starts_from_the_source_backbone_with_a_new_head(tmp_path, sou
     assert len(line) == 1 and "head.weight, head.bias (10 classes in the weights, 100 here: re-initialised)" in line[0]
     # recorded: config.yaml (the resume fingerprint reads the same config) holds path and sha256
     saved = yaml.safe_load(open(tmp_path / "ft" / "config.yaml"))
-    from engine.checkpoint import file_sha256
+    from training.checkpoint.files import file_sha256
 
     assert saved["model"]["pretrained"] == source
     assert saved["model"]["pretrained_sha256"] == file_sha256(os.path.join(source, "model.safetensors"))

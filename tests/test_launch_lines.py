@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import torch
 
 from data import explain_backend
-from engine.launch import busy_cores_warning, launch_lines, precision_line, single_process_warning
+from training.launch import busy_cores_warning, launch_lines, precision_line, single_process_warning
 from test_train_helpers import ROOT, TRAIN_PY, subprocess_env, tiny_cfg, write_cfg
 
 # What `accelerate launch --num_processes 2` without --multi_gpu leaves a single process (simple launcher).

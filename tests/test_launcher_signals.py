@@ -1,7 +1,7 @@
 """Signals pass through the launchers: a real SIGTERM to scripts/compare_heads.py reaches
 its train.py child, which saves and stops; compare_heads exits with the child's code (143), no
 child is left (checked with `ps`), the run lock is released and the same command then resumes
-and finishes. A second signal kills the children at once (--jobs 2). engine.children's own rules
+and finishes. A second signal kills the children at once (--jobs 2). common.children's own rules
 (exit status of a death by signal, nothing started after a signal, time limits) are checked on
 small shell children."""
 import os
@@ -14,8 +14,8 @@ import time
 import pytest
 
 from common import rundir
-from engine import checkpoint as ck
-from engine.children import EXIT_TIMEOUT, ChildProcesses, StoppedBySignal
+from training.checkpoint import files as ck
+from common.children import EXIT_TIMEOUT, ChildProcesses, StoppedBySignal
 from test_compare import TINY_CONFIG
 from test_train_helpers import ROOT, subprocess_env, wait_for_file
 
@@ -109,7 +109,7 @@ def test_a_second_signal_kills_every_child_of_parallel_jobs(tmp_path):
     assert _wait_gone(runs) == []
 
 
-# ----------------------------------------------------------------------------- engine.children itself
+# ----------------------------------------------------------------------------- common.children itself
 def test_exit_status_time_limit_and_nothing_started_after_a_signal():
     before = signal.getsignal(signal.SIGUSR1)
     with ChildProcesses() as children:

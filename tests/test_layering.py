@@ -1,23 +1,25 @@
-"""The import graph reads bottom-up: common <- models, data <- configs <- engine, evaluation <- train.py,
-eval.py, predict.py, scripts. Every import statement of every module is parsed (ast), including the ones
+"""The import graph reads bottom-up: common <- models, data <- configs <- evaluation <- training <- inference
+<- comparison <- train.py, eval.py, predict.py, scripts (the entry points). Every import statement of every module is parsed (ast), including the ones
 inside functions, and relative imports are resolved to their package."""
 import ast
 import os
 
 import pytest
 
+from project_files import python_files, tracked_files
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PROJECT = ("common", "models", "data", "configs", "engine", "evaluation", "scripts", "train", "eval", "predict",
-           "tests")
+PACKAGES = ("common", "models", "data", "configs", "evaluation", "training", "inference", "comparison")
+ENTRIES = ("scripts", "train", "eval", "predict", "tests")
+PROJECT = PACKAGES + ENTRIES
 
 # package -> top-level project names its modules must not import
 FORBIDDEN = {
     "common": set(PROJECT) - {"common"},
-    "models": {"engine", "evaluation", "data", "configs", "scripts", "train", "eval", "predict", "tests"},
-    "data": {"models", "engine", "evaluation", "configs", "scripts", "train", "eval", "predict", "tests"},
-    "configs": {"engine", "evaluation", "scripts", "train", "eval", "predict", "tests"},
-    "engine": {"evaluation", "scripts", "train", "eval", "predict", "tests"},
-    "evaluation": {"engine", "scripts", "train", "eval", "predict", "tests"},
+    "models": set(PROJECT) - {"common", "models"},
+    "data": set(PROJECT) - {"common", "data"},
+    # each later package may import the ones before it, never one after it nor an entry point
+    **{package: set(PACKAGES[PACKAGES.index(package) + 1:]) | set(ENTRIES) for package in PACKAGES[3:]},
 }
 
 
@@ -35,10 +37,7 @@ def project_imports(path, package):
 
 
 def modules(package):
-    for folder, _, files in os.walk(os.path.join(ROOT, package)):
-        for name in sorted(files):
-            if name.endswith(".py"):
-                yield os.path.join(folder, name)
+    return python_files(package)  # tracked files: never a walk of the working tree
 
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
@@ -51,8 +50,8 @@ def test_package_imports_only_from_below(package):
 
 def test_the_checker_sees_relative_and_function_level_imports(tmp_path):
     path = tmp_path / "m.py"
-    path.write_text("from . import x\ndef f():\n    import engine.checkpoint\n    from configs.loader import y\n")
-    assert project_imports(str(path), "models") == {"models", "engine", "configs"}
+    path.write_text("from . import x\ndef f():\n    import training.checkpoint.files\n    from configs.loader import y\n")
+    assert project_imports(str(path), "models") == {"models", "training", "configs"}
 
 
 # ------------------------------------------------------------------------------------------ entry points
@@ -64,8 +63,7 @@ def _is_command(path):
 
 # The commands: train.py, eval.py, predict.py and every script with a main block (a module of
 # scripts/ without one, e.g. compare_progress.py, is a helper of the scripts beside it).
-SCRIPTS = sorted(n[:-3] for n in os.listdir(os.path.join(ROOT, "scripts"))
-                 if n.endswith(".py") and _is_command(os.path.join(ROOT, "scripts", n)))
+SCRIPTS = sorted(os.path.basename(p)[:-3] for p in python_files("scripts") if _is_command(p))
 ENTRY_POINTS = {"train.py": "train", "eval.py": "eval", "predict.py": "predict",
                 **{f"scripts/{name}.py": name for name in SCRIPTS}}
 
@@ -95,7 +93,7 @@ def entry_points_imported_by(path):
 
 
 def test_no_entry_point_imports_another():
-    """Opening a run, evaluating and training are library code (engine/, evaluation/); the commands
+    """Opening a run, evaluating and training are library code (training/, inference/, evaluation/); the commands
     call it, never one another (a command that runs another starts it as a child process)."""
     found = {(rel, name) for rel in ENTRY_POINTS for name in entry_points_imported_by(os.path.join(ROOT, rel))}
     assert not found, sorted(found)
@@ -107,7 +105,7 @@ def test_no_entry_point_imports_another():
 def test_the_entry_point_checker_sees_every_form(tmp_path):
     path = tmp_path / "m.py"
     path.write_text("import eval as e\ndef f():\n    from compare_worker import x\n    import scripts.export\n"
-                    "    from engine.trained_run import open_run\n")
+                    "    from inference.trained_run import open_run\n")
     assert entry_points_imported_by(str(path)) == {"eval", "compare_worker", "export"}
 
 
@@ -133,7 +131,7 @@ def sys_path_edits(path):
 def test_only_the_path_helper_edits_sys_path():
     """Outside tests/, sys.path is edited in one place: scripts/_root.py, which every script imports
     before any project import (train.py, eval.py and predict.py run from the root and need none)."""
-    paths = [os.path.join(ROOT, n) for n in os.listdir(ROOT) if n.endswith(".py")]
+    paths = [os.path.join(ROOT, p) for p in tracked_files() if "/" not in p and p.endswith(".py")]
     paths += [p for package in ("scripts",) + tuple(FORBIDDEN) for p in modules(package)]
     edits = {os.path.relpath(p, ROOT): sys_path_edits(p) for p in paths}
     # timm_run.py runs a timm script as `python SCRIPT` would, with the script's own folder first

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from configs import config_from_dict
-from engine.optim import build_optimizer
+from training.optim import build_optimizer
 from models import create_classifier
 from models.am_softmax import CosineLinear, am_softmax_loss
 from common.errors import UserError

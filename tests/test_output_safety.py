@@ -1,6 +1,6 @@
 """Outputs of the entry points and scripts: a bad destination is one line and exit 74 before the
 work (common.io.prepare_output), and the temporary files of a killed writer are removed by the
-next writer in that folder, only when their pid is gone (engine.runlock.writing_into).
+next writer in that folder, only when their pid is gone (common.runlock.writing_into).
 
 The destinations are real filesystem failures: a path through a file (ENOTDIR, any user) and a
 read-only tmpfs (root only, skipped elsewhere). The checkpoints given are bogus where the output is
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from common import io as common_io
-from engine.cli import run_cli
+from common.cli import run_cli
 from test_export import make_run
 from test_run_files import tmpfs  # noqa: F401  (the read-only filesystem fixture)
 from test_train_helpers import ROOT, reset_accelerate_state

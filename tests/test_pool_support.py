@@ -43,7 +43,7 @@ def _train_and_eval(root, name, pool, mapping=None):
     assert train.main(["--config", cfg, f"train.output_dir={run}"]) == 0
     out = os.path.join(run, rundir.EVAL_RESULT)
     assert eval_entry.main(["--checkpoint", run, "--output", out, "--calib", "none", "--quiet"]) == 0
-    torch.set_flush_denormal(False)  # setup's process-wide speed guard (engine/training_run.py)
+    torch.set_flush_denormal(False)  # setup's process-wide speed guard (training/run.py)
     return run
 
 
@@ -62,7 +62,7 @@ def _result(run):
 def _model_and_val(run):
     """The run's model (as eval.py builds it) and its val images in dataset order."""
     import configs
-    from engine.trained_run import build_model
+    from inference.trained_run import build_model
 
     cfg = configs.load_run_config(run, [])
     model = build_model(cfg, os.path.join(run, rundir.WEIGHTS), data.num_classes(cfg.data))

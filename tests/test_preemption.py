@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from engine.preemption import EXIT_CODES, EXIT_FORCED, PreemptionGuard
+from training.preemption import EXIT_CODES, EXIT_FORCED, PreemptionGuard
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -21,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOOP = textwrap.dedent("""
     import json, os, sys, time
     sys.path.insert(0, {root!r})
-    from engine.preemption import PreemptionGuard, gloo_reduce_max
+    from training.preemption import PreemptionGuard, gloo_reduce_max
     out = sys.argv[1]
     save_s, debounce_s, sync_every, linger_s = float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
     world = int(os.environ.get("WORLD_SIZE", "1"))

@@ -12,8 +12,8 @@ import yaml
 from common import rundir
 from common.errors import UserError
 from configs.schema import Config, OptimConfig
-from engine import resume_policy as rp
-from engine.optim import build_optimizer, build_scheduler
+from training import resume_policy as rp
+from training.optim import build_optimizer, build_scheduler
 
 
 def _cfg_dict(**sections):
@@ -226,7 +226,7 @@ def test_a_checkpoint_fingerprint_gives_back_its_config():
 
 # ----------------------------------------------------------------------------- world-independent epoch state
 def test_updates_in_epoch_counts_updates_whatever_the_processes_and_accumulation():
-    from engine.trainer_state import TrainerState
+    from training.checkpoint.state import TrainerState
 
     state = TrainerState(batch=6, updates_in_epoch=3, config={"run.global_batch": 32, "train.grad_accum": 2})
     assert rp.updates_in_epoch(state, 32) == 3

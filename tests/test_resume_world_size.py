@@ -11,8 +11,8 @@ import sys
 import time
 
 from common import rundir
-from engine import checkpoint as ck
-from engine.trainer_state import read_trainer_state
+from training.checkpoint import files as ck
+from training.checkpoint.state import read_trainer_state
 from test_train_helpers import ROOT, main_inprocess, read_metrics, subprocess_env, tiny_cfg, write_cfg
 
 UPDATES = 8  # per epoch: 128 samples at a global batch of 16
@@ -108,7 +108,7 @@ def test_changed_global_batch_needs_the_flag_then_follows_the_schedule_and_is_no
     import torch
 
     from configs import load_config
-    from engine.optim import build_scheduler, scaled_lr
+    from training.optim import build_scheduler, scaled_lr
 
     run = str(tmp_path / "run")
     status, out, err = _stop_mid_epoch(tmp_path, run, 1, 4, extra=["optim.epochs=1"])

@@ -19,11 +19,11 @@ from common import io as common_io
 from common import rundir
 from common.io import WriteError
 from common.removal import removal_blockers, remove, remove_all
-from engine import checkpoint as ck
-from engine.cli import run_cli
-from engine.run_start import delete_old_run
-from engine.runlock import RunLock
-from engine.trainer_state import TrainerState
+from training.checkpoint import files as ck
+from common.cli import run_cli
+from training.run_start import delete_old_run
+from common.runlock import RunLock
+from training.checkpoint.state import TrainerState
 from evaluation import report
 from evaluation.metrics import RECORD_FIELDS
 from test_train_helpers import ROOT, reset_accelerate_state, run_inprocess, tiny_cfg, write_cfg

@@ -4,7 +4,7 @@ weights; train.py --resume with a path that does not exist. Each is one line and
 import os
 
 from common import rundir
-from engine.runlock import RunLock
+from common.runlock import RunLock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = """\

@@ -18,9 +18,9 @@ from common import rundir
 from common import io as common_io
 from common.errors import UserError
 from configs import load_config, load_run_config
-from engine import checkpoint as ck
-from engine.trainer_state import read_trainer_state
-from engine import resume_policy as rp
+from training.checkpoint import files as ck
+from training.checkpoint.state import read_trainer_state
+from training import resume_policy as rp
 from test_train_helpers import (ROOT, gated_train_cmd, read_metrics, reset_accelerate_state, run_inprocess,
                                 subprocess_env, tiny_cfg, train_cmd, wait_for_file, weights, write_cfg)
 
@@ -46,7 +46,7 @@ def _copy(run, tmp_path, name="run"):
 def _cli(capsys, cfg, *args, tmp_path, hooks=None):
     """train.py's command line in this process -> (exit status, stdout, stderr)."""
     import train
-    from engine.cli import run_cli
+    from common.cli import run_cli
 
     reset_accelerate_state()
     capsys.readouterr()
@@ -270,7 +270,7 @@ def _image_folder(root, classes):
 
 def test_eval_checks_class_names_and_reports_skipped_images(finished, tmp_path, capsys):
     import eval as eval_entry
-    from engine.cli import run_cli
+    from common.cli import run_cli
 
     def evaluate(*args):
         reset_accelerate_state()

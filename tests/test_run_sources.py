@@ -1,6 +1,6 @@
 """What a run reads from outside itself: model.pretrained, train.teacher, cached features.
 
-- A run never reads from its own directory (engine/run_sources.py), and the README's commands that
+- A run never reads from its own directory (training/run_sources.py), and the README's commands that
   read a run, run as written against a tiny source run, leave every file of it unchanged.
 - Cached features carry their identity (data.features_source_sha256 / features_settings_sha256):
   a resume or a comparison on features re-extracted at the same path is refused in one line.
@@ -27,7 +27,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from common.errors import UserError
-from engine.cli import run_cli
+from common.cli import run_cli
 from test_train_helpers import ROOT, reset_accelerate_state
 
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
@@ -224,7 +224,7 @@ def swap_after_first_read(monkeypatch, path, other):
 
 @pytest.mark.parametrize("what", ["model.pretrained", "train.teacher", "extraction"])
 def test_the_recorded_sha256_is_that_of_the_weights_loaded(workspace, tmp_path, monkeypatch, what):
-    from engine.training_run import setup
+    from training.run import setup
 
     weights = str(tmp_path / "w.safetensors")
     shutil.copyfile(os.path.join(workspace, SOURCE, "model.safetensors"), weights)

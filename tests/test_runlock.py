@@ -11,7 +11,7 @@ import time
 import pytest
 
 from common import rundir
-from engine.runlock import RunLock, RunLockHeld, read_lock, stale_reason
+from common.runlock import RunLock, RunLockHeld, read_lock, stale_reason
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOLDER = textwrap.dedent("""
     import os, sys, time
     sys.path.insert(0, {root!r})
-    from engine.runlock import RunLock, RunLockHeld
+    from common.runlock import RunLock, RunLockHeld
     run_dir, go, release, name = sys.argv[1:5]
     open(go + "." + name + ".ready", "w").close()
     while not os.path.exists(go):
@@ -113,7 +113,7 @@ def test_reused_pid_is_stale_but_a_live_holder_is_not(tmp_path):
     assert f"pid {os.getppid()} on {socket.gethostname()}" in str(err.value) and "\n" not in str(err.value)
     assert read_lock(run)["token"] == "old"  # a refusal leaves the holder's lock alone
     # same pid, other start time: the pid was reused by another process (e.g. a restarted container)
-    from engine.runlock import _proc_start
+    from common.runlock import _proc_start
     if _proc_start(os.getppid()) is None:
         pytest.skip("no /proc start times here")
     reused = _write_lock(run, pid=os.getppid(), proc_start=_proc_start(os.getppid()) + 1)
@@ -151,7 +151,7 @@ def test_released_on_exception_and_disabled_on_other_ranks(tmp_path):
 
 def test_released_at_exit_after_an_uncaught_exception_in_a_real_process(tmp_path):
     run = str(tmp_path / "run")
-    code = (f"import sys; sys.path.insert(0, {ROOT!r}); from engine.runlock import RunLock; "
+    code = (f"import sys; sys.path.insert(0, {ROOT!r}); from common.runlock import RunLock; "
             f"RunLock({run!r}).acquire(); import os; assert os.path.exists({os.path.join(run, rundir.LOCK)!r}); "
             "raise RuntimeError('boom')")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=60)

@@ -95,7 +95,7 @@ def make_run(root, recipe):
 def eval_py(run, output):
     """eval.py's own per-image records (pred, support_size) and, from its model and dataset, the supports."""
     import eval as eval_entry
-    from engine.trained_run import open_run
+    from inference.trained_run import open_run
     from evaluation.examples import load_examples
 
     reset_accelerate_state()
@@ -162,7 +162,7 @@ def test_sidecar_and_pretrained_cfg_describe_each_recipes_transform(tmp_path):
 
     from data.transforms import eval_transform
     from models.resmlp import create_resmlp
-    from engine.trained_run import build_model
+    from inference.trained_run import build_model
 
     for recipe, want in (("pad", (32, 1.0, "bicubic")), ("rrc", (40, 0.8, "bilinear"))):
         settings, _ = RECIPES[recipe]

@@ -1,4 +1,4 @@
-"""Experiment trackers through Accelerate (train.log_with, engine/trackers.py) and the head comparison
+"""Experiment trackers through Accelerate (train.log_with, training/trackers.py) and the head comparison
 in MLflow (scripts/compare_tracking.py), checked offline against local stores: the run, its
 parameters, its metrics per epoch, the report's artifacts; TensorBoard event files; a tracker whose
 package is missing is one line, exit 2; the removed train.tensorboard switch names its replacement."""
@@ -8,7 +8,7 @@ import pytest
 
 from common.errors import UserError
 from configs.loader import config_from_dict
-from engine.cli import run_cli
+from common.cli import run_cli
 from test_train_helpers import read_metrics, run_inprocess, tiny_cfg
 
 mlflow = pytest.importorskip("mlflow")
@@ -30,7 +30,7 @@ def test_log_with_values_and_the_removed_tensorboard_switch():
 
 def test_a_missing_tracker_package_is_one_line_exit_2(tmp_path, capsys, monkeypatch):
     import train
-    from engine import trackers
+    from training import trackers
 
     real = trackers.importlib.util.find_spec
     monkeypatch.setattr(trackers.importlib.util, "find_spec", lambda name: None if name == "comet_ml" else real(name))

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from configs import load_run_config
-from engine import checkpoint as ck
-from engine.optim import build_optimizer, build_scheduler, scaled_lr
+from training.checkpoint import files as ck
+from training.optim import build_optimizer, build_scheduler, scaled_lr
 from models import create_classifier
 from common.errors import UserError
 from hooked_train import FaultHooks

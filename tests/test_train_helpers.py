@@ -59,7 +59,7 @@ def run_inprocess(cfg, **kwargs):
 
 
 def main_inprocess(*argv):
-    """`python train.py ARGV` in this process (engine.cli.run_cli, as the command line runs it): a
+    """`python train.py ARGV` in this process (common.cli.run_cli, as the command line runs it): a
     subprocess.CompletedProcess with the exit status and what it printed. For tests where a real
     process is not what is tested (no signal, kill or second process): it saves a Python start-up."""
     import contextlib
@@ -68,7 +68,7 @@ def main_inprocess(*argv):
     import torch
 
     import train
-    from engine.cli import run_cli
+    from common.cli import run_cli
 
     reset_accelerate_state()
     out, err = io.StringIO(), io.StringIO()

@@ -1,4 +1,4 @@
-"""One full training step of train.py's loop (engine/train_step.py) under the host-sync guard
+"""One full training step of train.py's loop (training/train_step.py) under the host-sync guard
 (tests/sync_guard.py).
 
 On CUDA, a host read inside the step (`.item()`, `bool(t)`, `nonzero`, boolean-mask indexing...)
@@ -12,8 +12,8 @@ optimizer, the schedule and the EMA.
 import pytest
 import torch
 
-from engine.train_step import NO_BAD_STEP, train_step
-from engine.training_run import setup
+from training.train_step import NO_BAD_STEP, train_step
+from training.run import setup
 from models.mappings import threshold_path
 from sync_guard import HostSyncError, no_host_sync
 from test_train_helpers import tiny_cfg

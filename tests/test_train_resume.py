@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from common import rundir
-from engine import checkpoint as ck
-from engine.trainer_state import read_trainer_state
+from training.checkpoint import files as ck
+from training.checkpoint.state import read_trainer_state
 from test_train_helpers import (ROOT, gated_train_cmd, hooked_train_cmd, main_inprocess, read_metrics, run_inprocess,
                                 subprocess_env, tiny_cfg, wait_for_file, weights, write_cfg)
 

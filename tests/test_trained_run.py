@@ -1,4 +1,4 @@
-"""engine/trained_run.py: a run directory, one of its checkpoints and a weights file, each opened with
+"""inference/trained_run.py: a run directory, one of its checkpoints and a weights file, each opened with
 raw and EMA weights, give the config, weights, classes, eval transform and model they hold. The run is
 written by hand (tiny model, no training): what is checked is which file and config each path means."""
 import json
@@ -15,7 +15,7 @@ from common.errors import UserError
 from common.weights import save_safetensors
 from configs.loader import save_config
 from data.classes import save_class_names
-from engine.trained_run import CHECKPOINT, FILE, RUN, open_run
+from inference.trained_run import CHECKPOINT, FILE, RUN, open_run
 
 CLASSES = [f"c{i}" for i in range(10)]
 BASE = ["model.name=resmlp_tiny", "data.image_size=16", "head.name=sparsemax"]
@@ -31,9 +31,9 @@ def run_dir(tmp_path_factory):
     """RUN/ with config.yaml, classes.json, raw (0.1) and EMA (0.2) weights, and a checkpoint whose
     trainer state records an earlier config (optim.lr 5e-3) with its own raw (0.3) and EMA (0.4) weights."""
     import models
-    from engine import checkpoint as ck
-    from engine.resume_policy import resume_fingerprint
-    from engine.trainer_state import TrainerState
+    from training.checkpoint import files as ck
+    from training.resume_policy import resume_fingerprint
+    from training.checkpoint.state import TrainerState
 
     root = tmp_path_factory.mktemp("trained") / "run"
     ckpt = root / rundir.CHECKPOINTS / rundir.checkpoint_name(3)
@@ -117,7 +117,7 @@ def test_the_flags_are_one_group_every_command_adds():
     """eval.py, predict.py, export.py and extract_features.py take the same flags for what to open."""
     import argparse
 
-    from engine.trained_run import add_run_arguments, open_from_args, parse_with_overrides
+    from inference.trained_run import add_run_arguments, open_from_args, parse_with_overrides
 
     p = argparse.ArgumentParser()
     add_run_arguments(p, data_flags=True)

@@ -1,4 +1,4 @@
-"""engine/trainer_state.py: trainer_state.json is one versioned record, written through the checkpoint
+"""training/checkpoint/state.py: trainer_state.json is one versioned record, written through the checkpoint
 writer and read back field for field; another version, none, or a missing or unknown field is one line."""
 import json
 import re
@@ -8,8 +8,8 @@ import pytest
 
 from common import rundir
 from common.errors import UserError
-from engine import checkpoint as ck
-from engine.trainer_state import VERSION, TrainerState, read_trainer_state
+from training.checkpoint import files as ck
+from training.checkpoint.state import VERSION, TrainerState, read_trainer_state
 
 def _state():
     return TrainerState(step=7, epoch=1, batch=3, best_top1=0.5, best_step=4, skipped=1, recent_skips=[6],

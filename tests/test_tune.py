@@ -1,4 +1,4 @@
-"""compare_heads --tune (engine/tuning.py, scripts/tune_heads.py): the same trial budget per head,
+"""compare_heads --tune (comparison/tuning.py, scripts/tune_heads.py): the same trial budget per head,
 selection on the tune split only, resumable after SIGKILL, shared storage, the chosen settings in
 the report and the verdict runs. Cached features (tests/feature_folder.py) keep every trial to a
 fraction of a second."""
@@ -62,7 +62,7 @@ def _compare(argv):
 def _studies(storage="sqlite:///runs/tune/studies.db"):
     import optuna
 
-    from engine.tuning import open_storage
+    from comparison.tuning import open_storage
 
     store = open_storage(storage)
     return {s.study_name: optuna.load_study(study_name=s.study_name, storage=store)
@@ -92,7 +92,7 @@ def test_every_search_range_lies_inside_its_keys_range():
 
 
 def test_search_space_leaves_out_what_the_comparison_pins():
-    from engine.tuning import search_space
+    from comparison.tuning import search_space
 
     assert set(search_space("softmax", ["head.name=softmax"], 10)) == {"optim.lr", "optim.weight_decay"}
     assert set(search_space("am_softmax", ["optim.lr=0.01"], 10)) == {"optim.weight_decay", "head.scale", "head.margin"}
@@ -110,7 +110,7 @@ def test_tuning_options_need_tune():
 
 
 def test_sampled_floats_read_back_as_the_same_numbers():
-    from engine.tuning import yaml_value
+    from comparison.tuning import yaml_value
 
     for v in (1e-05, 0.00123, 3.0, 1e20, 2.5e-7, 7):
         assert yaml.safe_load(yaml_value(v)) == v
@@ -245,7 +245,7 @@ def test_the_budget_counts_pruned_and_diverged_trials(tmp_path):
     later trials score lower and are pruned past half the budget; a non-finite loss counts as top-1 0."""
     import csv
 
-    from engine.tuning import DIVERGED, EPOCHS, VariantStudy, open_storage, search_space
+    from comparison.tuning import DIVERGED, EPOCHS, VariantStudy, open_storage, search_space
 
     study = VariantStudy(storage=open_storage(f"sqlite:///{tmp_path}/s.db"), name="c/softmax", head="softmax",
                          space=search_space("softmax", [], 10), overrides=["head.name=softmax"], trials=6, epochs=4,

@@ -4,7 +4,7 @@ of scripts/compare_heads.py's job workers (scripts/compare_worker.py is the work
 Why: a Python start that imports torch, timm and Accelerate costs ~7 s of CPU, and a comparison
 would pay it twice per run (train.py, then eval.py).
 
-- `InProcess`: one entry point's main in this process, as engine/cli.py's run_cli would call it (a
+- `InProcess`: one entry point's main in this process, as common/cli.py's run_cli would call it (a
   UserError is its one line and exit 2), after resetting Accelerate's process-wide state.
   compare_heads --features (one job, no launcher) runs everything this way, and so does a worker.
 - `WorkerSlot`: a --jobs slot's worker, one Python process (`python scripts/compare_worker.py`) that
@@ -25,7 +25,7 @@ import sys
 from accelerate.state import AcceleratorState, GradientState
 
 from common.errors import UserError
-from engine.children import exit_status
+from common.children import exit_status
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER_SCRIPT = os.path.join(ROOT, "scripts", "compare_worker.py")

@@ -38,7 +38,7 @@ from models.convert import convert_state_dict
 from models.heads import softmax
 from models.pretrained import renamed_state_dict, weights_patch_grid
 
-from .finetune import hashed_weights
+from training.finetune import hashed_weights
 
 
 class Distiller:

@@ -1,6 +1,6 @@
 """The signals a run and its launchers act on, and the install/restore of their handlers.
 
-engine/preemption.py (train.py: save, then exit) and engine/children.py (launchers: forward to the
+training/preemption.py (train.py: save, then exit) and common/children.py (launchers: forward to the
 children, wait for their saves) handle the same signals with the same debounce, each through its
 own `_handle`; this is the part they share.
 """

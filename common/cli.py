@@ -6,7 +6,7 @@ from common.errors import UserError
 
 def run_cli(main, *args, **kwargs):
     """Call `main(*args, **kwargs)`; print a UserError as `error: <message>` and exit 2 (or the
-    error's own `exit_code`, e.g. 74 for engine.checkpoint.CheckpointWriteError).
+    error's own `exit_code`, e.g. 74 for training.checkpoint.files.CheckpointWriteError).
 
     Anything else is a bug and keeps its traceback. The return value of `main` (an int or None)
     becomes the exit status.

@@ -47,7 +47,7 @@ import os
 import signal
 import time
 
-from .signal_handlers import DEBOUNCE_S, HANDLED_SIGNALS, SignalHandlers
+from common.signal_handlers import DEBOUNCE_S, HANDLED_SIGNALS, SignalHandlers
 
 EXIT_CODES = {signal.SIGTERM: 143, signal.SIGINT: 130, signal.SIGUSR1: 138}
 EXIT_FORCED = 137

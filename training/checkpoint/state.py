@@ -1,9 +1,9 @@
 """A checkpoint's trainer state (CHECKPOINT/trainer_state.json): one typed record, written and read here.
 
-`TrainerState` is train.py's saved counters (`Counters`, which engine/training_run.py's RunState
+`TrainerState` is train.py's saved counters (`Counters`, which training/run.py's RunState
 extends with what is not saved) plus what the checkpoint says about the launch that wrote it:
 
-- `config`: the resume fingerprint (engine/resume_policy.py `resume_fingerprint`): the whole resolved
+- `config`: the resume fingerprint (training/resume_policy.py `resume_fingerprint`): the whole resolved
   config as dotted keys, with `run.num_classes` and `run.global_batch`;
 - `world_size`, `updates_per_epoch`, and the position in the epoch in optimizer updates
   (`updates_in_epoch`, world-independent) with the epoch's partial loss (`epoch_partial`: the sum

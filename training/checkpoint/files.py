@@ -6,7 +6,7 @@ Layout of one checkpoint directory (names: common/rundir.py):
     optimizer.pt            optimizer state dict   (torch.save; loaded with weights_only=True)
     scheduler.pt            timm scheduler state dict
     scaler.pt               fp16 grad-scaler state (fp16 only)
-    trainer_state.json      the versioned TrainerState (engine/trainer_state.py: counters, position
+    trainer_state.json      the versioned TrainerState (training/checkpoint/state.py: counters, position
                             in the epoch, the whole resolved config, `loss_finite`)
     rng_<rank>.json         every rank's Python/numpy/torch RNG states
     COMPLETE.json           written last: {"step", "files": {name: size}, "sha256": {name: hex}};
@@ -36,7 +36,7 @@ checkpoint loses its link, never its target, and one that cannot be deleted whol
 Temporary files: `clean_stale_temp(run_dir)` removes what killed saves leave (`.tmp-*`
 checkpoint directories, `*.tmp<pid>` files such as `model.safetensors.tmp<pid>`), and finishes a
 save that was killed between its marker and its rename. It refuses to run unless this process
-holds the run lock (engine/runlock.py), so another live run's temporary files are never deleted;
+holds the run lock (common/runlock.py), so another live run's temporary files are never deleted;
 `begin_save` relies on the same lock when it clears older `.tmp-*` directories.
 
 Test hook: the module attribute `_after_file_written` (None in production) is called with the path
@@ -60,8 +60,8 @@ from common.removal import remove_quietly as remove_tree_quietly
 from common.removal import removal_blockers, remove
 from common.weights import first_line, read_torch, save_safetensors, safetensors_writer, tensors_nbytes
 
-from .runlock import held_by_this_process
-from .trainer_state import TrainerState, read_quietly
+from common.runlock import held_by_this_process
+from training.checkpoint.state import TrainerState, read_quietly
 
 _NAME = re.compile(r"^step_(\d+)$")
 _HASH_CHUNK = 1 << 20
@@ -173,7 +173,7 @@ def write_rank_files(tmp, rank, rng_state):
 def write_main_files(tmp, *, model_state, ema_state, optimizer_state, scheduler_state, scaler_state, trainer_state):
     """Main process: weights, optimizer/scheduler/scaler, the TrainerState."""
     if not isinstance(trainer_state, TrainerState):
-        raise TypeError(f"trainer_state must be an engine.trainer_state.TrainerState, got {type(trainer_state).__name__}")
+        raise TypeError(f"trainer_state must be an training.checkpoint.state.TrainerState, got {type(trainer_state).__name__}")
     record = trainer_state.to_dict()
     payloads = [(rundir.WEIGHTS, safetensors_writer(model_state), model_state)]
     if ema_state is not None:
@@ -280,7 +280,7 @@ def clean_stale_temp(run_dir, warn=print, require_lock=True):
     paths (one warning line summarises them).
 
     `require_lock`: refuse (RuntimeError, a programming error) unless this process holds the run
-    lock (engine/runlock.py), so another live run's temporary files are never deleted."""
+    lock (common/runlock.py), so another live run's temporary files are never deleted."""
     if require_lock and not held_by_this_process(run_dir):
         raise RuntimeError(f"clean_stale_temp({run_dir!r}) needs this process to hold the run lock")
     root = rundir.checkpoints_dir(run_dir)

@@ -1,5 +1,5 @@
 """A training run's state (`Run`) and how it is built: `setup` makes the accelerator, locks and
-prepares the run directory (engine/run_start.py), builds data, model, optimizer, schedule and EMA,
+prepares the run directory (training/run_start.py), builds data, model, optimizer, schedule and EMA,
 and `restore`s a checkpoint's state when resuming. train.py runs the loop over what it returns.
 
 Exact resume: the training loader is NOT passed through `accelerator.prepare` (its re-sharding
@@ -22,28 +22,28 @@ from common import rundir
 from common.errors import UserError
 from common.weights import load_into, read_safetensors
 from data.samplers import num_train_batches
-from engine import checkpoint as ck
-from engine import resume_policy as rp
-from engine import trackers
-from engine.distill import build_distiller, teacher_line
-from engine.feature_probe import build_feature_probe, resolve_features
-from engine.finetune import load_pretrained_weights, resolve_pretrained
-from engine.freeze import apply_freeze, freeze_line
-from engine.launch import launch_lines
-from engine.logging import EpochCSV, MetricsLog, console, progress_bar
-from engine.optim import build_optimizer, build_scheduler
-from engine.rng import reseed, restore_rng_state
-from engine.run_sources import check_sources_outside_run
-from engine.run_start import prepare_run_dir
-from engine.runlock import RunLock
-from engine.train_step import NO_BAD_STEP
-from engine.trainer_state import Counters
+from training.checkpoint import files as ck
+from training import resume_policy as rp
+from training import trackers
+from training.distill import build_distiller, teacher_line
+from training.feature_probe import build_feature_probe, resolve_features
+from training.finetune import load_pretrained_weights, resolve_pretrained
+from training.freeze import apply_freeze, freeze_line
+from training.launch import launch_lines
+from training.logging import EpochCSV, MetricsLog, console, progress_bar
+from training.optim import build_optimizer, build_scheduler
+from training.rng import reseed, restore_rng_state
+from training.run_sources import check_sources_outside_run
+from training.run_start import prepare_run_dir
+from common.runlock import RunLock
+from training.train_step import NO_BAD_STEP
+from training.checkpoint.state import Counters
 from models import create_classifier
 
 
 @dataclass
 class RunState(Counters):
-    """The run's counters: those a checkpoint saves and a resume restores (engine/trainer_state.py),
+    """The run's counters: those a checkpoint saves and a resume restores (training/checkpoint/state.py),
     and where this session's last checkpoint went (not saved)."""
     last_ckpt: Optional[str] = None
 
@@ -53,8 +53,8 @@ class Run:
     """Everything one training run holds; built once by `setup`."""
     cfg: Any
     accelerator: Any
-    trackers: list  # train.log_with resolved: the Accelerate trackers logged to (engine/trackers.py)
-    fingerprint: dict  # engine.resume_policy.resume_fingerprint: the whole resolved config
+    trackers: list  # train.log_with resolved: the Accelerate trackers logged to (training/trackers.py)
+    fingerprint: dict  # training.resume_policy.resume_fingerprint: the whole resolved config
     global_batch: int
     updates_per_epoch: int
     train_set: Any
@@ -64,15 +64,15 @@ class Run:
     raw_model: Any  # the classifier itself: checkpoints, EMA and the head's loss use it
     model: Any  # what runs forward/backward: raw_model wrapped by Accelerate (DDP)
     forward_loss: Any  # (images, targets) -> fp32 loss: model + head's loss, compiled when train.compile is on
-    distiller: Any  # engine.distill.Distiller (its teacher) under train.distill, else None
+    distiller: Any  # training.distill.Distiller (its teacher) under train.distill, else None
     optimizer: Any
     scheduler: Any
     ema: Any
     metrics: MetricsLog
     epochs_csv: EpochCSV
     state: RunState = field(default_factory=RunState)
-    lock: Any = None  # engine.runlock.RunLock (held by the main process)
-    guard: Any = None  # engine.preemption.PreemptionGuard (None: no signal handling, e.g. in tests)
+    lock: Any = None  # common.runlock.RunLock (held by the main process)
+    guard: Any = None  # training.preemption.PreemptionGuard (None: no signal handling, e.g. in tests)
     reduce_max: Any = None  # the guard's cross-rank agreement (None with one process)
     saved_step: int = -1  # step of this session's newest checkpoint (every rank)
     skipped_at_save: int = 0  # state.skipped when that checkpoint was saved (its loss_finite)
@@ -83,7 +83,7 @@ class Run:
     log_images: int = 0
     session_updates: int = 0
     session_images: int = 0  # state.images when this session started
-    # On the device, read only at log steps / saves / epoch ends (engine/train_step.py's docstring):
+    # On the device, read only at log steps / saves / epoch ends (training/train_step.py's docstring):
     last_loss: Any = None  # mean loss of the latest update
     epoch_loss: Any = None  # this rank, this session: [sum of its finite update losses, number of them] this epoch
     # the epoch's part before this session (from the checkpoint), in world-independent units:
@@ -209,7 +209,7 @@ def build_run(cfg, resume, overwrite, accept_changes, accelerator, tracker_names
 
 def build_forward_loss(cfg, model, head, label_smoothing, device, distiller=None):
     """(images, targets) -> the head's fp32 loss on the model's logits (with train.distill, DeiT's
-    distillation loss through the same head: engine/distill.py); with train.compile on (auto: CUDA
+    distillation loss through the same head: training/distill.py); with train.compile on (auto: CUDA
     only), torch.compile'd as one function, so the head's loss fuses with the model's last layers."""
     def forward_loss(images, targets):
         if distiller is not None:
@@ -257,7 +257,7 @@ def build_accelerator(cfg):
 
 def restore(run, ckpt, saved, changes=(), fresh_hparams=None):
     """Load weights, EMA, optimizer, schedule, scaler, RNG states, counters and the epoch's partial
-    loss sums from a checkpoint (`saved`: its trainer state, read once by engine/run_start.py); then
+    loss sums from a checkpoint (`saved`: its trainer state, read once by training/run_start.py); then
     apply accepted config changes (--resume-with-changes)."""
     source = f"checkpoint {ckpt}"
     load_into(run.raw_model, read_safetensors(os.path.join(ckpt, rundir.WEIGHTS)), source)

@@ -9,10 +9,10 @@ micro-batch, rank), so a resumed run replays it exactly.
 """
 import torch
 
-from engine import checkpoint as ck
-from engine import resume_policy as rp
-from engine.logging import console
-from engine.rng import reseed
+from training.checkpoint import files as ck
+from training import resume_policy as rp
+from training.logging import console
+from training.rng import reseed
 
 # train.max_skipped_fraction is measured over the last SKIP_WINDOW updates (train.nonfinite=skip).
 SKIP_WINDOW = 100

@@ -1,16 +1,16 @@
 """How a training run starts in its run directory (train.py's `setup` calls `prepare_run_dir`).
 
-The main process decides, under the run lock (engine/runlock.py), before anything in the
+The main process decides, under the run lock (common/runlock.py), before anything in the
 directory changes:
 1. lock RUN_DIR (a second run gets one line naming the holder) and remove the temporary files of
-   killed saves (engine.checkpoint.clean_stale_temp: safe only under the lock);
+   killed saves (training.checkpoint.files.clean_stale_temp: safe only under the lock);
 2. `--resume auto|PATH` -> the checkpoint, invalid ones skipped with a warning naming each (sha256
    in COMPLETE.json); none valid: one line naming --resume PATH;
-3. resuming: the checkpoint's whole config against this one (engine/resume_policy.py): a change
+3. resuming: the checkpoint's whole config against this one (training/resume_policy.py): a change
    outside RESUME_ALLOWLIST is refused in one line unless --resume-with-changes, which records it
    in the run's config history (config_history.yaml); the run's classes.json must match the
    dataset's class names;
-4. starting fresh: a directory holding a run (engine.checkpoint.run_artefacts: weights, logs,
+4. starting fresh: a directory holding a run (training.checkpoint.files.run_artefacts: weights, logs,
    summary, checkpoints) is refused in one line naming what is there and the two ways on
    (`--resume auto`, `--overwrite`); `--resume auto` without a complete checkpoint refuses the
    same way unless the directory holds no run; `--overwrite` lists what it deletes, checks that all
@@ -31,10 +31,10 @@ from common.errors import UserError
 from common.removal import remove_all
 from data.classes import class_mismatch, class_names, load_class_names, save_class_names
 
-from . import checkpoint as ck
-from . import resume_policy as rp
-from .logging import console
-from .trainer_state import read_trainer_state
+from training.checkpoint import files as ck
+from training import resume_policy as rp
+from training.logging import console
+from training.checkpoint.state import read_trainer_state
 
 # What --overwrite deletes besides the run artefacts: the TensorBoard logs and config history of the old run.
 OVERWRITE_EXTRA = (rundir.TENSORBOARD, rundir.CONFIG_HISTORY)

@@ -23,7 +23,7 @@ derived from it:
 
 Keys present on only one side (added to the schema after the checkpoint was written) are not
 compared: the checkpoint cannot say what it used. The fingerprint is TrainerState.config
-(engine/trainer_state.py).
+(training/checkpoint/state.py).
 """
 import datetime
 import os
@@ -46,7 +46,7 @@ def keys_of_class(resume_class):
     return frozenset(key for key, c in RESUME_CLASS.items() if c == resume_class)
 
 
-from .optim import build_scheduler
+from training.optim import build_scheduler
 
 # Keys that may differ between the checkpoint and the resuming config without any flag.
 RESUME_ALLOWLIST = keys_of_class(FREE)

@@ -15,7 +15,7 @@ scripts/extract_features.py, the benchmarks) opens them here, so they agree on w
 config, the weights file and kind (raw | ema | file), the classes, the evaluation transform (the
 one builder of data/transforms.py, the transform eval.py's data pipeline applies) and the built
 model. `add_run_arguments` is the one argparse group of those flags, `open_from_args` its reader,
-`parse_with_overrides` the `key.sub=value` / `--key.sub value` overrides every command takes.
+the overrides every command takes are configs/overrides.py's dialect.
 A path that cannot be opened is one UserError line naming the cause and the fix.
 """
 import dataclasses
@@ -31,17 +31,18 @@ from common import rundir
 from common.errors import UserError
 from common.seeding import mix_seed
 from common.weights import load_into, read_hashed_state_dict, read_state_dict
-from configs.loader import apply_overrides, config_to_dict
+from configs.loader import config_to_dict
+from configs.overrides import apply_overrides
 from data.classes import load_class_names
 from data.transforms import build_eval_transform, eval_transform
 from models.convert import convert_state_dict
 from models.pretrained import weights_patch_grid
 from models.resmlp import VARIANTS
 
-from .feature_probe import build_eval_probe
-from .resume_policy import fingerprint_config
-from .run_status import missing_weights_error
-from .trainer_state import read_trainer_state
+from training.feature_probe import build_eval_probe
+from training.resume_policy import fingerprint_config
+from inference.run_status import missing_weights_error
+from training.checkpoint.state import read_trainer_state
 
 # what was opened
 RUN, CHECKPOINT, FILE = "run", "checkpoint", "file"
@@ -144,14 +145,9 @@ def _open_checkpoint_dir(path, config, ema, flags):
 
 
 def _flag_overrides(model=None, head=None, img_size=None):
-    out = []
-    if model:
-        out.append(f"model.name={model}")
-    if head:
-        out.append(f"head.name={head}")
-    if img_size:
-        out.append(f"data.image_size={img_size}")
-    return out
+    """The typed flags as (key, value) overrides: set as they are, never parsed back from text."""
+    flags = (("model.name", model), ("head.name", head), ("data.image_size", img_size))
+    return [(key, value) for key, value in flags if value]
 
 
 def is_checkpoint_dir(path):
@@ -223,41 +219,13 @@ def add_run_arguments(parser, *, positional=False, data_flags=False, batch_help=
     return g
 
 
-def parse_with_overrides(parser, argv, tool):
-    """parser's arguments, with the rest collected into args.overrides (`key.sub=value`);
-    `tool` names the command in the error for anything else ('python eval.py')."""
-    args, rest = parser.parse_known_args(argv)
-    args.overrides = collect_overrides(rest, tool)
-    return args
-
-
-def collect_overrides(rest, tool):
-    """`key.sub=value` and `--key.sub value` / `--key.sub=value` -> ['key.sub=value', ...]."""
-    out, i = [], 0
-    while i < len(rest):
-        item = rest[i]
-        if item.startswith("--") and "." in item.split("=", 1)[0]:
-            if "=" in item:
-                out.append(item[2:])
-            elif i + 1 < len(rest):
-                out.append(f"{item[2:]}={rest[i + 1]}")
-                i += 1
-            else:
-                raise UserError(f"{item} needs a value (e.g. {item} VALUE)")
-        elif not item.startswith("-") and "=" in item:
-            out.append(item)
-        else:
-            raise UserError(f"unrecognized argument '{item}'; see {tool} --help")
-        i += 1
-    return out
+# the data flags of add_run_arguments(data_flags=True): (argparse dest, config key)
+DATA_FLAGS = (("dataset", "data.dataset"), ("data_root", "data.root"), ("batch_size", "data.eval_batch_size"))
 
 
 def open_from_args(args) -> TrainedRun:
     """open_run from add_run_arguments' flags, with --dataset/--data-root/--batch-size and the
     collected overrides when the command has them."""
-    data_overrides = []
-    for flag, key in (("dataset", "data.dataset"), ("data_root", "data.root"), ("batch_size", "data.eval_batch_size")):
-        if getattr(args, flag, None):
-            data_overrides.append(f"{key}={getattr(args, flag)}")
+    data_overrides = [(key, getattr(args, flag)) for flag, key in DATA_FLAGS if getattr(args, flag, None)]
     return open_run(args.checkpoint, config=args.config, model=args.model, head=args.head, img_size=args.img_size,
                     ema=args.ema, overrides=data_overrides + list(getattr(args, "overrides", [])))

@@ -6,7 +6,7 @@
         proc = children.start(cmd, stdin=PIPE)   # a long-lived child (compare_heads' job workers)
 
 - The first SIGTERM / SIGINT / SIGUSR1 is forwarded to every running child (train.py then saves a
-  checkpoint at the next update boundary and exits 143 / 130 / 138, see engine/preemption.py), and
+  checkpoint at the next update boundary and exits 143 / 130 / 138, see training/preemption.py), and
   the launcher waits for them: `run` returns the child's status, and `stopped` tells the caller
   not to start anything else (`check_stopped` raises `StoppedBySignal`, exit = the child's code).
 - A second signal (2 s or more after the first: copies of one signal are not a second request)
@@ -25,9 +25,9 @@ import time
 
 from common.errors import UserError
 
-from .signal_handlers import DEBOUNCE_S, HANDLED_SIGNALS, SignalHandlers
+from common.signal_handlers import DEBOUNCE_S, HANDLED_SIGNALS, SignalHandlers
 
-FORWARDED_SIGNALS = HANDLED_SIGNALS  # what train.py saves on (engine/preemption.py)
+FORWARDED_SIGNALS = HANDLED_SIGNALS  # what train.py saves on (training/preemption.py)
 EXIT_TIMEOUT = 124  # a child stopped because its time limit ran out (the `timeout` command's code)
 
 

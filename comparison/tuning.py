@@ -26,7 +26,7 @@ fewer than N are finished or running live, waits while the rest are running else
 trial back (FAIL, "tune.surplus") when a race with another process made it one too many. A trial
 whose process is gone (SIGKILL, a lost node) is failed and re-queued with the same settings and
 run directory, so its training resumes from the last checkpoint: on this host at once (its
-recorded pid is dead: engine/runlock.py's check), elsewhere once its heartbeat (a user attribute
+recorded pid is dead: common/runlock.py's check), elsewhere once its heartbeat (a user attribute
 renewed every HEARTBEAT_S) is older than STALE_S. A trial stopped by a signal is failed and
 re-queued the same way before the process exits.
 """
@@ -41,8 +41,8 @@ from common.rundir import EPOCHS as EPOCHS_FILE
 from common.seeding import mix_seed
 from common.search_space import parse_search
 
-from .children import StoppedBySignal
-from .runlock import process_record, stale_reason
+from common.children import StoppedBySignal
+from common.runlock import process_record, stale_reason
 
 TRIAL_SEED = 1000  # every trial's train.seed: the settings differ between trials, not the seed
 HEARTBEAT_S = 60.0

@@ -1,1 +1,0 @@
-"""Training machinery used by train.py: checkpoints, RNG state, optimizer and schedule, logging, the CLI wrapper."""
