@@ -16,13 +16,14 @@ endif
 venv:
 	$(MAKE_VENV)
 
-# Sets up what is missing (fast when already set up), then runs the whole test suite, one pytest
-# worker per core (pytest-xdist). loadfile: each worker takes the next whole test file when it is
+# Sets up what is missing (fast when already set up), checks the code with ruff (pyproject.toml), then
+# runs the whole test suite, one pytest worker per core (pytest-xdist). loadfile: each worker takes the next whole test file when it is
 # free, longest files first (tests/conftest.py), so module fixtures are built once and the long
 # multi-process tests spread over the workers (the default `load` sent them all in one worker's
 # first batch, which ran 70 s past the rest).
 test: venv
 	$(PYTHON) scripts/ensure_deps.py requirements-test.txt
+	$(PYTHON) -m ruff check .
 	$(PYTHON) -m pytest -n auto --dist loadfile
 
 # Sets up what is missing, then trains and compares softmax, sparsemax and entmax-1.5 over 3 seeds

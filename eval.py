@@ -11,8 +11,10 @@ A run directory gives the resolved config (config.yaml) and weights (model.safet
 model_ema.safetensors with --ema); a checkpoint directory of a run (RUN/checkpoints/step_N) gives
 its weights and the config that trained it; a weights file (.safetensors/.pth, this project's,
 timm's or the original FB/DeiT ResMLP format) needs --config or --model/--dataset to say what to
-build (inference/trained_run.py opens all three).
-Extra `key.sub=value` or `--key.sub VALUE` arguments override the config (configs/overrides.py: the dialect of every command).
+build (inference/trained_run.py opens all three). Weights that differ from the sha256 their run
+recorded (inference/weights_record.py) are refused unless --accept-changed-weights.
+Extra `key.sub=value` or `--key.sub VALUE` arguments override the config (configs/overrides.py: the
+dialect of every command).
 
 Metrics (evaluation/metrics.py, through evaluation/evaluate.py, the loop train.py's periodic eval
 uses too; float32, autocast off): top-1/5, the head's Fenchel-Young loss, NLL where finite and the
@@ -32,304 +34,26 @@ support maps in STEM.pool_maps.safetensors (drawn by the comparison report). Ave
 Out-of-distribution detection (--ood-dataset NAME, any dataset this project loads, or `auto`: the
 built-in data's own OOD set, builtin10_ood for builtin10): AUROC and FPR at 95% TPR of max
 probability, entropy and (sparse heads) support size, of the energy (--ood-temperature) and max
-logit, and of the feature-memory scores (Hopfield energies, retrieval support, SHE, kNN) against
+logit, and of the feature-memory scores (minus the Hopfield energies, retrieval support, SHE, kNN) against
 the training split's penultimate features (--ood-memory all | N | none; stored in the run directory
 as ood_memory.safetensors and reused while the weights match), the evaluated split being
 in-distribution (evaluation/ood_eval.py). Writes JSON (--output), a CSV row and the per-example records
 (evaluation/examples.py: label, pred, p_y, max prob, support size, FY loss) beside it, and prints a
 table.
 """
-import argparse
-import copy
-import os
-import sys
-import time
-
-from common.startup import say_loading
+from common.startup import say_loading  # standard library only
 
 say_loading("eval.py")  # before the imports' seconds, so the command does not look hung
-import torch  # noqa: E402
-
-import data
-from common import rundir
-from common.errors import UserError
-from common.io import prepare_output, write_json
-from data.classes import check_class_names
 from common.cli import run_cli
-from inference.processes import finished, inference_accelerator
-from common.runlock import writing_into
-from configs.overrides import parse_command_line  # noqa: E402
-from inference.trained_run import add_run_arguments, aps_seed, open_from_args
-from evaluation import conformal, ood_eval, ood_report, pool_support, report, selective_report
-from evaluation import metrics as M
-from evaluation.calibration_file import conformal_path, save_thresholds
-from evaluation.evaluate import evaluate
-from evaluation.examples import save_examples
-
-CALIB_SOURCES = ("auto", "calib", "val-half", "none")
+from inference import eval_command
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n")[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_run_arguments(p, data_flags=True, batch_help="per-process eval batch size")
-    p.add_argument("--split", default="val", choices=("val", "calib", "train", "tune"))
-    p.add_argument("--calib", default="auto", choices=CALIB_SOURCES,
-                   help="prediction-set calibration data: auto = the calib split when the run held one "
-                        "out (data.calib_fraction > 0), else half of the evaluated split; none = skip")
-    p.add_argument("--eps", type=float, nargs="+", default=None, help="miscoverage levels (default 0.1 0.05)")
-    p.add_argument("--ood-dataset", metavar="NAME", default=None,
-                   help="out-of-distribution set for OOD detection (a data.dataset name, e.g. builtin10_ood, "
-                        "imagefolder with --ood-root; auto = the built-in data's own OOD set)")
-    p.add_argument("--ood-root", metavar="DIR", default=None,
-                   help="data root of the OOD set (default: the run's data.root)")
-    p.add_argument("--ood-temperature", default=None, metavar="T",
-                   help="temperature of the energy OOD score T*logsumexp(z/T) (default 1)")
-    p.add_argument("--ood-memory", default=None, metavar="all|none|N",
-                   help="feature memory of the OOD scores: the training split's penultimate features (all, "
-                        "a seeded subsample of N, or none: no feature scores); stored in the run directory "
-                        "(default all)")
-    p.add_argument("--output", help="metrics JSON path (a CSV row and STEM.examples.safetensors are "
-                                    "written beside it)")
-    p.add_argument("--quiet", action="store_true", help="no table on the terminal")
-    p.add_argument("--allow-class-mismatch", action="store_true",
-                   help="evaluate although the dataset's class names differ from the run's classes.json")
-    return parse_command_line(p, argv, tool="python eval.py")
-
-
-def _split_half(n, seed=0):
-    """Fixed random halves (calibration, evaluation) of n samples."""
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    return perm[: n // 2], perm[n // 2:]
-
-
-def ood_data_config(cfg, args):
-    """cfg.data for the OOD set of --ood-dataset/--ood-root (None when not asked); UserError if unknown."""
-    ood_eval.check_flags(args)  # --ood-temperature, --ood-memory
-    if args.ood_dataset is None:
-        if args.ood_root:
-            raise UserError("--ood-root needs --ood-dataset NAME")
-        return None
-    if data.is_features(cfg.data):
-        return feature_ood_config(cfg, args)
-    name = ood_report.resolve_ood_dataset(args.ood_dataset, cfg.data.dataset)
-    ood = copy.deepcopy(cfg.data)
-    ood.dataset = name
-    if args.ood_root:
-        ood.root = args.ood_root
-    ood.calib_fraction = 0.0  # the whole OOD val split is evaluated
-    return ood
-
-
-def feature_ood_config(cfg, args):
-    """cfg.data for the OOD features of a feature folder (FEATURE_DIR/ood, scripts/extract_features.py --ood):
-    --ood-dataset auto or features; --ood-root another feature folder."""
-    if args.ood_dataset not in ("auto", "features"):
-        raise UserError(f"--ood-dataset {args.ood_dataset}: a probe on cached features is tested on OOD features; "
-                        f"use --ood-dataset auto (FEATURE_DIR/ood, extracted with scripts/extract_features.py --ood) "
-                        f"or --ood-dataset features --ood-root OTHER_FEATURE_DIR")
-    root = args.ood_root or data.features.ood_root(cfg.data.root)
-    if root is None:
-        raise UserError(f"{cfg.data.root} holds no OOD features ({data.features.OOD_SUBDIR}/); extract them with "
-                        f"scripts/extract_features.py --ood NAME, or leave out --ood-dataset")
-    ood = copy.deepcopy(cfg.data)
-    ood.root, ood.calib_fraction = root, 0.0
-    return ood
-
-
-def prediction_set_results(head, cfg, args, preds, evaluate_split):
-    """Calibrate on the calib split (or half of the evaluated one) and measure on the rest."""
-    if args.calib == "none":
-        return None
-    source = args.calib
-    if source == "auto":
-        source = "calib" if (cfg.data.calib_fraction > 0 and args.split != "calib") else "val-half"
-    note = None
-    if source == "calib":
-        cal_preds = evaluate_split("calib")
-        cal = {"logits": cal_preds.logits, "labels": cal_preds.records["label"]}
-        ev = {"logits": preds.logits, "labels": preds.records["label"]}
-    else:
-        if args.calib == "auto":
-            why = ("data.calib_fraction is 0" if cfg.data.calib_fraction <= 0
-                   else "the calib split is the one evaluated")
-            note = (f"{why}: prediction sets calibrated on a fixed random half of the {args.split} "
-                    f"split, coverage measured on the other half")
-        cal_idx, ev_idx = _split_half(preds.totals["n"])
-        labels = preds.records["label"]
-        cal = {"logits": preds.logits[cal_idx], "labels": labels[cal_idx], "ids": cal_idx}
-        ev = {"logits": preds.logits[ev_idx], "labels": labels[ev_idx], "ids": ev_idx}
-    with torch.no_grad():  # a random head's noise keyed by each example's index in its split, as in the records
-        for part in (cal, ev):
-            part["probs"] = head(part["logits"], ids=part.pop("ids", None)).float()
-    alpha = head.alpha_value()
-    eps = tuple(args.eps) if args.eps else conformal.EPSILONS
-    for e in eps:
-        if not 0 < e < 1:
-            raise UserError(f"--eps values must be in (0, 1), got {e}")
-    seed = aps_seed(cfg)
-    methods = conformal.prediction_sets(head.name, alpha, cal, ev, epsilons=eps, aps_seed=seed)
-    out = {"calibration": {"source": source, "n_calib": int(cal["labels"].numel()),
-                           "n_eval": int(ev["labels"].numel()), "aps_seed": seed}, "methods": methods}
-    if note:
-        out["calibration"]["note"] = note
-    out["warning"] = conformal.calibration_size_warning(out["calibration"]["n_calib"], eps)
-    return out
-
-
-def save_conformal_thresholds(ps, head, checkpoint, weights_sha256, kind):
-    """RUN_DIR/conformal.json (conformal_ema.json for --ema): the calibrated thresholds predict.py
-    uses for new images, tied to these weights by their sha256. Nothing for a weights file."""
-    if ps is None or not os.path.isdir(checkpoint):
-        return None
-    path = conformal_path(checkpoint, kind)
-    save_thresholds(path, prediction_sets=ps, head=head.name,
-                    alpha=head.alpha_value(),
-                    weights_kind=kind, weights_sha256=weights_sha256, warning=ps.get("warning"))
-    return path
-
-
-def selective_summary(records, head_name):
-    return selective_report.run_summary({k: v.numpy() for k, v in records.items()}, head_name)
+    return eval_command.parse_args(argv, __doc__)
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    if args.output:
-        prepare_output(args.output)  # a bad --output is one line now, not after the forward passes
-    run = open_from_args(args)
-    cfg, kind = run.cfg, run.weights_kind
-
-    # Data and weights first: every user error surfaces before any process group is set up.
-    if args.calib == "calib" and cfg.data.calib_fraction <= 0:
-        raise UserError("--calib calib needs a run trained with data.calib_fraction > 0 "
-                        "(this one held no calibration data out); use --calib val-half or auto")
-    ood_cfg = ood_data_config(cfg, args)
-    num_classes = data.num_classes(cfg.data)
-    dataset = data.build_dataset(cfg.data, args.split)
-    ood_dataset = data.build_dataset(ood_cfg, "val") if ood_cfg is not None else None
-    model = run.build_model(num_classes)
-    if run.run_dir is not None:  # a run stores its class names: labels must mean the same classes
-        check_class_names(run.run_classes(), data.class_names(cfg.data), run_dir=run.run_dir,
-                          allow_mismatch=args.allow_class_mismatch, warn=lambda m: print(m, file=sys.stderr))
-    head = model.output_head
-
-    accelerator = inference_accelerator()  # without CUDA a gloo group of the launched processes
-    rank, world = accelerator.process_index, accelerator.num_processes
-    model.to(accelerator.device)
-
-    def evaluate_split(split, ds=None, data_cfg=None, ignore_labels=False, keep_features=False):
-        data_cfg = data_cfg or cfg.data
-        ds = ds if ds is not None else data.build_dataset(data_cfg, split)
-        loader = data.build_eval_loader(ds, data_cfg, rank=rank, world_size=world, device=accelerator.device)
-        return evaluate(model, loader, accelerator, keep_examples=True, ignore_labels=ignore_labels,
-                        keep_features=keep_features)
-
-    t0 = time.perf_counter()
-    preds = evaluate_split(args.split, dataset, keep_features=ood_eval.wants_memory(ood_cfg, args.ood_memory))
-    # data.skip_corrupt: undecodable images are dropped (counted per process, each its own shard)
-    skipped = int(accelerator.reduce(torch.tensor([getattr(dataset, "skipped", 0)], device=accelerator.device),
-                                     reduction="sum").item()) if world > 1 else int(getattr(dataset, "skipped", 0))
-    if preds.totals["n"] + skipped != len(dataset) or preds.logits.shape[0] + skipped != len(dataset):  # exactness
-        raise RuntimeError(f"gathered {preds.totals['n']} predictions for {len(dataset)} samples ({skipped} skipped)")
-    ps = prediction_set_results(head, cfg, args, preds, evaluate_split)
-    ood = ood_eval.ood_results(
-        head, cfg, ood_cfg, ood_dataset, preds, evaluate_split, temperature=args.ood_temperature,
-        memory_size=args.ood_memory, store_dir=args.checkpoint if os.path.isdir(args.checkpoint) else None,
-        weights_sha256=run.weights_sha256, weights_kind=kind, num_classes=num_classes,
-        is_main=accelerator.is_main_process, say=lambda m: print(m, file=sys.stderr)) if ood_cfg is not None else None
-    finished(accelerator)  # the last collective is behind every rank: the rest is the main process's
-    if not accelerator.is_main_process:
-        return 0
-
-    result = {
-        "checkpoint": os.path.abspath(args.checkpoint), "weights": kind, "config_name": cfg.name,
-        "model": cfg.model.name, "head": head.name,
-        "alpha": head.alpha_value(),
-        "norm": cfg.model.norm, "dataset": cfg.data.dataset, "split": args.split, "num_processes": world,
-        **M.metrics_from_records(preds.records, num_classes),
-        "img_per_s": preds.img_per_s, "eval_seconds": preds.seconds, "prediction_sets": ps,
-        "wall_seconds": time.perf_counter() - t0,
-    }
-    result["skipped_images"] = skipped
-    result["learn_alpha"] = head.learn_alpha  # its alpha is where training moved it (report tables show it)
-    if skipped and not preds.totals["n"]:
-        print(f"warning: every image of the {args.split} split ({skipped}) was undecodable and skipped "
-              f"(data.skip_corrupt): no image was evaluated, the metrics are null", file=sys.stderr)
-    elif skipped:
-        print(f"warning: {skipped} undecodable image(s) skipped (data.skip_corrupt); metrics cover the other "
-              f"{preds.totals['n']}", file=sys.stderr)
-    if ps and ps.get("warning"):
-        print(ps["warning"], file=sys.stderr)
-    save_conformal_thresholds(ps, head, args.checkpoint, run.weights_sha256, kind)
-    result["selective"] = selective_summary(preds.records, head.name)
-    result["ood"] = ood
-    pool_maps = None
-    if preds.pooling is not None:
-        result["pooling"] = pool_support.support_summary(
-            preds.records[pool_support.POOL_SUPPORT_FIELD], preds.pooling["num_patches"],
-            preds.pooling["heads"], preds.pooling["mapping"])
-        pool_maps = pool_maps_payload(preds, cfg, model, world)
-    if args.output:
-        write_outputs(result, preds.records, args.output, pool_maps)
-    if not args.quiet:
-        print_result(result, cfg, kind, args.output)
-    sys.stdout.flush()
-    return 0
-
-
-def pool_maps_payload(preds, cfg, model, world):
-    """The support maps of the main process's first images (its shard's positions i are dataset
-    indices i·world, rank 0), as the model saw them (un-normalised to uint8), with their weights."""
-    maps = preds.pooling["maps"]
-    if maps is None:
-        return None
-    indices = maps["positions"] * world
-    return {"maps": {"images": pool_support.display_images(maps["images"], cfg.data.mean, cfg.data.std),
-                     "weights": maps["weights"]},
-            "grid": model.grid, "indices": indices, "labels": preds.records["label"][indices],
-            "preds": preds.records["pred"][indices], "mapping": preds.pooling["mapping"],
-            "patch_size": model.patch_size}
-
-
-def write_outputs(result, records, output, pool_maps=None):
-    """OUTPUT (JSON), STEM.csv (one flattened row), STEM.examples.safetensors (per-example records)
-    and, for hopfield pooling, STEM.pool_maps.safetensors, each atomically, under the folder's lock;
-    the temporary files of a killed evaluation's outputs are removed first. A failed write is one
-    line naming the file (WriteError, exit 74)."""
-    folder = os.path.dirname(os.path.abspath(output))
-    maps_path = rundir.pool_maps_path(output)
-    with writing_into(folder, purpose="eval", names=rundir.eval_outputs(output) + [maps_path]):  # one writer per folder
-        write_json(result, output)
-        report.write_csv([report.flatten_metrics(result)], rundir.eval_csv_path(output))
-        save_examples(records, rundir.examples_path(output), head=result["head"], split=result["split"],
-                      dataset=result["dataset"], weights=result["weights"], checkpoint=result["checkpoint"])
-        if pool_maps is not None:
-            pool_support.save_pool_maps(maps_path, pool_maps["maps"], grid=pool_maps["grid"],
-                                        labels=pool_maps["labels"], preds=pool_maps["preds"],
-                                        indices=pool_maps["indices"], mapping=pool_maps["mapping"],
-                                        patch_size=pool_maps["patch_size"], split=result["split"],
-                                        checkpoint=result["checkpoint"])
-        elif os.path.isfile(maps_path) and not os.path.islink(maps_path):
-            os.remove(maps_path)  # an earlier result's maps at this output, which the new one replaces
-
-
-def print_result(result, cfg, kind, output):
-    world = result["num_processes"]
-    print(f"{cfg.name}: {cfg.model.name} + {result['head']} head, {kind} weights, "
-          f"{cfg.data.dataset} {result['split']} ({world} process{'es' if world > 1 else ''})")
-    print(report.eval_table(result))
-    if result.get("pooling"):
-        print(pool_support.describe(result["pooling"]))
-    if result.get("ood"):
-        print(report.ood_table(result["ood"]))
-    ps = result["prediction_sets"]
-    if ps and ps["calibration"].get("note"):
-        print(f"note: {ps['calibration']['note']}")
-    if output:
-        maps = f" and {rundir.pool_maps_path(output)}" if result.get("pooling") else ""
-        print(f"wrote {output}, {rundir.eval_csv_path(output)}, {rundir.examples_path(output)}{maps}"
-              if maps else f"wrote {output}, {rundir.eval_csv_path(output)} and {rundir.examples_path(output)}")
+    return eval_command.main(parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ import threading
 import time
 
 from common.errors import UserError
-
 from common.signal_handlers import DEBOUNCE_S, HANDLED_SIGNALS, SignalHandlers
 
 FORWARDED_SIGNALS = HANDLED_SIGNALS  # what train.py saves on (training/preemption.py)

@@ -84,7 +84,7 @@ def read_torch(path):
     """A torch file's object (weights_only=True); UserError naming it when damaged."""
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - any unpickling failure means a damaged file
+    except Exception as err:
         raise UserError(f"file {path} is truncated or corrupt: {torch_load_reason(err)}") from None
 
 
@@ -102,11 +102,11 @@ def state_dict_from_bytes(data, path):
     if path.endswith(".safetensors"):
         try:
             return safetensors_load(data)
-        except Exception as err:  # noqa: BLE001 - safetensors raises its own types for a damaged header
+        except Exception as err:
             raise UserError(f"cannot read {path} as safetensors (truncated or corrupt): {first_line(err)}") from None
     try:
         state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - any unpickling failure means a file we will not load
+    except Exception as err:
         raise UserError(f"cannot read {path} as a torch weights file (weights_only=True): "
                         f"{torch_load_reason(err)}") from None
     return _unwrapped(state)

@@ -1,0 +1,12 @@
+"""The head comparison of scripts/compare_heads.py, one module per job:
+
+- cli: the command line and the checks of its arguments;  plan: variants, runs, baseline pairs;
+- commands: the train.py / eval.py command lines of a run and what it still needs;
+- ledger: the settings each run was trained with (a run trained with others is refused);
+- command: the command's flow;  modes: one plan through --emit-slurm, --dry-run, --report-only or a run here;
+- execution, slot_env, worker_slots, worker: local runs, one after another or --jobs N at once;
+- slurm (+ slurm_array.sh): the SLURM array job;  report, tracking, progress: the report, MLflow, the progress line;
+- settle: --until-settled's looks (evaluation/sequential.py decides);  cost: the plan's estimated time;
+  paths: the repository's and the worker script's paths;
+- tune, tuning, tuning_summary: --tune's studies, their verdict runs and what the report shows of them.
+"""

@@ -1,5 +1,5 @@
-"""compare_heads --tune: one Optuna study per compared variant, the same trial budget for each, on
-data the verdict never sees.
+"""compare_heads --tune: one Optuna study per compared variant, run by `study.optimize()`, the same
+number of complete trials for each, on data the verdict never sees.
 
 Each trial is a training run of the variant with settings drawn from its search space: optim.lr,
 optim.weight_decay and the head's own hyperparameters, the ranges declared beside each key
@@ -11,47 +11,37 @@ the calib split: data/datasets.py) and evaluate every train.eval_every epochs on
 is its tune top-1 after the fixed budget of optim.epochs; the pruner (median or Hyperband, on
 that per-epoch curve) stops the trials that fall behind.
 
-A trial trains one evaluation interval at a time: train.py with train.pause_after=E and
---resume auto, through compare_heads' own runner (in process, its worker, or the --launcher
-command), so run locks, signal forwarding and exact resume are the ones every run has. Its run
-directory is RUNS_DIR/tune/trials/<variant>/trial-<number>.
+A trial trains one evaluation interval at a time through the caller's trainer (comparison/tune.py:
+train.py with train.pause_after=E, so run locks, signal forwarding and exact resume are every run's)
+in RUNS_DIR/tune/trials/<variant>/trial-<number>; a retried trial keeps its original's directory
+(the user attribute tune.run_dir, which Optuna's retry copies), resumed from its checkpoint, or
+restarted from scratch when it has none; the trainer refuses a directory of other settings.
 
-Storage: one study per variant, named "<config stem>/<variant>", in any Optuna storage
-(`open_storage`: an RDB URL such as sqlite:///PATH or postgresql://..., or a JournalStorage file,
-journal:PATH, for shared filesystems without a database). Several processes may work on one study
-at once, each running this same loop: trial numbers come from the storage, so nothing is run twice.
-
-The budget: --trials N counts COMPLETE and PRUNED trials only. A process starts a trial while
-fewer than N are finished or running live, waits while the rest are running elsewhere, and gives a
-trial back (FAIL, "tune.surplus") when a race with another process made it one too many. A trial
-whose process is gone (SIGKILL, a lost node) is failed and re-queued with the same settings and
-run directory, so its training resumes from the last checkpoint: on this host at once (its
-recorded pid is dead: common/runlock.py's check), elsewhere once its heartbeat (a user attribute
-renewed every HEARTBEAT_S) is older than STALE_S. A trial stopped by a signal is failed and
-re-queued the same way before the process exits.
+Workers: every process running `VariantStudy.optimize` on one storage works on the same study
+(comparison/tuning_storage.py: heartbeat, retry of lost trials). The budget, --trials N, is N
+COMPLETE trials; pruned and failed ones are extra. Optuna's MaxTrialsCallback, counting complete,
+running and waiting trials, stops a worker's optimize() once the budget is complete or taken; the
+worker then waits while others run the last trials, and starts again if one of them is pruned.
+What Optuna lacks, added here (one line each):
+- MaxTrialsCallback stops after a trial, so racing workers overshoot: a trial past a taken budget yields (tune.surplus).
+- One TPE seed in every worker draws the same settings in each: the sampler is seeded per trial number instead.
 """
 import json
 import math
 import os
-import threading
 import time
 
+from common.children import StoppedBySignal
 from common.errors import EXIT_NONFINITE, UserError
 from common.rundir import EPOCHS as EPOCHS_FILE
-from common.seeding import mix_seed
 from common.search_space import parse_search
-
-from common.children import StoppedBySignal
-from common.runlock import process_record, stale_reason
+from common.seeding import mix_seed
 
 TRIAL_SEED = 1000  # every trial's train.seed: the settings differ between trials, not the seed
-HEARTBEAT_S = 60.0
-STALE_S = 600.0  # a running trial of another host with no heartbeat this long is taken as lost
-UNOWNED_GRACE_S = 60.0  # a trial is asked for, then its owner recorded: that gap is not a loss
 WAIT_S = 2.0  # while other processes run the last trials
 PRUNERS = ("median", "hyperband", "none")
-OWNER, HEARTBEAT, RUN_DIR, EPOCHS, SURPLUS, DIVERGED, RETRY_OF = (
-    "tune.owner", "tune.heartbeat", "tune.run_dir", "tune.epochs", "tune.surplus", "tune.diverged", "tune.retry_of")
+RUN_DIR, EPOCHS, SURPLUS, DIVERGED = "tune.run_dir", "tune.epochs", "tune.surplus", "tune.diverged"
+MAX_SHOWN = 4  # differences a changed-settings refusal names
 
 
 def tune_overrides(tune_fraction):
@@ -92,43 +82,13 @@ def yaml_value(value):
     text = repr(value)
     if "e" in text:
         mantissa, exponent = text.split("e")
-        text = f"{mantissa if '.' in mantissa else mantissa + '.0'}e{exponent if exponent[0] in '+-' else '+' + exponent}"
+        exponent = exponent if exponent[0] in "+-" else "+" + exponent
+        text = f"{mantissa if '.' in mantissa else mantissa + '.0'}e{exponent}"
     return text
 
 
 def as_overrides(params):
     return [f"{key}={yaml_value(value)}" for key, value in sorted(params.items())]
-
-
-# ------------------------------------------------------------------------------------------- storage
-def default_storage(tune_dir):
-    return "sqlite:///" + os.path.abspath(os.path.join(tune_dir, "studies.db"))
-
-
-def open_storage(url):
-    """An Optuna storage from --storage: journal:PATH (a JournalStorage file, for shared filesystems)
-    or an RDB URL (sqlite:///PATH, postgresql://..., mysql://...)."""
-    import optuna
-
-    if url.startswith("journal:"):
-        from optuna.storages import journal
-
-        path = url[len("journal:"):]
-        folder = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(folder):
-            raise UserError(f"--storage {url}: the folder {folder} does not exist; create it or choose another path")
-        backend = getattr(journal, "JournalFileBackend", None) or optuna.storages.JournalFileStorage
-        return optuna.storages.JournalStorage(backend(path))
-    if "://" not in url:
-        raise UserError(f"--storage {url}: not a storage URL; use sqlite:///PATH, postgresql://..., or journal:PATH "
-                        f"(a journal file on a shared filesystem)")
-    kwargs = {"connect_args": {"timeout": 120}} if url.startswith("sqlite") else {}
-    if url.startswith("sqlite:///"):
-        os.makedirs(os.path.dirname(os.path.abspath(url[len("sqlite:///"):])) or ".", exist_ok=True)
-    try:
-        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
-    except Exception as err:  # SQLAlchemy's errors (missing driver, refused connection, bad URL)
-        raise UserError(f"--storage {url}: {type(err).__name__}: {str(err).splitlines()[0]}") from None
 
 
 def make_pruner(name, epochs):
@@ -142,181 +102,198 @@ def make_pruner(name, epochs):
     return optuna.pruners.NopPruner()
 
 
+def settings_difference(stored, settings):
+    """'key: old -> new' for each setting that differs (overrides and search ranges key by key), at
+    most MAX_SHOWN of them and how many more."""
+    diffs = []
+    for part in sorted(set(stored) | set(settings)):
+        old, new = stored.get(part), settings.get(part)
+        if part == "overrides":
+            old, new = (dict(o.split("=", 1) for o in v or []) for v in (old, new))
+        if isinstance(old, dict) and isinstance(new, dict):
+            label = "search " if part == "space" else ""
+            diffs += [f"{label}{k}: {old.get(k, '(unset)')} -> {new.get(k, '(unset)')}"
+                      for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+        elif old != new:
+            diffs.append(f"{part}: {old} -> {new}")
+    more = f"; and {len(diffs) - MAX_SHOWN} more" if len(diffs) > MAX_SHOWN else ""
+    return "; ".join(d if len(d) <= 120 else d[:117] + "..." for d in diffs[:MAX_SHOWN]) + more
+
+
+class Surplus(Exception):
+    """A trial started while the budget was already taken (see the module docstring)."""
+
+
 # --------------------------------------------------------------------------------------------- studies
 class VariantStudy:
-    """One variant's study: its search space, its trials' overrides, the budget loop."""
+    """One variant's study: its search space, its trials' overrides, the objective and the budget loop."""
 
     def __init__(self, *, storage, name, head, space, overrides, trials, epochs, eval_every, pruner, seed,
                  trials_dir, weights="raw", say=print):
         import optuna
 
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        optuna.logging.set_verbosity(optuna.logging.ERROR)  # a failed trial's traceback: the error says it in one line
         self.optuna, self.storage, self.name, self.head = optuna, storage, name, head
         self.space, self.overrides, self.trials, self.epochs = space, list(overrides), trials, epochs
         self.eval_epochs = [e for e in range(1, epochs + 1) if e % eval_every == 0 or e == epochs]
         self.seed, self.trials_dir, self.weights, self.say = seed, trials_dir, weights, say
-        self.pruner_name = pruner
-        self.settings = {"space": {k: r.text() for k, r in space.items()}, "overrides": self.overrides,
-                         "epochs": epochs, "eval_every": eval_every, "pruner": pruner, "weights": weights}
+        self.settings = json.loads(json.dumps({
+            "space": {k: r.text() for k, r in space.items()}, "overrides": self.overrides, "epochs": epochs,
+            "eval_every": eval_every, "pruner": pruner, "weights": weights}))
         self.study = optuna.create_study(study_name=name, storage=storage, direction="maximize",
                                          load_if_exists=True, pruner=make_pruner(pruner, epochs))
+        self.trainer, self.stopped, self.ran, self._current = None, lambda: False, 0, None
         self._check_settings()
 
     def _check_settings(self):
         stored = self.study.user_attrs.get("settings")
         if stored is None:
             self.study.set_user_attr("settings", self.settings)
-        elif stored != json.loads(json.dumps(self.settings)):
-            diff = next((f"{k}: {stored.get(k)!r} -> {v!r}" for k, v in json.loads(json.dumps(self.settings)).items()
-                         if stored.get(k) != v), "")
-            raise UserError(f"the study '{self.name}' in this storage was tuned with other settings ({diff}); "
-                            f"use another --runs-dir or --storage, or rerun with the settings it has")
+        elif stored != self.settings:
+            raise UserError(f"the study '{self.name}' in this storage was tuned with other settings "
+                            f"({settings_difference(stored, self.settings)}); use another --runs-dir or --storage, "
+                            f"or rerun with the settings it has")
 
     # ---------------------------------------------------------------------------- the budget
     def counts(self):
-        """{state name: number of trials} (surplus trials given back are not FAIL of interest)."""
+        """{state name: number of trials}."""
         out = {}
         for t in self.study.get_trials(deepcopy=False):
             out[t.state.name] = out.get(t.state.name, 0) + 1
         return out
 
-    def finished(self):
+    def complete(self):
+        return self.counts().get("COMPLETE", 0)
+
+    def optimize(self, trainer, stopped=lambda: False):
+        """Work on the study, with every other process on its storage, until it has --trials complete
+        trials; -> the trials run here. `trainer`: start(run_dir, overrides) -> resume?, and
+        train(overrides, run_dir, fresh) -> train.py's exit status (comparison/tune.py)."""
+        from optuna.study import MaxTrialsCallback
+
+        from comparison import tuning_storage
+
         S = self.optuna.trial.TrialState
-        return sum(t.state in (S.COMPLETE, S.PRUNED) for t in self.study.get_trials(deepcopy=False))
-
-    def _live(self, t, now):
-        """Whether a RUNNING trial has a live owner (see the module docstring)."""
-        owner = t.user_attrs.get(OWNER)
-        if owner is None:
-            return now - t.datetime_start.timestamp() < UNOWNED_GRACE_S
-        if stale_reason(owner) is not None:
-            return False
-        beat = t.user_attrs.get(HEARTBEAT, t.datetime_start.timestamp())
-        return owner.get("host") == process_record()["host"] or now - beat < STALE_S
-
-    def reclaim_lost(self):
-        """Fail every running trial whose process is gone and queue it again (same settings and run
-        directory, so it resumes from its checkpoint)."""
-        S, now = self.optuna.trial.TrialState, time.time()
-        for t in self.study.get_trials(deepcopy=False, states=(S.RUNNING,)):
-            if self._live(t, now):
+        self.trainer, self.stopped, self.ran = trainer, stopped, 0
+        self._check_trial_dirs()
+        taken = MaxTrialsCallback(self.trials, states=(S.COMPLETE, S.RUNNING, S.WAITING))
+        while not stopped():
+            for number in tuning_storage.reclaim_dead(self.study):
+                self.say(f"[tune {self.name}] trial {number}: its process is gone; queued again")
+            tuning_storage.fail_stale(self.study)
+            counts = self.counts()
+            if counts.get("COMPLETE", 0) >= self.trials:
+                break
+            if not counts.get("WAITING") and counts.get("COMPLETE", 0) + counts.get("RUNNING", 0) >= self.trials:
+                time.sleep(WAIT_S)  # the last trials run elsewhere; one pruned or lost needs a replacement
                 continue
             try:
-                self.study.tell(t.number, state=S.FAIL)
-            except Exception:  # another process failed it first: it queues the retry
-                continue
-            self.requeue(t.params, t.user_attrs.get(RUN_DIR), t.number)
-            self.say(f"[tune {self.name}] trial {t.number}: its process is gone; queued again (resumes "
-                     f"{t.user_attrs.get(RUN_DIR)})")
+                self.study.optimize(self.objective, callbacks=[taken, self._said], catch=(Surplus,))
+            except StoppedBySignal:
+                self._retry_stopped()
+                raise
+        return self.ran
 
-    def requeue(self, params, run_dir, number):
-        attrs = {RETRY_OF: number}
-        if run_dir:
-            attrs[RUN_DIR] = run_dir
-        self.study.enqueue_trial(params, user_attrs=attrs)
+    def _check_trial_dirs(self):
+        """Refuse trial folders that no trial of this study made (a deleted study's, another storage's):
+        a trial of that number would take their scores, trained with other settings. Listed before the
+        trials are read: a folder is made after its trial records it (RUN_DIR)."""
+        names = sorted(n for n in os.listdir(self.trials_dir) if n.startswith("trial-")) \
+            if os.path.isdir(self.trials_dir) else []
+        known = {os.path.basename(t.user_attrs.get(RUN_DIR) or "") for t in self.study.get_trials(deepcopy=False)}
+        foreign = [n for n in names if n not in known]
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (" ..." if len(foreign) > 3 else "")
+            raise UserError(f"{self.trials_dir} holds {len(foreign)} trial folder(s) that no trial of the study "
+                            f"'{self.name}' in this storage made ({shown}): another study's; delete them, or give "
+                            f"the --storage they belong to")
 
-    def next_trial(self, stopped):
-        """The next trial this process runs (an optuna Trial), or None once N are finished. Waits while
-        the last ones run elsewhere."""
-        S = self.optuna.trial.TrialState
-        while True:
-            if stopped():
-                return None
-            self.reclaim_lost()
-            trials = self.study.get_trials(deepcopy=False)
-            now = time.time()
-            done = sum(t.state in (S.COMPLETE, S.PRUNED) for t in trials)
-            if done >= self.trials:
-                return None
-            waiting = sum(t.state == S.WAITING for t in trials)
-            running = sum(t.state == S.RUNNING and self._live(t, now) for t in trials)
-            if not waiting and done + running >= self.trials:
-                time.sleep(WAIT_S)
-                continue
-            self.study.sampler = self.optuna.samplers.TPESampler(
-                seed=mix_seed(self.seed, self.name, len(trials)) % 2 ** 32,
-                n_startup_trials=min(10, max(3, self.trials // 4)))
-            trial = self.study.ask()
-            trial.set_user_attr(OWNER, process_record())
-            trial.set_user_attr(HEARTBEAT, time.time())
-            if self._surplus(trial):
-                trial.set_user_attr(SURPLUS, True)
-                self.study.tell(trial, state=S.FAIL)
-                continue
-            return trial
+    def _retry_stopped(self):
+        """optimize() failed the trial a signal stopped; queue it again (it resumes from its checkpoint)."""
+        from comparison import tuning_storage
+
+        mine = [t for t in self.study.get_trials(deepcopy=False) if t.number == self._current]
+        if mine and tuning_storage.retry(self.study, mine[0], tuning_storage.RESUME):
+            self.say(f"[tune {self.name}] trial {self._current}: stopped; queued again, it resumes in "
+                     f"{mine[0].user_attrs.get(RUN_DIR)}")
 
     def _surplus(self, trial):
-        """A race with another process made this trial one too many for the budget."""
-        S, now = self.optuna.trial.TrialState, time.time()
-        ahead = 0
-        for t in self.study.get_trials(deepcopy=False):
-            if t.state in (S.COMPLETE, S.PRUNED, S.WAITING) or (
-                    t.state == S.RUNNING and t.number < trial.number and self._live(t, now)):
-                ahead += 1
+        """Whether complete, waiting and lower-numbered running trials already take the whole budget
+        (trial numbers are given in the order trials start, so of two racing trials the later one yields)."""
+        S = self.optuna.trial.TrialState
+        ahead = sum(t.state in (S.COMPLETE, S.WAITING) or (t.state == S.RUNNING and t.number < trial.number)
+                    for t in self.study.get_trials(deepcopy=False))
         return ahead >= self.trials
 
+    def _said(self, study, frozen):
+        """optimize()'s callback: one line per trial run here."""
+        if frozen.user_attrs.get(SURPLUS):
+            return
+        shown = ", ".join(f"{k}={yaml_value(v)}" for k, v in sorted(frozen.params.items())) or "no tunable setting"
+        self.say(f"[tune {self.name}] trial {frozen.number} ({self.complete()}/{self.trials} complete): {shown}: "
+                 f"{outcome(frozen, self.epochs)}")
+
     # ---------------------------------------------------------------------------- one trial
+    def sampler(self, number):
+        """TPE seeded by the study and the trial's number (see the module docstring)."""
+        return self.optuna.samplers.TPESampler(seed=mix_seed(self.seed, self.name, number) % 2 ** 32,
+                                               n_startup_trials=min(10, max(3, self.trials // 4)))
+
     def trial_overrides(self, trial):
-        """(run dir, params, overrides without train.pause_after) of a trial."""
+        """(run dir, overrides without train.pause_after) of a trial; its settings drawn now."""
+        self.study.sampler = self.sampler(trial.number)  # before the first suggest: its draws are this trial's
         params = {key: rng.suggest(trial, key) for key, rng in self.space.items()}
         run_dir = trial.user_attrs.get(RUN_DIR) or os.path.join(self.trials_dir, f"trial-{trial.number:04d}")
         trial.set_user_attr(RUN_DIR, run_dir)
-        return run_dir, params, self.overrides + as_overrides(params) + [
+        return run_dir, self.overrides + as_overrides(params) + [
             "train.eval_split=tune", f"train.seed={TRIAL_SEED}", f"train.output_dir={run_dir}"]
 
-    def run_trial(self, trial, train, stopped):
-        """Train `trial` one evaluation interval at a time (train(overrides, run_dir) -> exit status),
-        report its tune top-1 after each, prune or finish it; -> a one-line outcome."""
-        S = self.optuna.trial.TrialState
-        run_dir, params, overrides = self.trial_overrides(trial)
-        beat = _Heartbeat(trial)
-        try:
-            for epoch in self.eval_epochs:
-                value = tune_top1(run_dir, epoch, self.weights)
-                if value is None:
-                    status = train(overrides + [f"train.pause_after={epoch}"], run_dir)
-                    if status >= 128 or stopped():
-                        self.study.tell(trial, state=S.FAIL)
-                        self.requeue(params, run_dir, trial.number)
-                        raise StoppedBySignal(f"stopped during tuning trial {trial.number} of {self.name} (exit "
-                                              f"{status}); rerun the same command to continue: the trial resumes "
-                                              f"from its checkpoint", status if status >= 128 else 143)
-                    if status == EXIT_NONFINITE:
-                        trial.set_user_attr(DIVERGED, True)
-                        trial.set_user_attr(EPOCHS, epoch)
-                        self.study.tell(trial, 0.0)
-                        return f"diverged (non-finite loss) in epoch {epoch}: counted with top-1 0"
-                    if status != 0:
-                        self.study.tell(trial, state=S.FAIL)
-                        raise UserError(f"tuning trial {trial.number} of {self.name} failed (train.py exit {status}; "
-                                        f"see {run_dir}); fix the error and rerun the same command")
-                    value = tune_top1(run_dir, epoch, self.weights)
-                    if value is None:
-                        self.study.tell(trial, state=S.FAIL)
-                        raise UserError(f"tuning trial {trial.number} of {self.name}: {run_dir}/{EPOCHS_FILE} has no "
-                                        f"tune evaluation after epoch {epoch}")
-                trial.report(value, epoch)
-                trial.set_user_attr(EPOCHS, epoch)
-                if epoch < self.epochs and trial.should_prune():
-                    self.study.tell(trial, state=S.PRUNED)
-                    return f"pruned after epoch {epoch} (tune top-1 {100 * value:.2f}%)"
-            self.study.tell(trial, value)
-            return f"tune top-1 {100 * value:.2f}% after {self.epochs} epoch(s)"
-        finally:
-            beat.stop()
+    def objective(self, trial):
+        """optimize()'s objective: train `trial` one evaluation interval at a time, report its tune
+        top-1 after each; -> its final score (raises optuna.TrialPruned when the pruner stops it)."""
+        from comparison import tuning_storage
 
-    def optimize(self, train, stopped=lambda: False):
-        """Run trials until the study has --trials finished ones; -> trials run here."""
-        ran = 0
-        while True:
-            trial = self.next_trial(stopped)
-            if trial is None:
-                return ran
-            outcome = self.run_trial(trial, train, stopped)
-            ran += 1
-            shown = ", ".join(f"{k}={yaml_value(v)}" for k, v in sorted(trial.params.items()))
-            self.say(f"[tune {self.name}] trial {trial.number} ({self.finished()}/{self.trials} finished): "
-                     f"{shown or 'no tunable setting'}: {outcome}")
+        self._current = trial.number
+        if self._surplus(trial):
+            trial.set_user_attr(SURPLUS, True)
+            raise Surplus(f"trial {trial.number}: the budget of {self.trials} is taken")
+        tuning_storage.claim(trial)
+        run_dir, overrides = self.trial_overrides(trial)
+        self.ran += 1
+        resume = self.trainer.start(run_dir, overrides)  # a directory of other settings is refused here
+        value = None
+        for epoch in self.eval_epochs:
+            value = tune_top1(run_dir, epoch, self.weights) if resume else None
+            if value is None:
+                value = self._train(trial, run_dir, overrides, epoch, fresh=not resume)
+                resume = True
+                if value is None:  # diverged
+                    return 0.0
+            trial.report(value, epoch)
+            trial.set_user_attr(EPOCHS, epoch)
+            if epoch < self.epochs and trial.should_prune():
+                raise self.optuna.TrialPruned()
+        return value
+
+    def _train(self, trial, run_dir, overrides, epoch, fresh):
+        """Train up to `epoch`; -> its tune top-1, None for a non-finite loss (scored 0)."""
+        status = self.trainer.train(overrides + [f"train.pause_after={epoch}"], run_dir, fresh)
+        if status >= 128 or self.stopped():
+            raise StoppedBySignal(f"stopped during tuning trial {trial.number} of {self.name} (exit {status}); rerun "
+                                  f"the same command to continue: the trial resumes from its checkpoint",
+                                  status if status >= 128 else 143)
+        if status == EXIT_NONFINITE:
+            trial.set_user_attr(DIVERGED, True)
+            trial.set_user_attr(EPOCHS, epoch)
+            return None
+        if status != 0:
+            raise UserError(f"tuning trial {trial.number} of {self.name} failed (train.py exit {status}; see "
+                            f"{run_dir}); fix the error and rerun the same command")
+        value = tune_top1(run_dir, epoch, self.weights)
+        if value is None:
+            raise UserError(f"tuning trial {trial.number} of {self.name}: {run_dir}/{EPOCHS_FILE} has no tune "
+                            f"evaluation after epoch {epoch}")
+        return value
 
     def best(self):
         """The best COMPLETE trial (a FrozenTrial), or None."""
@@ -326,24 +303,17 @@ class VariantStudy:
             return None
 
 
-class _Heartbeat:
-    """Renews the trial's heartbeat attribute every HEARTBEAT_S while it runs (for other hosts)."""
-
-    def __init__(self, trial):
-        self.trial, self.done = trial, threading.Event()
-        self.thread = threading.Thread(target=self._beat, daemon=True)
-        self.thread.start()
-
-    def _beat(self):
-        while not self.done.wait(HEARTBEAT_S):
-            try:
-                self.trial.set_user_attr(HEARTBEAT, time.time())
-            except Exception:  # the trial finished meanwhile, or the storage is briefly unreachable
-                pass
-
-    def stop(self):
-        self.done.set()
-        self.thread.join()
+def outcome(frozen, epochs):
+    """A finished trial in words."""
+    done = frozen.user_attrs.get(EPOCHS)
+    if frozen.state.name == "PRUNED":
+        value = frozen.intermediate_values.get(done)
+        return f"pruned after epoch {done}" + (f" (tune top-1 {100 * value:.2f}%)" if value is not None else "")
+    if frozen.user_attrs.get(DIVERGED):
+        return f"diverged (non-finite loss) in epoch {done}: counted with top-1 0"
+    if frozen.state.name == "COMPLETE":
+        return f"tune top-1 {100 * frozen.value:.2f}% after {epochs} epoch(s)"
+    return frozen.state.name.lower()
 
 
 def tune_top1(run_dir, epoch, weights="raw"):

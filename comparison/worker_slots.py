@@ -1,5 +1,5 @@
 """Running train.py / eval.py mains in a Python process that is already started: the launcher's side
-of scripts/compare_heads.py's job workers (scripts/compare_worker.py is the worker process itself).
+of scripts/compare_heads.py's job workers (the worker process itself: comparison/worker.py).
 
 Why: a Python start that imports torch, timm and Accelerate costs ~7 s of CPU, and a comparison
 would pay it twice per run (train.py, then eval.py).
@@ -24,11 +24,10 @@ import sys
 
 from accelerate.state import AcceleratorState, GradientState
 
-from common.errors import UserError
 from common.children import exit_status
+from common.errors import UserError
+from comparison.paths import WORKER_SCRIPT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WORKER_SCRIPT = os.path.join(ROOT, "scripts", "compare_worker.py")
 ENTRY_POINTS = {"train.py": "train", "eval.py": "eval"}  # what a worker runs: a command's script -> module
 BUG_EXIT = 1  # a step raised something other than a UserError: the worker stops after it
 

@@ -18,27 +18,23 @@ import dataclasses
 import difflib
 import math
 import os
-import re
 import typing
 
 import yaml
 
 from common import rundir
-from common.io import atomic_write_text
 from common.errors import UserError
 from common.intervals import parse_interval
-
+from common.io import atomic_write_text
+from common.suggest import closest, suggest_value
 from models.hopfield_pool import check_pool_k
 from models.registry import HPARAMS, check_settings
 
 from .finetune_checks import check_finetune_settings
 from .overrides import apply_overrides, parse_override
-from .yaml12 import DuplicateKeyError, SafeLoaderYaml12Bools, safe_load, show_value as _show
 from .schema import CHOICES, RANGES, REPLACED_KEYS, Config, schema_fields, section_names
-
-# How close an unknown key must be to a valid one (difflib ratio) to be suggested: below it, a
-# suggestion is more often wrong than right (learning_rate is not optim.clip_grad).
-SUGGEST_CUTOFF = 0.8
+from .yaml12 import DuplicateKeyError, SafeLoaderYaml12Bools
+from .yaml12 import show_value as _show
 
 
 # ----------------------------------------------------------------------------- reading YAML
@@ -148,20 +144,6 @@ def suggest_key(full_key):
         return max(whole, last), same_section
 
     return closest(list(keys) + list(section_names()), score)
-
-
-def closest(candidates, score):
-    """The best-scoring candidate when it is close enough to suggest (its score's first element, a
-    difflib ratio, >= SUGGEST_CUTOFF), else None: the one rule for key and value typos alike."""
-    best = max(candidates, key=score, default=None)
-    return best if best is not None and score(best)[0] >= SUGGEST_CUTOFF else None
-
-
-def suggest_value(value, choices):
-    """'; did you mean 'sparsemax'?' for a value close to one of `choices` ('' when none is)."""
-    text = str(value)
-    hint = closest(choices, lambda c: (difflib.SequenceMatcher(None, text, str(c)).ratio(),))
-    return f"; did you mean '{hint}'?" if hint is not None else ""
 
 
 def _unknown_key(full, names, sources):

@@ -90,7 +90,8 @@ def apply_overrides(data, overrides):
                 node[k] = {}
             elif not isinstance(node[k], dict):
                 where = ".".join(keys[:depth + 1])
-                raise UserError(f"override '{'.'.join(keys)}=...': '{where}' is {show_value(node[k])} in the config, not a "
+                raise UserError(f"override '{'.'.join(keys)}=...': '{where}' is {show_value(node[k])} in the config, "
+                                f"not a "
                                 f"section of keys; fix the config or override '{where}' itself")
             node = node[k]
         node[keys[-1]] = value

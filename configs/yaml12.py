@@ -25,8 +25,8 @@ class SafeLoaderYaml12Bools(yaml.SafeLoader):
 
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
-            raise yaml.composer.ComposerError(None, None, "YAML aliases (*name) are not allowed in a config; "
-                                              "write the value out or share it with base:", self.peek_event().start_mark)
+            raise yaml.composer.ComposerError(None, None, "YAML aliases (*name) are not allowed in a config; write "
+                                              "the value out or share it with base:", self.peek_event().start_mark)
         return super().compose_node(parent, index)
 
     def construct_mapping(self, node, deep=False):

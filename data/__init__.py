@@ -22,8 +22,8 @@ from timm.data import Mixup
 from common.errors import UserError
 
 from .classes import class_names
-from .datasets import build_dataset, calib_indices, num_classes, split_positions
 from .dali_loader import explain_backend, resolve_backend
+from .datasets import build_dataset, calib_indices, num_classes, split_positions
 from .feature_loaders import FeatureEvalLoader, FeatureTrainLoader
 from .loaders import EvalLoader, TrainLoader
 from .registry import DATASETS, dataset_names, dataset_spec, is_features

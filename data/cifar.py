@@ -33,13 +33,14 @@ SPECS = {
 # Label index -> name, as in the archives' batches.meta / meta files (label_names, fine_label_names).
 CLASS_NAMES = {
     "cifar10": ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"),
-    "cifar100": tuple("""apple aquarium_fish baby bear beaver bed bee beetle bicycle bottle bowl boy bridge bus butterfly
-        camel can castle caterpillar cattle chair chimpanzee clock cloud cockroach couch crab crocodile cup dinosaur
-        dolphin elephant flatfish forest fox girl hamster house kangaroo keyboard lamp lawn_mower leopard lion lizard
-        lobster man maple_tree motorcycle mountain mouse mushroom oak_tree orange orchid otter palm_tree pear
-        pickup_truck pine_tree plain plate poppy porcupine possum rabbit raccoon ray road rocket rose sea seal shark
-        shrew skunk skyscraper snail snake spider squirrel streetcar sunflower sweet_pepper table tank telephone
-        television tiger tractor train trout tulip turtle wardrobe whale willow_tree wolf woman worm""".split()),
+    "cifar100": tuple("""apple aquarium_fish baby bear beaver bed bee beetle bicycle bottle bowl boy bridge bus
+        butterfly camel can castle caterpillar cattle chair chimpanzee clock cloud cockroach couch crab crocodile cup
+        dinosaur dolphin elephant flatfish forest fox girl hamster house kangaroo keyboard lamp lawn_mower
+        leopard lion lizard lobster man maple_tree motorcycle mountain mouse mushroom oak_tree orange orchid
+        otter palm_tree pear pickup_truck pine_tree plain plate poppy porcupine possum rabbit raccoon ray
+        road rocket rose sea seal shark shrew skunk skyscraper snail snake spider squirrel streetcar
+        sunflower sweet_pepper table tank telephone television tiger tractor train trout tulip turtle
+        wardrobe whale willow_tree wolf woman worm""".split()),
 }
 
 _ALLOWED = {
@@ -65,7 +66,8 @@ def _one_line(e):
 
 def _read_batch(path, label_key):
     if not os.path.isfile(path):
-        raise UserError(f"missing CIFAR batch file {path}; re-extract the official archive into {os.path.dirname(os.path.dirname(path))}")
+        raise UserError(f"missing CIFAR batch file {path}; re-extract the official archive into "
+                        f"{os.path.dirname(os.path.dirname(path))}")
     try:
         with open(path, "rb") as f:
             d = _NumpyOnlyUnpickler(f, encoding="bytes").load()

@@ -40,8 +40,24 @@ def save_class_names(run_dir, names):
     atomic_write_text(os.path.join(run_dir, rundir.CLASS_MAP), class_map_text(names))
 
 
+def class_list_problem(names):
+    """Why `names` cannot be a label order (no name, an empty name, a name listed twice), or None:
+    label j means one class, so a repeated name would make two outputs print as the same class."""
+    if not names:
+        return "lists no class names"
+    seen = {}
+    for i, name in enumerate(names):
+        if not name.strip():
+            return f"has an empty class name (entry {i + 1})"
+        if name in seen:
+            return f"lists {name!r} twice (entries {seen[name] + 1} and {i + 1})"
+        seen[name] = i
+    return None
+
+
 def load_class_names(run_dir):
-    """The class names a run stored, or None when it stored none (runs from before classes.json)."""
+    """The class names a run stored, or None when it stored none (runs from before classes.json);
+    an unreadable, empty or repeating list is one UserError line naming the file."""
     path = os.path.join(run_dir, rundir.CLASSES)
     if not os.path.isfile(path):
         return None
@@ -52,6 +68,10 @@ def load_class_names(run_dir):
             raise ValueError("not a list of names")
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise UserError(f"{path} is unreadable ({err}); restore it or delete it to skip the class check") from None
+    problem = class_list_problem(names)
+    if problem:
+        raise UserError(f"{path} {problem}: each class once, in label order; restore the file train.py wrote "
+                        f"or delete it to skip the class check")
     return names
 
 

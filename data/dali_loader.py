@@ -116,7 +116,7 @@ def _header_size(buf):
         try:
             with Image.open(io.BytesIO(buf)) as im:
                 size = im.size
-        except Exception:  # noqa: BLE001 - anything PIL cannot open is undecodable, as on the PIL path
+        except Exception:
             return None
     return size
 
@@ -334,7 +334,8 @@ class _DaliLoader:
         from nvidia.dali.plugin.pytorch import feed_ndarray
 
         dense = tensor_list.as_tensor()
-        out = torch.empty(dense.shape(), dtype=torch.float32, device=self.device if self.device_id is not None else None)
+        device = self.device if self.device_id is not None else None
+        out = torch.empty(dense.shape(), dtype=torch.float32, device=device)
         stream = torch.cuda.current_stream(self.device) if self.device_id is not None else None
         feed_ndarray(dense, out, cuda_stream=stream)
         return out.to(self.device, non_blocking=True)

@@ -8,6 +8,7 @@ import torch
 from .loaders import epoch_train_batches
 from .samplers import eval_batches
 
+
 class FeatureTrainLoader:
     """A rank's training batches of one epoch: the same (indices) as data.TrainLoader (the samplers'
     `epoch_train_batches`), gathered from the epoch's view on the device; no workers, no transform."""

@@ -29,7 +29,6 @@ import hashlib
 import json
 import os
 
-import numpy as np
 import torch
 
 from common.errors import UserError

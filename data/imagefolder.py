@@ -51,7 +51,8 @@ def find_classes(root):
     """Sorted class names of ROOT/train (UserError if missing or empty)."""
     train_dir = os.path.join(root, "train")
     if not os.path.isdir(train_dir):
-        raise UserError(f"no 'train' folder in {os.path.abspath(root)}; expected {os.path.abspath(root)}/train/<class>/*.jpg "
+        raise UserError(f"no 'train' folder in {os.path.abspath(root)}; expected "
+                        f"{os.path.abspath(root)}/train/<class>/*.jpg "
                         "(set data.root to the dataset folder)")
     classes = _class_dirs(train_dir)
     if not classes:
@@ -64,12 +65,14 @@ def scan_split(root, split):
     classes = find_classes(root)
     split_dir = os.path.join(root, split)
     if not os.path.isdir(split_dir):
-        raise UserError(f"no '{split}' folder in {os.path.abspath(root)}; expected {os.path.abspath(split_dir)}/<class>/*.jpg")
+        raise UserError(f"no '{split}' folder in {os.path.abspath(root)}; expected "
+                        f"{os.path.abspath(split_dir)}/<class>/*.jpg")
     index = {c: i for i, c in enumerate(classes)}
     names = _class_dirs(split_dir)
     unknown = [c for c in names if c not in index]
     if unknown:
-        raise UserError(f"{split} class folder(s) {', '.join(unknown[:5])} in {os.path.abspath(split_dir)} do not exist "
+        raise UserError(f"{split} class folder(s) {', '.join(unknown[:5])} in {os.path.abspath(split_dir)} do not "
+                        f"exist "
                         "in train/; val classes must be a subset of the train classes")
     samples = []
     for c in names:

@@ -18,8 +18,16 @@ from torch.utils.data import DataLoader
 from common.errors import UserError
 
 from .samplers import eval_batches, train_batches
-from .transforms import (BatchAugment, Normalize, build_eval_transform, build_train_transform, in_memory_path,
-                         resize_uint8, train_crop_mode, uses_memory_path)
+from .transforms import (
+    BatchAugment,
+    Normalize,
+    build_eval_transform,
+    build_train_transform,
+    in_memory_path,
+    resize_uint8,
+    train_crop_mode,
+    uses_memory_path,
+)
 
 
 def _device_images(dataset, device, size):

@@ -16,6 +16,7 @@ from timm.data.distributed_sampler import RepeatAugSampler
 
 from common.seeding import mix_seed, mix_seed_array
 
+
 class _Sized:
     def __init__(self, n):
         self.n = n

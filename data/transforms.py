@@ -159,7 +159,8 @@ def resize_uint8(images, size):
     """Whole-tensor bicubic resize of uint8 (N, 3, H, W) images (done once per device)."""
     if images.shape[-1] == size and images.shape[-2] == size:
         return images
-    out = [F.interpolate(images[i:i + 1024].float(), size=(size, size), mode="bicubic", antialias=True, align_corners=False)
+    out = [F.interpolate(images[i:i + 1024].float(), size=(size, size), mode="bicubic", antialias=True,
+                         align_corners=False)
            for i in range(0, len(images), 1024)]
     return torch.cat(out).round_().clamp_(0, 255).to(torch.uint8)
 
@@ -199,7 +200,8 @@ class BatchAugment:
         span = np.uint64(2 * self.pad + 1)
         oy = torch.from_numpy((seeds % span).astype(np.int64))
         ox = torch.from_numpy(((seeds >> np.uint64(8)) % span).astype(np.int64))
-        flip = torch.from_numpy(((seeds >> np.uint64(16)) & np.uint64(0xFFFFFF)).astype(np.float64) / float(1 << 24) < self.hflip)
+        uniform = ((seeds >> np.uint64(16)) & np.uint64(0xFFFFFF)).astype(np.float64) / float(1 << 24)
+        flip = torch.from_numpy(uniform < self.hflip)
         dev = images.device
         oy, ox, flip = oy.to(dev, non_blocking=True), ox.to(dev, non_blocking=True), flip.to(dev, non_blocking=True)
         if self.pad:

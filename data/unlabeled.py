@@ -122,7 +122,7 @@ class ImageBatches(torch.utils.data.Dataset):
             i = int(i)
             try:
                 img = self._decode(i)
-            except Exception as err:  # noqa: BLE001 - any decoding failure makes the file unreadable
+            except Exception as err:
                 failed.append((i, _reason(err)))
                 continue
             x = self.transform(img)

@@ -6,18 +6,21 @@ each holding train.py's summary.json / metrics.jsonl and eval.py's JSON with its
 single seed shows the value alone). Sections: the metric table; the verdicts (one sentence per
 variant against its baseline, across trainings) with the sanity lines (a head at chance, a
 conformal coverage below 1 − ε against its finite-sample band, a budget that ended while validation
-accuracy was still rising: evaluation/sanity.py) and the validation curves; paired differences of
+accuracy was still rising: evaluation/sanity.py) and the validation curves; the equivalence and
+non-inferiority verdicts against a margin per metric (evaluation/equivalence.py; also in summary.json,
+machine-readable); paired differences of
 each variant against its baseline, across trainings and given these trainings (evaluation/paired.py);
 selective prediction (evaluation/selective_report.py); OOD detection when the runs were evaluated
-with an OOD set (evaluation/ood_report.py); the pooling support and its maps for hopfield-pooled
+with an OOD set (evaluation/ood_report.py; on cached features the scores that read no head output
+once, not per head); the pooling support and its maps for hopfield-pooled
 runs (evaluation/pool_report.py); plots.
 
 Numbers shown twice come from one place: the accuracy plot's last point is the table's top-1 (both
 fp32 evaluations of the same weights; a mismatch is reported), the risk-coverage plot and the AURC
 table come from the same per-seed curves, and both ECEs are named (mean of per-run, pooled).
 """
-import json
 import csv
+import json
 import os
 import statistics
 
@@ -25,9 +28,10 @@ from common import rundir
 from common.io import atomic_write_text, prepare_output, read_json, write_json
 from models.registry import is_sparse
 
-from . import metrics, ood_report, paired, plots, pool_report, report, sanity, selective_report, summary
+from . import equivalence, metrics, ood_report, paired, plots, pool_report, report, sanity, selective_report, summary
 from .examples import load_examples
-from .statistics import sign_flip_p_value, signed_points, t_interval
+from .ood_table import score_label
+from .statistics import METRIC_TABLE, sign_flip_p_value, signed_points, t_interval
 
 TRAIN_COLUMNS = [
     ("train_time_s", "train time (s)", "f1"),
@@ -35,6 +39,7 @@ TRAIN_COLUMNS = [
 ]
 ECE_MEAN_LABEL = "ECE (15 bins), mean of per-run"
 ECE_POOLED_LABEL = "ECE (15 bins), pooled over seeds"
+SAME_TOLERANCE = 1e-9  # AUROC / FPR of the same scores: equal up to float rounding
 LOAD_NOTE = ("Train times and img/s depend on what else the machine was running: compare them only "
              "between runs made at the same time on an otherwise idle machine.")
 
@@ -205,15 +210,47 @@ def curve_mismatches(variants):
     return out
 
 
-def paired_results(variants, pairs):
-    """(results, skipped): paired.compare_pair of each (variant, baseline) pair with records."""
+def paired_results(variants, pairs, margins=None, multiplicity=equivalence.MULTIPLICITY):
+    """(results, skipped): paired.compare_pair of each (variant, baseline) pair with records, each with
+    its equivalence verdicts (add_equivalence; margins: {metric: δ} as equivalence.parse_margins gives)."""
     results, skipped = [], []
     for variant, baseline in pairs:
         runs = {name: {r["seed"]: r["records"] for r in variants.get(name, []) if r["records"] is not None}
                 for name in (variant, baseline)}
         res = paired.compare_pair(runs[variant], runs[baseline], variant, baseline)
         (results.append(res) if res is not None else skipped.append(f"{variant} vs {baseline}"))
+    add_equivalence(results, margins, multiplicity)
     return results, skipped
+
+
+def chosen_margins(margins=None):
+    """{metric: (δ in the metric's written units, "default" or "given")}: the table's defaults, then
+    the given ones (e.g. --margin top1=0.5) over them."""
+    chosen = {m: (d, "default") for m, d in equivalence.default_margins().items()}
+    chosen.update({m: (float(d), "given") for m, d in (margins or {}).items()})
+    return {m: chosen[m] for m in METRIC_TABLE if m in chosen}
+
+
+def add_equivalence(results, margins=None, multiplicity=equivalence.MULTIPLICITY):
+    """res["equivalence"] = {metric: verdict} for every pair and metric with a margin, from the
+    across-trainings per-seed differences at the comparison's α (1 − their level); one Holm family per
+    baseline, metric and kind of claim (evaluation/equivalence.py). A pair where a head learned nothing
+    gets none (its verdict is "no comparison"); one seed gives an undecided one."""
+    for res in results:
+        res["equivalence"] = {}
+    for metric, (margin, source) in chosen_margins(margins).items():
+        rule = METRIC_TABLE[metric]
+        for baseline in sorted({res["baseline"] for res in results}):
+            family = [res for res in results if res["baseline"] == baseline and metric in res["across"]
+                      and not any(c["nothing_learned"] for c in res["learned"].values())]
+            verdicts = [equivalence.equivalence_verdict(
+                res["across"][metric]["per_seed"], equivalence.margin_as_difference(metric, margin),
+                alpha=round(1 - res["across"][metric]["level"], 12), higher_is_better=rule.higher_is_better)
+                for res in family]
+            for res, verdict in zip(family, equivalence.family_verdicts(verdicts, multiplicity)):
+                verdict.update(metric=metric, margin_shown=margin, margin_source=source,
+                               sentence=equivalence.describe_equivalence(verdict, res["variant"], baseline, metric))
+                res["equivalence"][metric] = verdict
 
 
 def paired_section(results, skipped, pairs):
@@ -254,6 +291,106 @@ def paired_section(results, skipped, pairs):
         lines.append("")
     lines += [f"No paired statistics for {s}: no seed with per-example records for both." for s in skipped]
     return lines
+
+
+def _p_cell(p):
+    return "n/a" if p is None or p != p else f"{p:.3g}"
+
+
+_SOURCE_WORDS = {"default": "the default", "given": "given"}
+
+
+def margins_line(results):
+    """The margins the verdicts used, each with where it came from."""
+    shown = {}
+    for res in results:
+        for metric, v in res.get("equivalence", {}).items():
+            shown[metric] = (v["margin"], v["margin_source"])
+    parts = [f"{METRIC_TABLE[m].label} {equivalence.margin_text(m, d)} ({_SOURCE_WORDS[src]})"
+             for m, (d, src) in shown.items()]
+    missing = [m for m in METRIC_TABLE if m not in shown]
+    why = {"loss": "each head's FY loss is its own function; `--margin loss=δ` asks anyway"}
+    return ("Margins δ (the largest difference taken not to matter, in the metric's units): " + ", ".join(parts)
+            + "".join(f"; no margin for {METRIC_TABLE[m].label} ({why.get(m, 'none given')})" for m in missing) + ".")
+
+
+def control_line(results):
+    """How the error rate across heads is controlled, as the verdicts applied it."""
+    entries = [v for res in results for v in res.get("equivalence", {}).values()]
+    alpha = f"{100 * entries[0]['alpha']:g}%"
+    if entries[0]["multiplicity"] == "holm":
+        return (f"Error rate: Holm's step-down (Holm 1979) across the heads compared with the same baseline, for "
+                f"each metric and each kind of claim (difference, equivalence, non-inferiority): the chance of any "
+                f"false claim of that kind among them is at most {alpha}; the verdicts read the Holm-adjusted "
+                f"p-values, the intervals are per comparison.")
+    return (f"Error rate: per comparison: each verdict is wrong with probability at most {alpha}; with several "
+            f"heads the chance that at least one of them is wrong is larger (up to {alpha} per head).")
+
+
+ADJUSTED_COLUMN = ("p_equivalence", "p_non_inferiority", "p_difference")  # the column's order: TOST / non-inf. / diff.
+
+
+def equivalence_section(results):
+    """Markdown lines of the equivalence / non-inferiority verdicts of every pair (one row per metric
+    with a margin), the margins and the error-rate control; [] without any verdict."""
+    rows, sentences = [], []
+    for res in results:
+        for metric, v in res.get("equivalence", {}).items():
+            sentences.append(v["sentence"])
+            rows.append([f"{res['variant']} − {res['baseline']}", METRIC_TABLE[metric].label,
+                         equivalence.margin_text(metric, v["margin"]), str(v["n"]),
+                         equivalence.with_unit(metric, equivalence.format_difference(metric, v["mean"])),
+                         _interval_cell(metric, v["interval"]), _interval_cell(metric, v["difference_interval"]),
+                         _p_cell(v["p_equivalence"]), _p_cell(v["p_non_inferiority"]), _p_cell(v["p_difference"]),
+                         " / ".join(_p_cell(v[f"{k}_adjusted"]) for k in ADJUSTED_COLUMN), v["verdict"]])
+    if not rows:
+        return []
+    level = next(v for res in results for v in res["equivalence"].values())
+    tost, two = f"{100 * level['interval_level']:g}%", f"{100 * level['difference_level']:g}%"
+    alpha = f"{100 * level['alpha']:g}%"
+    header = ["variant − baseline", "metric", "margin", "seeds", "mean", f"{tost} t-interval (TOST)",
+              f"{two} t-interval", "TOST p", "non-inferiority p", "difference p",
+              "adjusted p (TOST / non-inf. / difference)", "verdict"]
+    return ["## Equivalence and non-inferiority", "",
+            "Failing to find a difference is not evidence that there is none. Against a margin δ, the per-seed "
+            f"differences (across trainings, as above) support: *superior* / *inferior* (the {two} t-interval "
+            f"excludes 0 on the better / worse side), *equivalent* within ±δ (TOST, two one-sided t-tests at "
+            f"{alpha}: the {tost} t-interval lies inside (−δ, +δ); Schuirmann 1987), *non-inferior* (the one-sided "
+            f"test of the margin on the worse side at {alpha}: the {tost} interval's worse end inside it), else "
+            "*undecided*; the verdict names the first that holds, in that order. Better is higher for top-1, "
+            "lower for ECE and loss. Normal per-seed differences assumed; the noise is the seed-to-seed "
+            "training noise with each seed's validation sample.", "",
+            margins_line(results), "", control_line(results), "",
+            report.markdown_table(header, rows), ""] + [f"- {s}" for s in sentences] + [""]
+
+
+def _interval_cell(metric, interval):
+    low, high = interval
+    if low != low:
+        return "n/a (1 seed)"
+    return f"[{equivalence.format_difference(metric, low)}, {equivalence.format_difference(metric, high)}]"
+
+
+def summary_document(results, lines):
+    """summary.json: the margins, the error-rate control and, per pair, the machine-readable verdicts
+    (margin, intervals, p-values, flags, verdict) with the plain-words lines."""
+    entries = [v for res in results for v in res.get("equivalence", {}).values()]
+    margins = {}
+    for v in entries:
+        margins[v["metric"]] = {"margin": v["margin_shown"], "units": equivalence.margin_units(v["metric"]) or "own",
+                                "margin_as_difference": v["margin"], "source": v["margin_source"]}
+    keys = ("n", "mean", "sd", "margin", "alpha", "higher_is_better", "interval", "interval_level",
+            "difference_interval", "difference_level", "p_lower", "p_upper", "p_equivalence", "p_non_inferiority",
+            "p_superiority", "p_inferiority", "p_difference", *(f"{k}_adjusted" for k in equivalence.FAMILY_P),
+            "superior", "inferior", "equivalent", "non_inferior", "verdict", "unadjusted_verdict", "multiplicity",
+            "family_size", "sentence")
+    return {"alpha": entries[0]["alpha"] if entries else None,
+            "multiplicity": entries[0]["multiplicity"] if entries else None, "margins": margins,
+            "comparisons": [{"variant": res["variant"], "baseline": res["baseline"], "seeds": res["seeds"],
+                             "verdict": res["verdict"],
+                             "equivalence": {m: {k: v[k] for k in keys} for m, v in res.get("equivalence", {}).items()}}
+                            for res in results],
+            "plain_words": list(lines)}
 
 
 def mean_curves(variants):
@@ -397,16 +534,19 @@ def selective_section(variants):
 
 
 def ood_section(variants):
-    """(markdown lines, pooled histograms, OOD set name) when the runs carry OOD results."""
+    """(markdown lines, pooled histograms, OOD set name) when the runs carry OOD results. On cached
+    features the head-free scores are one table of their own, once for every head (shared_ood_lines)."""
     rows, hists, names = [], {}, set()
+    shared = ood_report.shared_feature_scores([(r["seed"], r["result"]) for runs in variants.values() for r in runs
+                                               if r["result"].get("ood")])
     for variant, runs in variants.items():
         oods = [r["result"]["ood"] for r in runs if r["result"].get("ood")]
         if not oods:
             continue
         names.update(f"{o['source']} (cached features)" if o.get("source") else o["dataset"] for o in oods)
         hists[variant] = ood_report.pooled_histograms(oods)
-        for score in oods[0]["scores"]:
-            rows.append([variant, ood_report.SCORE_LABELS.get(score, score),
+        for score in (s for s in oods[0]["scores"] if s not in shared):
+            rows.append([variant, score_label(score),
                          report.format_mean_std([o["scores"][score]["auroc"] for o in oods], "pct"),
                          report.format_mean_std([o["scores"][score]["fpr_at_tpr"] for o in oods], "pct"),
                          auroc_difference_text(oods, score)])
@@ -420,15 +560,47 @@ def ood_section(variants):
              "fraction of OOD images accepted when 95% of in-distribution images are; lower is better) "
              "for each score: max probability and entropy (Hendrycks & Gimpel, ICLR 2017) and, for "
              "sparse heads, support size; energy and max logit; with a feature memory (eval.py "
-             "--ood-memory) the modern-Hopfield energy, its sparsemax / 1.5-entmax counterparts, the "
-             "retrieval support, SHE and kNN (evaluation/ood_scores.py). Mean ± std over seeds; "
-             "histograms pool the seeds. Δ AUROC vs max prob: the mean over seeds of each run's "
-             "difference to its own max-probability AUROC, with a 95% t-interval and the exact "
-             "sign-flip p over the seeds, so it includes seed-to-seed training noise (the smallest "
-             "p S seeds can give is 2/2^S: 0.25 at 3; one seed: the difference alone).", "",
+             "--ood-memory) minus the modern-Hopfield energy (E = −lse_β(Xξ) + ½‖ξ‖², Ramsauer et al., "
+             "ICLR 2021) and minus its sparsemax / 1.5-entmax counterparts, the retrieval support (how "
+             "many stored patterns a sparsemax retrieval keeps; more = more in-distribution), SHE and kNN "
+             "(evaluation/ood_scores.py). Mean ± std over seeds; histograms pool the seeds. Δ AUROC vs "
+             "max prob: the mean over seeds of each run's difference to its own max-probability AUROC, "
+             "with a 95% t-interval and the exact sign-flip p over the seeds, so it includes seed-to-seed "
+             "training noise (the smallest p S seeds can give is 2/2^S: 0.25 at 3; one seed: the "
+             "difference alone).", "",
              report.markdown_table(["variant", "score", "AUROC", "FPR@95%TPR", "Δ AUROC vs max prob"], rows), "",
+             *shared_ood_lines(shared),
              f"![OOD score histograms]({plots.PLOT_FILES['ood']})", ""]
     return lines, hists, name
+
+
+def _once(values):
+    """The per-seed values as format_mean_std should see them: one value when every seed gave it."""
+    return values[:1] if max(values) - min(values) <= SAME_TOLERANCE else values
+
+
+def shared_ood_lines(shared):
+    """Markdown lines of the head-free scores on cached features (ood_report.shared_feature_scores), or []."""
+    if not shared:
+        return []
+    rows = [[score_label(score), report.format_mean_std(_once(e["auroc"]), "pct"),
+             report.format_mean_std(_once(e["fpr_at_tpr"]), "pct")] for score, e in shared.items()]
+    spread = max(e["head_spread"] for e in shared.values())
+    by_seed = any(len(_once(e[key])) > 1 for e in shared.values() for key in ("auroc", "fpr_at_tpr"))
+    seeds = ("Mean ± std over seeds where the seeds differ: a memory subsampled with each run's seed (eval.py "
+             "--ood-memory N), so the std is the subsample's, with no training noise in it. " if by_seed else
+             "Every head and seed gave the same value (the whole training split as memory). ")
+    lines = ["Scores of the cached features alone, the same for every head: on cached features "
+             "(data.dataset=features) the evaluated split, the OOD set and the memory are the backbone's "
+             "features for every run, and these scores read no head output, so they are shown once, not per "
+             f"head. {seeds}No Δ AUROC vs max prob: against the same number for every run, its interval and p "
+             "would measure max probability's seed-to-seed noise alone. SHE reads the head's predicted classes "
+             "and stays in the table above.", "",
+             report.markdown_table(["score (every head)", "AUROC", "FPR@95%TPR"], rows), ""]
+    if spread > SAME_TOLERANCE:  # the premise failed: say so rather than hide it in a mean
+        lines += [f"Note: the heads' values of one seed differ by up to {100 * spread:.2g} pt; the table shows "
+                  "their mean.", ""]
+    return lines
 
 
 def auroc_difference_text(oods, score, base="max_prob"):
@@ -470,12 +642,14 @@ def _learned_alpha_note(run):
     return f" (learned α {alpha:.4f})" if run["result"].get("learn_alpha") and alpha is not None else ""
 
 
-def write_report(variants, report_dir, title, command, weights="raw", notes=(), pairs=(), missing=()):
-    """report.md + runs.csv + summary.csv + paired_statistics.json + the PNG plots.
+def write_report(variants, report_dir, title, command, weights="raw", notes=(), pairs=(), missing=(), margins=None,
+                 multiplicity=equivalence.MULTIPLICITY):
+    """report.md + runs.csv + summary.csv + paired_statistics.json + summary.json + the PNG plots.
 
     variants: {name: [load_run(...)]}; pairs: [(variant, baseline variant)] for the paired statistics;
-    missing: planned run directories without results (named in the report).
-    Returns (table text, report.md path, paired results)."""
+    missing: planned run directories without results (named in the report); margins: {metric: δ} over
+    the metric table's defaults (equivalence.parse_margins of --margin); multiplicity: "holm" or "none"
+    across the heads (evaluation/equivalence.py). Returns (table text, report.md path, paired results)."""
     prepare_output(report_dir, folder=True)
     header, rows = summary_table(variants)
     acc_curves, hists, diagrams, cov_curves, points = _plot_inputs(variants)
@@ -484,7 +658,7 @@ def write_report(variants, report_dir, title, command, weights="raw", notes=(), 
     plots.plot_support_histograms(hists, files["support"])
     plots.plot_reliability(diagrams, files["reliability"])
     plots.plot_coverage_vs_set_size(cov_curves, points, files["coverage"])
-    paired_res, skipped = paired_results(variants, pairs)
+    paired_res, skipped = paired_results(variants, pairs, margins, multiplicity)
     paired_lines = paired_section(paired_res, skipped, pairs)
     verdicts, checks = verdict_lines(variants, paired_res)
     selective_lines, risk_curves = selective_section(variants)
@@ -501,12 +675,14 @@ def write_report(variants, report_dir, title, command, weights="raw", notes=(), 
     report.write_csv(run_rows, os.path.join(report_dir, "runs.csv"))
     report.write_csv([dict(zip(header, r)) for r in rows], os.path.join(report_dir, "summary.csv"))
     write_json(paired_res, os.path.join(report_dir, "paired_statistics.json"))
+    found = summary.plain_words(variants, paired_res, mean_curves(variants))
+    write_json(summary_document(paired_res, found), os.path.join(report_dir, "summary.json"))
 
     first = next(iter(variants.values()))[0]["result"]
     calib = (first.get("prediction_sets") or {}).get("calibration") or {}
     lines = [
         f"# {title}", "",
-        *summary.section(summary.plain_words(variants, paired_res, mean_curves(variants))),
+        *summary.section(found),
         f"Command: `{command}`", "",
         f"Dataset: {first['dataset']} ({first['split']} split, n={first['n']} per run), "
         f"model {first['model']}, {weights} weights. Cells are mean ± std over seeds; every number is "
@@ -515,7 +691,8 @@ def write_report(variants, report_dir, title, command, weights="raw", notes=(), 
         report.markdown_table(header, rows), "",
         LOAD_NOTE, "",
     ]
-    lines += verdict_section(verdicts, checks) + paired_lines + selective_lines + ood_lines
+    lines += verdict_section(verdicts, checks) + equivalence_section(paired_res) + paired_lines + selective_lines \
+        + ood_lines
     lines += pool_report.pool_section(variants, report_dir)  # hopfield-pooled runs only
     lines += [
         "## Prediction sets", "",

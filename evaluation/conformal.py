@@ -32,6 +32,7 @@ import math
 import torch
 
 from common.seeding import mix_seed
+from configs.loader import config_to_dict
 from models.registry import HEADS
 
 EPSILONS = (0.1, 0.05)
@@ -264,6 +265,13 @@ def set_mask(method, q, logits=None, probs=None, alpha=None, u=None):
 def methods_for_head(head_name):
     """Score families that make sense for a head: its own support if sparse, LAC and APS always."""
     return (("support",) if head_name in HEADS and HEADS[head_name].conformal_support else ()) + ("lac", "aps")
+
+
+def aps_seed(cfg):
+    """The seed of randomized APS's uniforms: one per run (its training seed, head and head settings,
+    model norm), so seeds and heads do not all share one draw (aps_uniforms)."""
+    head = ",".join(f"{k}={v}" for k, v in sorted(config_to_dict(cfg)["head"].items()))
+    return mix_seed("eval-aps", int(cfg.train.seed), head, str(cfg.model.norm))
 
 
 def _scores_and_sizer(method, logits, probs, labels, alpha, stream=0, aps_seed=0):

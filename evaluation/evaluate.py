@@ -127,6 +127,7 @@ def _gather_examples(kept, head, module, accelerator, pool_support=False):
             records[POOL_SUPPORT_FIELD] = torch.zeros(0, dtype=torch.long)
         logits = torch.empty(0, module.num_classes)
     # bool does not travel through every backend's gather: send uint8, cast back
-    records = {k: gather_in_order(v.to(torch.uint8) if v.dtype == torch.bool else v, accelerator) for k, v in records.items()}
+    records = {k: gather_in_order(v.to(torch.uint8) if v.dtype == torch.bool else v, accelerator)
+               for k, v in records.items()}
     records["top5_hit"] = records["top5_hit"].bool()
     return records, gather_in_order(logits, accelerator)

@@ -23,7 +23,7 @@ import math
 import numpy as np
 import torch
 
-SCORES = ("max_prob", "neg_entropy", "neg_support")
+from .ood_table import PROBABILITY_SCORES as SCORES  # the declared order (evaluation/ood_table.py)
 
 
 def _scores_1d(x, name):

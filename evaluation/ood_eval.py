@@ -3,8 +3,8 @@
 Scores (all oriented higher = more in-distribution; AUROC and FPR at 95% TPR of each):
 the head's probabilities (evaluation/ood.py: max probability, entropy, support size), its logits
 (evaluation/ood_scores.py: energy at --ood-temperature, max logit) and, unless --ood-memory none,
-the penultimate features against the run's feature memory (evaluation/ood_scores.py: modern-
-Hopfield energy and its sparse counterparts, retrieval support, SHE, kNN; the memory is
+the penultimate features against the run's feature memory (evaluation/ood_scores.py: minus the
+modern-Hopfield energy and its sparse counterparts, retrieval support, SHE, kNN; the memory is
 evaluation/feature_memory.py's, stored in the run directory and reused while valid).
 """
 from __future__ import annotations

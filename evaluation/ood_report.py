@@ -4,21 +4,24 @@ Detection numbers are `evaluation.ood.ood_detection` (AUROC, FPR at 95% TPR; def
 references there) on the scores `evaluation.ood.ood_scores`: max probability, entropy and, for the
 sparse heads, support size. Score histograms (in-distribution vs OOD) are stored with fixed bins so
 that the seeds of a head add up: max probability on [0, 1], entropy on [0, ln K], support size 1..K.
+
+On cached features (data.dataset=features) the penultimate features, the memory and the OOD features
+are the backbone's, the same for every head: the scores that read no head output
+(ood_table.HEAD_FREE_SCORES) are then one number per seed for all heads, which
+`shared_feature_scores` collects for the comparison report to show once.
 """
 import math
 
 import numpy as np
 
 from common.errors import UserError
+from common.suggest import suggest_value
 from data.registry import dataset_names, dataset_spec
 from models.registry import is_sparse
 
 from .ood import ood_detection, ood_scores
+from .ood_table import HEAD_FREE_SCORES
 
-SCORE_LABELS = {"max_prob": "max probability", "neg_entropy": "entropy", "neg_support": "support size",
-                "energy": "energy", "max_logit": "max logit", "hopfield_softmax": "Hopfield energy",
-                "hopfield_sparsemax": "Hopfield sparsemax", "hopfield_entmax15": "Hopfield 1.5-entmax",
-                "hopfield_support": "retrieval support", "she": "SHE", "knn": "kNN"}
 HIST_BINS = 20
 
 
@@ -44,7 +47,8 @@ def resolve_ood_dataset(name, dataset, flag="--ood-dataset"):
                             f"e.g. {flag} imagefolder --ood-root DIR")
         return ood
     if name not in ood_dataset_names():
-        raise UserError(f"unknown {flag} '{name}'; valid: auto, {', '.join(ood_dataset_names())}")
+        raise UserError(f"unknown {flag} '{name}'{suggest_value(name, ood_dataset_names())}; valid: auto, "
+                        f"{', '.join(ood_dataset_names())}")
     return name
 
 
@@ -91,3 +95,35 @@ def pooled_histograms(results):
                 out[name]["in"] = [a + b for a, b in zip(out[name]["in"], h["in"])]
                 out[name]["out"] = [a + b for a, b in zip(out[name]["out"], h["out"])]
     return out
+
+
+def on_cached_features(result):
+    """Whether an eval result is of a run on cached features (its config's data.dataset)."""
+    return result.get("dataset") in dataset_names(features=True)
+
+
+def shared_feature_scores(runs):
+    """The head-free scores of a comparison on cached features, once for every head.
+
+    runs: [(seed, eval result)] of every head and seed that carries OOD results. -> {score: {"auroc": [...],
+    "fpr_at_tpr": [...], "head_spread": max over seeds of max − min across heads (0 when the heads agree,
+    as they should)}}, one value per seed (sorted by seed; the mean over the heads at that seed: with
+    --ood-memory N the memory is drawn with the run's seed). {} unless every run is on cached features;
+    a score is included only when every run has it."""
+    if not runs or not all(on_cached_features(result) for _, result in runs):
+        return {}
+    shared = {}
+    for score in HEAD_FREE_SCORES:
+        if not all(score in result["ood"]["scores"] for _, result in runs):
+            continue
+        by_seed = {}
+        for seed, result in runs:
+            by_seed.setdefault(seed, []).append(result["ood"]["scores"][score])
+        entry = {"auroc": [], "fpr_at_tpr": [], "head_spread": 0.0}
+        for seed in sorted(by_seed, key=str):
+            for key in ("auroc", "fpr_at_tpr"):
+                values = [r[key] for r in by_seed[seed]]
+                entry[key].append(sum(values) / len(values))
+                entry["head_spread"] = max(entry["head_spread"], max(values) - min(values))
+        shared[score] = entry
+    return shared

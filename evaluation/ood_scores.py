@@ -10,14 +10,22 @@ From the logits z (any head: only the logits are needed):
     Real-World Settings", ICML 2022).
 
 From the penultimate feature ξ of a query and the memory X (n × d) of training features:
-  - "hopfield_softmax": minus the modern-Hopfield energy (Ramsauer et al. 2021),
+  - "hopfield_softmax": MINUS the modern-Hopfield energy E(ξ) = −lse_β(X ξ) + ½‖ξ‖² (Ramsauer et
+    al., "Hopfield Networks is All You Need", ICLR 2021; constants dropped), i.e. the score is
     lse_β(X ξ) − ½‖ξ‖², with lse_β(v) = β⁻¹ log Σ exp(β v_i);
-  - "hopfield_sparsemax", "hopfield_entmax15": the same with the Fenchel–Young conjugate
-    Ω*(βXξ)/β of sparsemax / 1.5-entmax in place of lse (Hopfield–Fenchel–Young energies, Santos
-    et al., ICML 2024 / JMLR 2025): Ω*(s) = ⟨s, p⟩ − Ω(p), p = the mapping of s, Ω the Tsallis
-    entropy regularizer ((Σp^α − 1)/(α(α − 1)), α = 2 or 1.5);
-  - "hopfield_support": minus the number of stored patterns a sparsemax retrieval of ξ activates
-    (ID queries should retrieve few patterns, OOD ones diffusely);
+  - "hopfield_sparsemax", "hopfield_entmax15": minus the same energy with the Fenchel–Young
+    conjugate Ω*(βXξ)/β of sparsemax / 1.5-entmax in place of lse (Hopfield–Fenchel–Young energies,
+    Santos et al., ICML 2024 / JMLR 2025): Ω*(s) = ⟨s, p⟩ − Ω(p), p = the mapping of s, Ω the
+    Tsallis entropy regularizer ((Σp^α − 1)/(α(α − 1)), α = 2 or 1.5);
+  - "hopfield_retrieved": PLUS the number of stored patterns the sparsemax retrieval p =
+    sparsemax(βXξ) keeps. With the similarities sorted, s_(1) ≥ s_(2) ≥ …, pattern (k) is kept
+    exactly when Σ_{j<k} (s_(j) − s_(k)) < 1: the count of training features nearly as similar
+    to ξ as its best matches (within about 1/β in cosine). An ID query sits among many near-equal
+    neighbours of its class, an OOD query has fewer. The opposite hope (ID queries retrieve one
+    pattern exactly) needs the separation margin of Santos et al.'s exact-retrieval result, which
+    a memory of raw training features, full of near-duplicates, does not have. No paper states
+    this direction for OOD detection; it was chosen on a synthetic clustered memory and checked
+    on other OOD kinds and on trained features (tests/test_ood_scores.py, docs/evaluation.md);
   - "she": ξ · m_ŷ, the stored pattern of the predicted class, where m_c is the mean training
     feature of the correctly classified training images of class c (Zhang et al., "Out-of-
     Distribution Detection based on In-Distribution Data Patterns Memorization with Modern Hopfield
@@ -42,8 +50,8 @@ import torch
 from common.errors import UserError
 from models.mappings import entmax15, sparsemax
 
-LOGIT_SCORES = ("energy", "max_logit")
-MEMORY_SCORES = ("hopfield_softmax", "hopfield_sparsemax", "hopfield_entmax15", "hopfield_support", "she", "knn")
+from .ood_table import HOPFIELD_SCORES, LOGIT_SCORES, MEMORY_SCORES
+
 KNN_K = 50  # Sun et al.'s choice for CIFAR-10 with the whole training set
 HOPFIELD_BETA = 10.0  # on cosine similarities in [-1, 1]
 CHUNK = 256  # queries per similarity block
@@ -66,7 +74,7 @@ def logit_scores(logits, temperature: float = DEFAULT_TEMPERATURE) -> dict:
     z = torch.as_tensor(logits).double()
     m = z.amax(-1)
     energy = m + t * torch.logsumexp((z - m.unsqueeze(-1)) / t, -1)  # shifted: exact at any T
-    return {"energy": energy.numpy(), "max_logit": m.numpy()}
+    return dict(zip(LOGIT_SCORES, (energy.numpy(), m.numpy())))
 
 
 def normalise(features) -> torch.Tensor:
@@ -91,14 +99,14 @@ def _chunks(n):
 def hopfield_scores(queries, memory, beta: float = HOPFIELD_BETA) -> dict:
     """The four Hopfield scores of each query (module docstring) against the memory patterns."""
     q, x = normalise(queries), normalise(memory)
-    out = {name: np.empty(q.shape[0]) for name in MEMORY_SCORES[:4]}
+    out = {name: np.empty(q.shape[0]) for name in HOPFIELD_SCORES}
     for sl in _chunks(q.shape[0]):
         s = beta * (q[sl] @ x.T).double()
         half = 0.5 * (q[sl].double() ** 2).sum(-1)
         out["hopfield_softmax"][sl] = (torch.logsumexp(s, -1) / beta - half).numpy()
         conj, p = _tsallis_conjugate(s, 2.0)
         out["hopfield_sparsemax"][sl] = (conj / beta - half).numpy()
-        out["hopfield_support"][sl] = (-(p > 0).sum(-1).double()).numpy()
+        out["hopfield_retrieved"][sl] = (p > 0).sum(-1).double().numpy()  # more kept patterns = more ID
         out["hopfield_entmax15"][sl] = (_tsallis_conjugate(s, 1.5)[0] / beta - half).numpy()
     return out
 

@@ -21,8 +21,15 @@ head learned nothing gets "no comparison: nothing learned" as its verdict.
 import numpy as np
 
 from . import sanity
-from .statistics import METRIC_TABLE, METRICS, across_trainings, describe_across_trainings, describe_difference, \
-    mcnemar_exact, paired_bootstrap
+from .statistics import (
+    METRIC_TABLE,
+    METRICS,
+    across_trainings,
+    describe_across_trainings,
+    describe_difference,
+    mcnemar_exact,
+    paired_bootstrap,
+)
 
 N_BOOT = 2000
 

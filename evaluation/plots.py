@@ -11,9 +11,9 @@ import numpy as np
 from common.io import atomic_write, through_file
 
 matplotlib.use("Agg", force=True)  # before pyplot: no display needed
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.patches import Patch, Rectangle  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.patches import Patch, Rectangle
+from matplotlib.ticker import MaxNLocator
 
 PLOT_FILES = {
     "accuracy": "val_accuracy.png",
@@ -121,7 +121,8 @@ def plot_accuracy_curves(curves, path, weights="raw"):
     ax.set_ylabel(f"validation top-1 (%) [{weights} weights]")
     title = "Validation accuracy per head: mean ± std over seeds (thin: each seed)"
     if evaluations <= 2:  # two points joined by a line are not a measured curve
-        title += f"\nonly {evaluations} evaluation{'s' if evaluations != 1 else ''} per run (one per epoch), joined by straight lines"
+        title += (f"\nonly {evaluations} evaluation{'s' if evaluations != 1 else ''} per run (one per epoch), "
+                  "joined by straight lines")
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -255,9 +256,10 @@ def plot_coverage_vs_set_size(curves, points, path, epsilons=(0.1, 0.05)):
     for eps in epsilons:
         level = 100 * (1 - eps)
         ax.axhline(level, color="gray", lw=0.8, alpha=0.6, zorder=1)
-        ax.annotate(f"1−ε = {level:g}% (ε = {eps:g})", xy=(0, level), xycoords=("axes fraction", "data"),
-                    xytext=(4, 2), textcoords="offset points", ha="left", va="bottom", fontsize=7, color="dimgray",
-                    bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.8), zorder=6)
+        # in the right margin, outside the axes: a label inside them sat on the curves it names
+        ax.annotate(f"1−ε = {level:g}%\n(ε = {eps:g})", xy=(1, level), xycoords=("axes fraction", "data"),
+                    xytext=(4, 0), textcoords="offset points", ha="left", va="center", fontsize=7,
+                    color="dimgray", annotation_clip=False)
     at_report = [s for pts in curves.values() for s, _, eps in pts if eps >= min(epsilons) - 1e-12]
     at_report += [size for size, _ in points.values()]
     widest = max((s for pts in curves.values() for s, _, _ in pts), default=0)
@@ -270,7 +272,7 @@ def plot_coverage_vs_set_size(curves, points, path, epsilons=(0.1, 0.05)):
     ax.set_ylabel("empirical coverage (%)")
     ax.set_title("Conformal prediction sets: coverage vs size")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)  # off the curves
     _save(fig, path)
 
 

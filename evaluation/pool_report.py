@@ -41,7 +41,8 @@ def map_rows(variants):
                 used = int((arrays["weights"][k] > 0).any(axis=0).sum())
                 truth, pred = (_class_name(names, int(arrays[key][k])) for key in ("label", "pred"))
                 captions.append(f"#{int(arrays['index'][k])} {truth}"
-                                + ("" if pred == truth else f" → {pred}") + f"\n{used}/{pooling['num_patches']} patches")
+                                + ("" if pred == truth else f" → {pred}")
+                                + f"\n{used}/{pooling['num_patches']} patches")
             rows.append({"title": f"head {variant}, seed {run['seed']}\npooling: {pooling['mapping']}, "
                                   f"{pooling['support_mean']:.1f}/{pooling['num_patches']} patches",
                          "images": arrays["images"], "weights": arrays["weights"],
@@ -77,7 +78,7 @@ def pool_section(variants, report_dir):
     if maps:
         plots.plot_pool_support_maps(maps, os.path.join(report_dir, plots.POOL_MAPS_FILE))
         lines += ["Support maps of the first validation images of each run (as the model saw them): outlined "
-                  "and tinted patches are used, from yellow (small weight) to red (the image's largest), dark ones unused. "
-                  "Caption: dataset index, true class (→ prediction when wrong), patches used.", "",
+                  "and tinted patches are used, from yellow (small weight) to red (the image's largest), dark ones "
+                  "unused. Caption: dataset index, true class (→ prediction when wrong), patches used.", "",
                   f"![Hopfield pooling support maps]({plots.POOL_MAPS_FILE})", ""]
     return lines

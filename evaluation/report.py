@@ -9,7 +9,7 @@ import statistics
 
 from common.io import atomic_write_text
 
-from .ood_report import SCORE_LABELS
+from .ood_table import score_label
 
 # Scalar metrics in display order: (key in the flattened dict, label, format).
 METRIC_COLUMNS = [
@@ -188,7 +188,7 @@ def eval_columns(result):
 
 def ood_table(ood):
     """Terminal table of one eval result's OOD detection block."""
-    rows = [(SCORE_LABELS.get(name, name), format_value(r["auroc"], "pct"), format_value(r["fpr_at_tpr"], "pct"))
+    rows = [(score_label(name), format_value(r["auroc"], "pct"), format_value(r["fpr_at_tpr"], "pct"))
             for name, r in ood["scores"].items()]
     title = f"OOD detection: in-distribution n={ood['n_in']} vs {ood['dataset']} n={ood['n_out']}"
     memory = ood.get("memory")

@@ -1,8 +1,9 @@
 """Selective prediction of one run and of a head over seeds, from per-example records.
 
 The curves and AURC are `evaluation.selective.risk_coverage` (definitions and references there). The
-confidences: the probability of the predicted class (records' max_prob) for every head and, for the sparse heads, also the support
-(`selective.support_confidence`: 1/support size, ties broken by the max probability).
+confidences: the probability of the predicted class (records' max_prob) for every head and, for the
+sparse heads, also the support (`selective.support_confidence`: 1/support size, ties broken by the max
+probability).
 
 eval.py stores `run_summary` in its JSON; the comparison report recomputes the same numbers from the
 per-example records (`pooled`), and draws its plot from the very values its table shows.

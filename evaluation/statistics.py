@@ -68,7 +68,7 @@ Pure functions of arrays (numpy, float64): no I/O, no model.
 import functools
 import math
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 import torch
@@ -79,19 +79,34 @@ from evaluation.metrics import ECE_BINS
 @dataclass(frozen=True)
 class Metric:
     """A compared metric: its label, the per-example arrays it is computed from, whether its
-    differences read as percentage points (a fraction) or in its own units, and the decimals a
-    sentence gives them."""
+    differences read as percentage points (a fraction) or in its own units, the decimals a
+    sentence gives them, whether a higher value is better, and the default equivalence margin δ
+    of its head − reference difference in the units its differences read in (points when
+    in_points; None: no equivalence verdict unless a margin is given; evaluation/equivalence.py)."""
 
     label: str
     needs: Tuple[str, ...]
     in_points: bool
     digits: int
+    higher_is_better: bool
+    margin: Optional[float]
 
 
 # The compared metrics, in report order (results, tables and sentences of evaluation/paired.py).
-METRIC_TABLE = {"top1": Metric("top-1", ("correct",), True, 1),
-                "ece": Metric("ECE", ("confidence", "correct"), True, 2),
-                "loss": Metric("FY loss", ("loss",), False, 3)}
+# The margins are judgements of what difference does not matter, not statistics; each is stated in
+# the report, and `--margin METRIC=δ` (equivalence.parse_margins) replaces it:
+#   top-1 0.5 pt: below the gains usually reported for a changed head or recipe on CIFAR-scale image
+#     classification, and about the spread that the training seed alone causes there (Picard 2021,
+#     "torch.manual_seed(3407) is all you need"; Bouthillier et al., MLSys 2021): a head within
+#     ±0.5 pt of softmax is as good a choice on accuracy;
+#   ECE 1 pt (0.01): the 15-bin ECE estimate itself is biased and noisy at that level on a
+#     validation set of ~10,000 images (Kumar, Liang & Ma, NeurIPS 2019; Roelofs et al., AISTATS
+#     2022), so smaller differences are not calibration differences anyone could act on;
+#   FY loss none: each head's loss is a different function (its own Fenchel-Young loss), so "as
+#     good as" on it has no common scale; give `--margin loss=δ` to ask anyway.
+METRIC_TABLE = {"top1": Metric("top-1", ("correct",), True, 1, higher_is_better=True, margin=0.5),
+                "ece": Metric("ECE", ("confidence", "correct"), True, 2, higher_is_better=False, margin=1.0),
+                "loss": Metric("FY loss", ("loss",), False, 3, higher_is_better=False, margin=None)}
 METRICS = tuple(METRIC_TABLE)
 _NEEDS = {m: t.needs for m, t in METRIC_TABLE.items()}
 _LABELS = {m: t.label for m, t in METRIC_TABLE.items()}
@@ -321,6 +336,40 @@ def student_t_cdf(x, df):
     theta = np.linspace(0.0, upper, _QUAD_POINTS)
     half = math.exp(log_c) * _simpson(np.cos(theta) ** (df - 1), upper / (_QUAD_POINTS - 1))
     return 0.5 + math.copysign(min(half, 0.5), x)
+
+
+def student_t_sf(x, df):
+    """P[T > x] for Student's t with `df` > 0 degrees of freedom, the upper tail integrated directly,
+    c ∫_atan(x/√df)^(π/2) cos^(df−1) θ dθ (Simpson), so a far tail keeps its relative accuracy
+    (1 − student_t_cdf would cancel to nothing below ~1e-12)."""
+    if df <= 0:
+        raise ValueError(f"degrees of freedom must be positive, got {df}")
+    if math.isnan(x):
+        return float("nan")
+    if x < 0:
+        return 1.0 - student_t_sf(-x, df)
+    if math.isinf(x):
+        return 0.0
+    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(math.pi)
+    lower = math.atan(x / math.sqrt(df))
+    theta = np.linspace(lower, math.pi / 2, _QUAD_POINTS)
+    return float(min(0.5, math.exp(log_c) * _simpson(np.cos(theta) ** (df - 1), (math.pi / 2 - lower)
+                                                      / (_QUAD_POINTS - 1))))
+
+
+@functools.lru_cache(maxsize=256)
+def student_t_isf(p, df):
+    """x with P[T > x] = p, 0 < p ≤ 1/2 (bisection on student_t_sf to 1e-12 relative): the quantile for
+    small tail probabilities, where 1 − p would lose digits."""
+    if not 0 < p <= 0.5:
+        raise ValueError(f"need 0 < p <= 0.5, got {p}")
+    low, high = 0.0, 1.0
+    while student_t_sf(high, df) > p:
+        low, high = high, 2 * high
+    while high - low > 1e-12 * max(1.0, high):
+        mid = (low + high) / 2
+        low, high = (mid, high) if student_t_sf(mid, df) > p else (low, mid)
+    return (low + high) / 2
 
 
 @functools.lru_cache(maxsize=256)  # the power searches ask for the same few quantiles many times

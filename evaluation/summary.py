@@ -4,13 +4,18 @@ Every number here is read from the comparison's own data structures (the runs' f
 as the table shows them, and the paired results across trainings that the verdicts use), and every
 claim follows the same rule as the verdicts: a difference is called a win only when the
 t-interval over seeds excludes 0; otherwise the line says the heads are not distinguishable at
-this budget and what would settle it (more seeds, a longer run, tuning). Nothing here is a fixed
-conclusion: with other numbers the sentences change.
+this budget and what would settle it (more seeds, a longer run, tuning). Not distinguishable is not
+the same as equally good: the margin lines say, per metric with a margin, whether each head is
+within ±δ of its baseline (TOST), non-inferior, better, worse or undecided (evaluation/equivalence.py,
+the sentences the report's equivalence section gives). Nothing here is a fixed conclusion: with other
+numbers the sentences change.
 """
+import contextvars
+
 from models.registry import is_sparse
 
-from . import report, sanity
-from .statistics import mdd_range_text, seeds_range_text, signed_points
+from . import equivalence, report, sanity
+from .statistics import METRIC_TABLE, mdd_range_text, seeds_range_text, signed_points
 
 MINUS = "\u2212"
 
@@ -77,6 +82,21 @@ def accuracy_line(results, budget):
     return "top-1: " + "; ".join(parts)
 
 
+def margin_lines(results):
+    """One line per metric with a margin: each head's equivalence / non-inferiority verdict against its
+    baseline, e.g. "top-1 against a ±0.5 pt margin (TOST at 5%): sparsemax top-1 is within ±0.5 pt of
+    softmax (90% CI [−0.3, +0.4] over 8 seeds; TOST p = 0.01) (Holm across 2 heads); ..."."""
+    lines = []
+    for metric in METRIC_TABLE:
+        verdicts = [res["equivalence"][metric] for res in results if metric in res.get("equivalence", {})]
+        if not verdicts:
+            continue
+        margins = sorted({equivalence.margin_text(metric, v["margin"]) for v in verdicts})
+        lines.append(f"{METRIC_TABLE[metric].label} against a {' / '.join(margins)} margin (TOST at "
+                     f"{100 * verdicts[0]['alpha']:g}%): " + "; ".join(v["sentence"] for v in verdicts))
+    return lines
+
+
 def sets_line(variants, baseline_names):
     """Prediction sets at 90% coverage: the sparse heads' own supports against LAC on the baseline."""
     key = f"ps_support_eps{SET_EPSILON}"
@@ -139,8 +159,22 @@ def settle_line(results, rising):
     if rising:
         steps.append("a longer run (optim.epochs=...): validation top-1 was still rising when training stopped")
     if open_ or rising:
-        steps.append("tuning each head (every head ran the same recipe, e.g. one learning rate)")
+        tuned = TUNED.get()
+        steps.append(tuned_text(tuned) if tuned else "tuning each head (every head ran the same recipe, e.g. one "
+                                                     "learning rate)")
     return ("to settle it: " + "; ".join(steps)) if steps else None
+
+
+# compare_heads --tune sets it around its tuned arm (comparison/tune.py): {"settings": [keys tuned],
+# "complete": {variant: complete trials}}; that comparison's heads ran their tuned settings.
+TUNED = contextvars.ContextVar("tuned", default=None)
+
+
+def tuned_text(tuned):
+    counts = tuned["complete"]
+    per = (f"{next(iter(counts.values()))} complete trials per head" if len(set(counts.values())) == 1 else
+           "complete trials per head " + ", ".join(f"{v} {n}" for v, n in counts.items()))
+    return f"no further tuning (every head was tuned already: {', '.join(tuned['settings'])}; {per}, on the tune split)"
 
 
 def budget_text(variants, curves):
@@ -159,8 +193,8 @@ def plain_words(variants, results, curves):
     curves: {variant: [(epoch, mean top-1)]} (comparison.mean_curves)."""
     budget, rising = budget_text(variants, curves)
     baselines = sorted({res["baseline"] for res in results})
-    lines = [accuracy_line(results, budget), sets_line(variants, baselines), sparsity_line(variants),
-             calibration_line(variants, results), settle_line(results, rising)]
+    lines = [accuracy_line(results, budget), *margin_lines(results), sets_line(variants, baselines),
+             sparsity_line(variants), calibration_line(variants, results), settle_line(results, rising)]
     return [line for line in lines if line]
 
 

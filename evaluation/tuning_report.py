@@ -1,7 +1,7 @@
 """The tuning section of compare_heads --tune's report: each variant's chosen settings, best tune
 score, trial counts and plots, and how the tuned verdicts differ from the untuned ones.
 
-Input is plain data (scripts/tune_heads.py's `tuning_summary`, the paired results of both arms'
+Input is plain data (comparison/tuning_summary.py, the paired results of both arms'
 comparisons), so this module knows nothing of Optuna or the runs.
 """
 import os
@@ -38,21 +38,32 @@ def _settings(params):
     return ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(params.items())) or "—"
 
 
-def _counts(trials):
+def counts(trials):
+    """{state: trials} as Optuna has them, and the failed ones' known causes."""
     states = [t["state"] for t in trials]
-    diverged = sum(t["diverged"] for t in trials)
-    text = f"{states.count('COMPLETE') - diverged} complete, {states.count('PRUNED')} pruned"
-    text += f", {diverged} diverged" if diverged else ""
-    failed = states.count("FAIL")
-    return text + (f", {failed} failed (re-run)" if failed else "")
+    out = {s: states.count(s) for s in ("COMPLETE", "PRUNED", "FAIL", "RUNNING", "WAITING")}
+    out["diverged"] = sum(t["diverged"] for t in trials)
+    out.update({note: sum(t.get("note") == note for t in trials) for note in ("retried", "surplus")})
+    return out
+
+
+def _counts(trials):
+    c = counts(trials)
+    text = f"{c['COMPLETE']} complete" + (f" ({c['diverged']} diverged: top-1 0)" if c["diverged"] else "")
+    text += f", {c['PRUNED']} pruned"
+    if c["FAIL"]:
+        why = [f"{c[n]} {w}" for n, w in (("retried", "lost and retried"), ("surplus", "given back")) if c[n]]
+        text += f", {c['FAIL']} failed" + (f" ({', '.join(why)})" if why else "")
+    return text + "".join(f", {c[s]} {s.lower()}" for s in ("RUNNING", "WAITING") if c[s])
 
 
 def tuning_section(summary, tuned, untuned, report_dir, untuned_report, pruner):
     """Markdown lines (plots written into report_dir); `tuned`/`untuned`: paired results of both arms."""
     variants = summary["variants"]
     lines = ["## Tuning", "",
-             f"Each variant had one Optuna study with the same budget: {_budget(variants)} finished trials (complete or "
-             f"pruned), a seeded TPE sampler, the {pruner} pruner on the per-epoch tune top-1. A trial trains the "
+             f"Each variant had one Optuna study with the same budget: {_budget(variants)} complete trials (pruned and "
+             f"failed ones are extra, counted below), a seeded TPE sampler, the {pruner} pruner on the per-epoch "
+             f"tune top-1. A trial trains the "
              f"variant for the config's epochs on train minus the calib and tune splits and is scored by its "
              f"top-1 on the tune split (data.tune_fraction of train). The verdicts above train each variant's best "
              f"settings over the seeds on the same data and evaluate them on val, which no trial read; the "
@@ -62,8 +73,9 @@ def tuning_section(summary, tuned, untuned, report_dir, untuned_report, pruner):
     lines += [header, "|" + "---|" * 5]
     for name, v in variants.items():
         best = v["best"]
-        trained = sum(t["epochs"] or 0 for t in v["trials"])
-        full = len([t for t in v["trials"] if t["state"] in ("COMPLETE", "PRUNED")]) * v["budget_epochs"]
+        finished = [t for t in v["trials"] if t["state"] in ("COMPLETE", "PRUNED")]
+        trained = sum(t["epochs"] or 0 for t in finished)
+        full = len(finished) * v["budget_epochs"]
         row = (f"| {name} | {_settings(best['params'])} | {100 * best['value']:.2f}% (trial {best['number']}) | "
                if best else f"| {name} | — | — | ")
         lines.append(row + f"{_counts(v['trials'])} | {trained} of {full} |")
@@ -89,13 +101,14 @@ def tuning_section(summary, tuned, untuned, report_dir, untuned_report, pruner):
             plots.plot_tuning_importance(name, v["importance"], os.path.join(report_dir, imp))
             lines += [f"![setting importance of {name}]({imp})"]
         else:
-            lines += [f"- {name}: no importance plot (Optuna's needs two tuned settings and complete trials whose scores differ)"]
+            lines += [f"- {name}: no importance plot (Optuna's needs two tuned settings and complete trials whose "
+                      f"scores differ)"]
         lines += [""]
     return lines
 
 
 def _budget(variants):
-    sizes = {len([t for t in v["trials"] if t["state"] in ("COMPLETE", "PRUNED")]) for v in variants.values()}
+    sizes = {counts(v["trials"])["COMPLETE"] for v in variants.values()}
     return "/".join(str(s) for s in sorted(sizes))
 
 

@@ -9,8 +9,8 @@ import os
 
 from common import rundir
 from common.errors import UserError
-from training.checkpoint.files import list_checkpoints, run_artefacts
 from common.runlock import read_lock, stale_reason
+from training.checkpoint.files import list_checkpoints, run_artefacts
 
 
 def live_lock_holder(run_dir):

@@ -11,11 +11,14 @@ scripts/extract_features.py, the benchmarks) opens them here, so they agree on w
   config comes from `config=` or from `model=` (with `head=`, `img_size=`; the variant's own image
   size by default), the classes from the configured dataset.
 
-`open_run(path, config=, model=, head=, img_size=, ema=, overrides=)` -> TrainedRun: the resolved
-config, the weights file and kind (raw | ema | file), the classes, the evaluation transform (the
-one builder of data/transforms.py, the transform eval.py's data pipeline applies) and the built
-model. `add_run_arguments` is the one argparse group of those flags, `open_from_args` its reader,
-the overrides every command takes are configs/overrides.py's dialect.
+`open_run(path, config=, model=, head=, img_size=, ema=, overrides=, accept_changed_weights=)` ->
+TrainedRun: the resolved config, the weights file and kind (raw | ema | file), the classes, the
+evaluation transform (the one builder of data/transforms.py, the transform eval.py's data pipeline
+applies) and the built model. The weights are read once, hashed, and checked against the sha256 the
+run recorded for them (inference/weights_record.py; --accept-changed-weights uses a changed file
+anyway); a class list whose length is not the weights' class count is one line naming the list.
+`add_run_arguments` is the one argparse group of those flags, `open_from_args` its reader, the
+overrides every command takes are configs/overrides.py's dialect.
 A path that cannot be opened is one UserError line naming the cause and the fix.
 """
 import dataclasses
@@ -29,24 +32,24 @@ import data
 import models
 from common import rundir
 from common.errors import UserError
-from common.seeding import mix_seed
-from common.weights import load_into, read_hashed_state_dict, read_state_dict
+from common.weights import load_into, read_weights_bytes, state_dict_from_bytes
 from configs.loader import config_to_dict
 from configs.overrides import apply_overrides
 from data.classes import load_class_names
 from data.transforms import build_eval_transform, eval_transform
+from inference.run_status import missing_weights_error
+from inference.weights_record import ACCEPT_FLAG, check_weights_record
 from models.convert import convert_state_dict
-from models.pretrained import weights_patch_grid
+from models.pretrained import CLASSIFIER_PREFIX, renamed_state_dict, weights_patch_grid
 from models.resmlp import VARIANTS
-
+from training.checkpoint.state import read_trainer_state
 from training.feature_probe import build_eval_probe
 from training.resume_policy import fingerprint_config
-from inference.run_status import missing_weights_error
-from training.checkpoint.state import read_trainer_state
 
 # what was opened
 RUN, CHECKPOINT, FILE = "run", "checkpoint", "file"
 DEFAULT_IMG_SIZE = 224  # a weights file's image size for a model name that is not one of VARIANTS
+CLASS_COUNT_FIX = "give the class names the model was trained with"  # a class list of another length
 
 
 @dataclasses.dataclass
@@ -57,6 +60,7 @@ class TrainedRun:
     weights: str  # the weights file
     weights_kind: str  # raw | ema | file
     weights_sha256: Optional[str] = None  # of the bytes build_model loaded (None before it ran)
+    accept_changed_weights: bool = False  # use weights that differ from the run's record of them (a warning)
 
     @property
     def run_dir(self) -> Optional[str]:
@@ -84,20 +88,55 @@ class TrainedRun:
                             f"{tuple(probe.shape)} images, the model takes (3, {size}, {size})")
         return transform
 
-    def build_model(self, num_classes=None):
-        """The model in eval mode with the weights loaded (num_classes: len(classes()) by default).
-        Records the sha256 of the very bytes it loaded (`weights_sha256`): what eval.py ties its
-        conformal thresholds and feature memory to, and predict.py checks them against, even when the
-        file is replaced meanwhile (a run still training exports new weights every epoch)."""
-        state_dict, self.weights_sha256 = read_hashed_state_dict(self.weights)
-        return model_from_state_dict(self.cfg, state_dict, self.weights,
-                                     len(self.classes()) if num_classes is None else num_classes)
+    def read_weights(self):
+        """(state dict, sha256) of the weights file, read once. The sha256 is of the very bytes loaded
+        (`weights_sha256`): what eval.py ties its conformal thresholds and feature memory to, and
+        predict.py checks them against, even when the file is replaced meanwhile (a run still training
+        exports new weights every epoch). It is checked against the run's record before the bytes are
+        parsed, so a damaged file is named as changed since training wrote it."""
+        data, self.weights_sha256 = read_weights_bytes(self.weights)
+        check_weights_record(self.weights, self.weights_sha256, accept=self.accept_changed_weights)
+        return state_dict_from_bytes(data, self.weights), self.weights_sha256
+
+    def build_model(self, num_classes=None, classes_from=None, fix=CLASS_COUNT_FIX):
+        """The model in eval mode with the weights loaded (`read_weights`). num_classes: len(classes())
+        by default; `classes_from` names the list it is the length of (default: the run's classes.json,
+        else data.dataset) and `fix` the way out, for the one line a count other than the weights' gives."""
+        state_dict, _ = self.read_weights()
+        trained = classifier_classes(state_dict)
+        run_names = self.run_classes()
+        own_list = os.path.join(self.run_dir, rundir.CLASSES) if run_names is not None else None
+        if trained is not None and run_names is not None and len(run_names) != trained:
+            # the run's own list must fit its weights, whichever list this command uses
+            raise UserError(f"{own_list} lists {len(run_names)} classes but the weights {self.weights} classify "
+                            f"{trained}; restore the {rundir.CLASSES} train.py wrote, or delete it to skip the "
+                            f"class check")
+        num_classes = len(self.classes()) if num_classes is None else num_classes
+        if trained is not None and num_classes != trained:
+            source = classes_from or own_list or f"data.dataset={self.cfg.data.dataset}"
+            raise UserError(f"{source} lists {num_classes} classes but the weights {self.weights} classify "
+                            f"{trained}; {fix}")
+        return model_from_state_dict(self.cfg, state_dict, self.weights, num_classes)
+
+
+def classifier_classes(state_dict):
+    """The class count of the weights' classifier (head.weight in any supported format), None without one."""
+    classifier = renamed_state_dict(state_dict).get(f"{CLASSIFIER_PREFIX}weight")
+    return int(classifier[1].shape[0]) if classifier is not None and classifier[1].dim() == 2 else None
 
 
 # ------------------------------------------------------------------------------------------ opening
-def open_run(path, *, config=None, model=None, head=None, img_size=None, ema=False, overrides=()) -> TrainedRun:
+def open_run(path, *, config=None, model=None, head=None, img_size=None, ema=False, overrides=(),
+             accept_changed_weights=False) -> TrainedRun:
     """Open a run directory, a checkpoint directory or a weights file (module docstring).
     `overrides`: `key.sub=value` strings applied after model/head/img_size."""
+    run = _open(path, config, model, head, img_size, ema, overrides)
+    run.accept_changed_weights = accept_changed_weights
+    return run
+
+
+def _open(path, config, model, head, img_size, ema, overrides):
+    """Which of the three `path` is, and its TrainedRun (open_run's arguments, its flag aside)."""
     if not os.path.exists(path):
         raise UserError(f"checkpoint not found: {path} (give a train.py run directory or a weights file)")
     flags = _flag_overrides(model, head, img_size) + list(overrides)
@@ -160,11 +199,6 @@ def run_dir_of(path):
     return os.path.dirname(os.path.dirname(os.path.abspath(path))) if is_checkpoint_dir(path) else path
 
 
-def build_model(cfg, weights, num_classes):
-    """The classifier `cfg` describes with the weights file `weights` loaded (see `model_from_state_dict`)."""
-    return model_from_state_dict(cfg, read_state_dict(weights), weights, num_classes)
-
-
 def model_from_state_dict(cfg, state_dict, weights, num_classes):
     """The classifier `cfg` describes with `state_dict` (read from the file `weights`: this project's,
     timm's or FB's format) loaded, in eval mode; a linear probe for data.dataset=features. UserError
@@ -186,18 +220,12 @@ def model_from_state_dict(cfg, state_dict, weights, num_classes):
     return model.eval()
 
 
-def aps_seed(cfg):
-    """The seed of randomized APS's uniforms: one per run (its training seed, head and head settings,
-    model norm), so seeds and heads do not all share one draw (evaluation/conformal.py)."""
-    head = ",".join(f"{k}={v}" for k, v in sorted(config_to_dict(cfg)["head"].items()))
-    return mix_seed("eval-aps", int(cfg.train.seed), head, str(cfg.model.norm))
-
-
 # ------------------------------------------------------------------------------------------ the flags
 def add_run_arguments(parser, *, positional=False, data_flags=False, batch_help="per-process batch size"):
     """The flags that say what to open, as one argparse group: --checkpoint (or a positional
-    RUN_DIR|WEIGHTS), --config, --model, --head, --img-size, --ema; with data_flags also --dataset,
-    --data-root and --batch-size (overrides of data.dataset, data.root, data.eval_batch_size)."""
+    RUN_DIR|WEIGHTS), --config, --model, --head, --img-size, --ema, --accept-changed-weights; with
+    data_flags also --dataset, --data-root and --batch-size (overrides of data.dataset, data.root,
+    data.eval_batch_size)."""
     g = parser.add_argument_group("what to open")
     what = "train.py run directory, one of its checkpoints (RUN/checkpoints/step_N), or a .safetensors/.pth " \
            "weights file (with --config or --model)"
@@ -212,6 +240,9 @@ def add_run_arguments(parser, *, positional=False, data_flags=False, batch_help=
     g.add_argument("--img-size", type=int, help="model/data image size (default: the model variant's own, "
                                                 "32 for the CIFAR-size models, 224 otherwise)")
     g.add_argument("--ema", action="store_true", help="the run's EMA weights (model_ema.safetensors)")
+    g.add_argument(ACCEPT_FLAG, action="store_true",
+                   help="use weights whose sha256 differs from the one the run recorded for them (its "
+                        "checkpoint's COMPLETE.json), with a warning; without it such a file is refused")
     if data_flags:
         g.add_argument("--dataset", help="override data.dataset")
         g.add_argument("--data-root", help="override data.root")
@@ -228,4 +259,5 @@ def open_from_args(args) -> TrainedRun:
     collected overrides when the command has them."""
     data_overrides = [(key, getattr(args, flag)) for flag, key in DATA_FLAGS if getattr(args, flag, None)]
     return open_run(args.checkpoint, config=args.config, model=args.model, head=args.head, img_size=args.img_size,
-                    ema=args.ema, overrides=data_overrides + list(getattr(args, "overrides", [])))
+                    ema=args.ema, overrides=data_overrides + list(getattr(args, "overrides", [])),
+                    accept_changed_weights=getattr(args, "accept_changed_weights", False))

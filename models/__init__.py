@@ -2,8 +2,18 @@
 import timm
 
 from .convert import convert_state_dict, load_pretrained
-from .heads import (HEAD_NAMES, OutputHead, build_output_head, entmax15, entmax15_loss, entmax_bisect,
-                    entmax_bisect_loss, softmax, softmax_loss, sparsemax, sparsemax_loss)
+from .heads import (
+    HEAD_NAMES,
+    OutputHead,
+    entmax15,
+    entmax15_loss,
+    entmax_bisect,
+    entmax_bisect_loss,
+    softmax,
+    softmax_loss,
+    sparsemax,
+    sparsemax_loss,
+)
 from .registry import HPARAMS
 from .resmlp import MODEL_NAMES, Affine, ResMLP, create_resmlp  # importing registers resmlp_* with timm
 
@@ -32,7 +42,12 @@ def create_classifier(model_cfg, head_cfg, num_classes, *, img_size):
         pool_beta=model_cfg.pool_beta,
         pool_k=model_cfg.pool_k,
     )
-    model.output_head = build_output_head(head_cfg.name, **{key: getattr(head_cfg, key) for key in HPARAMS})
+    model.output_head = OutputHead(head_cfg.name, **{key: getattr(head_cfg, key) for key in HPARAMS})
     # a cosine_classifier head (am_softmax) swaps the final Linear; sparse_softmax checks head.k
     model.output_head.prepare_classifier(model)
     return model
+
+
+__all__ = ["create_classifier", "convert_state_dict", "load_pretrained", "HEAD_NAMES", "OutputHead", "HPARAMS",
+           "MODEL_NAMES", "Affine", "ResMLP", "create_resmlp", "softmax", "sparsemax", "entmax15", "entmax_bisect",
+           "softmax_loss", "sparsemax_loss", "entmax15_loss", "entmax_bisect_loss"]

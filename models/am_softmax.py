@@ -29,9 +29,17 @@ from torch import Tensor, nn
 
 from common.errors import UserError
 from common.intervals import RangeCheck
-from .head_targets import (check_loss_args, compute_dtype, dense_target, finish_rows, flatten, masked_dot,
-                           reduce_rows, RowGradientLoss)
 
+from .head_targets import (
+    RowGradientLoss,
+    check_loss_args,
+    compute_dtype,
+    dense_target,
+    finish_rows,
+    flatten,
+    masked_dot,
+    reduce_rows,
+)
 
 check_scale = RangeCheck("head.scale", float, "(0, inf)", "the paper uses 30")
 

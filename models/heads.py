@@ -26,8 +26,15 @@ from .losses import entmax15_loss, entmax_bisect_loss, softmax_loss, sparsemax_l
 from .mappings import entmax15, entmax_bisect, softmax, sparsemax
 from .normmax import normmax, normmax_loss
 from .perturbmax import EVAL_SEED, perturbmax, perturbmax_loss
-from .registry import (ENTMAX_HEAD_NAMES, HEAD_NAMES, HPARAMS, SPARSE_HEAD_NAMES, check_settings, head_spec,
-                       learned_alpha_logit)
+from .registry import (
+    ENTMAX_HEAD_NAMES,
+    HEAD_NAMES,
+    HPARAMS,
+    SPARSE_HEAD_NAMES,
+    check_settings,
+    head_spec,
+    learned_alpha_logit,
+)
 from .taylor_softmax import taylor_softmax, taylor_softmax_loss
 from .topk_softmax import topk_softmax, topk_softmax_loss
 
@@ -59,7 +66,8 @@ class OutputHead(nn.Module):
 
     @property
     def alpha(self) -> Tensor:
-        """Current alpha as a float tensor (differentiable when learned); NaN for the heads
+        """The one reader of alpha (alpha_value, hparams, learned_alpha and the forward go through it).
+        Current alpha as a float tensor (differentiable when learned); NaN for the heads
         outside the entmax family (normmax, sparse_softmax, taylor_softmax, am_softmax)."""
         if self.learn_alpha:
             return 1.0 + torch.sigmoid(self.alpha_logit)
@@ -75,13 +83,13 @@ class OutputHead(nn.Module):
         """The selected head's own hyperparameters, e.g. {"gamma": 2.0} for normmax."""
         out = dict(self.settings)
         if "alpha" in out:
-            out["alpha"] = float(self.alpha.detach())
+            out["alpha"] = self.alpha_value()
         return out
 
     def learned_alpha(self):
         """The learned alpha as a float (head.learn_alpha), None for a fixed one: for logs and reports
         (a host read: never inside a training step)."""
-        return float(self.alpha.detach()) if self.learn_alpha else None
+        return self.alpha_value() if self.learn_alpha else None
 
     def prepare_classifier(self, model: nn.Module) -> nn.Module:
         """Fit the model's classifier to this head (called once by models.create_classifier):
@@ -95,7 +103,7 @@ class OutputHead(nn.Module):
     def _live_settings(self, logits: Tensor, dim: int, ids) -> dict:
         settings = self.settings
         if self.learn_alpha:
-            settings = {**settings, "alpha": 1.0 + torch.sigmoid(self.alpha_logit)}
+            settings = {**settings, "alpha": self.alpha}
         if self.spec.draws:
             if self.training:
                 draw = (self.draw_seed, self.draw_step)
@@ -134,12 +142,8 @@ class OutputHead(nn.Module):
                                                   for k, v in self.hparams().items()])
 
 
-def build_output_head(name: str, **settings) -> OutputHead:
-    return OutputHead(name, **settings)
-
-
 __all__ = [
-    "HEAD_NAMES", "SPARSE_HEAD_NAMES", "ENTMAX_HEAD_NAMES", "OutputHead", "build_output_head", "REDUCTIONS",
+    "HEAD_NAMES", "SPARSE_HEAD_NAMES", "ENTMAX_HEAD_NAMES", "OutputHead", "REDUCTIONS",
     "softmax", "sparsemax", "entmax15", "entmax_bisect",
     "softmax_loss", "sparsemax_loss", "entmax15_loss", "entmax_bisect_loss",
     "normmax", "normmax_loss", "topk_softmax", "topk_softmax_loss",

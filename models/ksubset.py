@@ -33,11 +33,9 @@ from torch import Tensor
 from common.errors import UserError
 
 from . import thresholds_cpu, thresholds_device
-from .head_targets import masked_dot
+from .head_targets import RowGradientLoss, check_loss_args, finish_rows, masked_dot, reduce_rows
 from .mappings import rows_backward, rows_forward, threads_for, uses_device_path
 from .rows import compute_dtype
-
-REDUCTIONS = ("mean", "sum", "none")
 
 
 def check_k(k, n: int, what: str = "k") -> int:
@@ -107,7 +105,9 @@ def _check_target(y: Tensor, k: int) -> None:
                         f"k = {k}), e.g. k-hot rows; pass k item indices per row or fix the target rows")
 
 
-class KSubsetLossFunction(torch.autograd.Function):
+class KSubsetLossFunction(RowGradientLoss):
+    """Per-row SparseMAP loss and its gradient mu - y, on the heads' shared loss pipeline."""
+
     @staticmethod
     def forward(ctx, z: Tensor, y: Tensor, k: int):
         with threads_for(z):
@@ -116,13 +116,8 @@ class KSubsetLossFunction(torch.autograd.Function):
             zs = z - ref.masked_fill(ref == float("-inf"), 0.0)  # the loss is shift-invariant on M_k
             diff = mu - y
             loss = 0.5 * ((y * y).sum(-1) - (mu * mu).sum(-1)) + masked_dot(zs, diff)
-        ctx.save_for_backward(diff)
-        return torch.nan_to_num(loss, nan=float("inf")).clamp_(min=0.0)
-
-    @staticmethod
-    def backward(ctx, g: Tensor):
-        (diff,) = ctx.saved_tensors
-        return g.unsqueeze(-1) * diff, None, None
+        RowGradientLoss.save_row_gradient(ctx, diff, z)
+        return finish_rows(loss)  # +inf (never the largest float) where the target has mass on a -inf score
 
 
 def ksubset_loss(logits: Tensor, target: Tensor, k: int, reduction: str = "mean") -> Tensor:
@@ -130,8 +125,7 @@ def ksubset_loss(logits: Tensor, target: Tensor, k: int, reduction: str = "mean"
 
     target: rows (..., N) in the polytope (k-hot or fractional), or (..., k) item indices
     (int64), which mean the k-hot row of those items. Gradient mu - y; 0 where y = mu."""
-    if reduction not in REDUCTIONS:
-        raise UserError(f"unknown reduction '{reduction}'; valid: {', '.join(REDUCTIONS)}")
+    check_loss_args(reduction, 0.0)
     n = logits.shape[-1]
     check_k(k, n)
     zf = compute_dtype(logits)
@@ -146,10 +140,7 @@ def ksubset_loss(logits: Tensor, target: Tensor, k: int, reduction: str = "mean"
     y = target.to(zf.dtype).reshape(-1, n)
     _check_target(y, k)
     loss = KSubsetLossFunction.apply(zf.reshape(-1, n), y, k)
-    if reduction == "none":
-        return loss.reshape(logits.shape[:-1]).to(logits.dtype)
-    out = loss.sum() if reduction == "sum" else loss.sum() / max(loss.numel(), 1)
-    return out.to(logits.dtype)
+    return reduce_rows(loss, None, reduction, logits.shape[:-1]).to(logits.dtype)
 
 
 __all__ = ["ksubset", "ksubset_loss", "k_hot", "check_k"]

@@ -21,7 +21,7 @@ import torch.nn as nn
 
 from common.errors import UserError
 
-from .heads import build_output_head
+from .heads import OutputHead
 from .pretrained import fit_pretrained
 
 
@@ -63,7 +63,7 @@ class LinearProbe(nn.Module):
 
 
 def _attach_head(probe, head_cfg):
-    probe.output_head = build_output_head(
+    probe.output_head = OutputHead(
         head_cfg.name, alpha=head_cfg.alpha, learn_alpha=head_cfg.learn_alpha, gamma=head_cfg.gamma,
         k=head_cfg.k, order=head_cfg.order, scale=head_cfg.scale, margin=head_cfg.margin)
     probe.output_head.prepare_classifier(probe)  # am_softmax: the cosine classifier; sparse_softmax: checks k

@@ -34,9 +34,9 @@ from .head_targets import REDUCTIONS, RowGradientLoss, compute_dtype, finish_row
 from .mappings import (
     ALPHA_OF,
     SOFTMAX_BELOW,
-    _check_alpha_value,
-    _check_n_iter,
     alpha_rows,
+    check_alpha_value,
+    check_n_iter,
     entmax15_kernel,
     entmax_alpha_kernel,
     sparsemax_kernel,
@@ -153,9 +153,9 @@ class Tsallis:
         proj.p = with_softmax_rows(proj.p, shannon.p, a, near_one)
         # (a * 0 + 1: NaN on rows whose alpha < 1, which the device path marks instead of refusing)
         proj.conjugate = torch.where(rows, shannon.conjugate * (a * 0.0 + 1.0).squeeze(-1), proj.conjugate)
-        proj.omega = lambda t: torch.where(rows, shannon_omega(t), tsallis_omega_of(t))  # noqa: E731
+        proj.omega = lambda t: torch.where(rows, shannon_omega(t), tsallis_omega_of(t))
         if tsallis_grad is not None:
-            proj.alpha_grad = lambda t: tsallis_grad(t).masked_fill(rows, 0.0)  # noqa: E731
+            proj.alpha_grad = lambda t: tsallis_grad(t).masked_fill(rows, 0.0)
         return proj
 
 
@@ -220,9 +220,9 @@ def entmax_bisect_loss(logits, target, alpha: Union[float, Tensor] = 1.5, label_
     SOFTMAX_BELOW of 1 the softmax loss); other floats stay Python numbers (no tensor made from
     host data on every call).
     """
-    _check_n_iter(n_iter)
+    check_n_iter(n_iter)
     if not isinstance(alpha, Tensor):
-        alpha = _check_alpha_value(alpha)
+        alpha = check_alpha_value(alpha)
         exact = SHANNON if alpha - 1.0 <= SOFTMAX_BELOW else _EXACT.get(alpha)
         if exact is not None:
             return _fy_loss(exact, logits, target, None, label_smoothing, ignore_index, reduction)

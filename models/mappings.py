@@ -125,12 +125,12 @@ def threads_for(x: Tensor):
     return _NO_CONTEXT
 
 
-def _check_n_iter(n_iter) -> None:
+def check_n_iter(n_iter) -> None:
     if n_iter is not None and (isinstance(n_iter, bool) or not isinstance(n_iter, int) or n_iter < 1):
         raise UserError(f"n_iter (bisection steps) must be a positive integer or None, got {n_iter!r}")
 
 
-def _check_alpha_value(alpha: float) -> float:
+def check_alpha_value(alpha: float) -> float:
     alpha = float(alpha)
     if not alpha >= 1.0:
         raise UserError(ALPHA_BELOW_ONE.format(alpha))
@@ -466,9 +466,9 @@ def entmax_bisect(x: Tensor, alpha: Union[float, Tensor] = 1.5, dim: int = -1,
     A tensor alpha is differentiable; it must be broadcastable to x with size 1 along `dim`
     (e.g. shape (B, 1) or a scalar).
     """
-    _check_n_iter(n_iter)
+    check_n_iter(n_iter)
     if not isinstance(alpha, Tensor):
-        alpha = _check_alpha_value(alpha)
+        alpha = check_alpha_value(alpha)
         if alpha - 1.0 <= SOFTMAX_BELOW:
             return softmax(x, dim)
         if alpha == ALPHA_OF["sparsemax"]:

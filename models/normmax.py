@@ -34,8 +34,9 @@ import torch
 from torch import Tensor
 
 from common.intervals import RangeCheck
+
+from .head_targets import RowGradientLoss, compute_dtype, finish_rows, masked_dot, row_loss
 from .mappings import param_rows, rows_backward, rows_forward, uses_device_path
-from .head_targets import compute_dtype, finish_rows, masked_dot, row_loss, RowGradientLoss
 
 # In shifted units (z - max) the threshold is >= -1, so entries below -1 are never in the
 # support; clamping there makes -inf and huge negative logits harmless without changing p.

@@ -46,6 +46,7 @@ from torch import Tensor
 
 from common.errors import UserError
 from common.intervals import RangeCheck
+
 from .head_targets import RowGradientLoss, compute_dtype, finite_or_inf, masked_dot, row_loss
 from .keyed_noise import keyed_noise, row_keys
 from .mappings import rows_backward, rows_forward

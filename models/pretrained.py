@@ -86,7 +86,8 @@ def fit_pretrained(model, state_dict):
         if value.shape != want.shape and value.numel() == want.numel() and key.endswith((".alpha", ".beta")):
             value = value.reshape(want.shape)  # timm stores Affine alpha/beta as (1, 1, d)
         if value.shape != want.shape:
-            raise UserError(f"weights key '{name}' has shape {tuple(value.shape)}, the model expects {tuple(want.shape)} "
+            raise UserError(f"weights key '{name}' has shape {tuple(value.shape)}, the model expects "
+                            f"{tuple(want.shape)} "
                             f"for '{key}'; check model.name, model.norm and the image size")
         loaded[key] = value
     for key, (name, _) in src.items():

@@ -208,8 +208,8 @@ GAMMA = HParam("gamma", float, 2.0, check_gamma_value.range, check_gamma_value,
 K = HParam("k", int, 5, "[1, num_classes]", check_k,
            "sparse_softmax only: classes kept, 1 <= k <= num_classes (5: the top-5 metric)",
            search="int log [2, 20]")  # capped at the class count when tuned
-ORDER = HParam("order", int, 2, check_order.range, check_order, "taylor_softmax only: even order >= 2 (2: 1 + x + x^2/2)",
-               search="int [2, 6] step 2")
+ORDER = HParam("order", int, 2, check_order.range, check_order,
+               "taylor_softmax only: even order >= 2 (2: 1 + x + x^2/2)", search="int [2, 6] step 2")
 SCALE = HParam("scale", float, 30.0, check_scale.range, check_scale,
                "am_softmax only: s > 0, logits = s * cos (Wang et al. 2018 use 30)", search="log [4, 64]")
 MARGIN = HParam("margin", float, 0.35, check_margin.range, check_margin,

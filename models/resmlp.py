@@ -23,14 +23,13 @@ from typing import List, Optional, Tuple, Union
 
 import torch
 import torch.fx
-import torch.utils.checkpoint
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import DropPath, Mlp, register_notrace_function, trunc_normal_
-from timm.models import build_model_with_cfg
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices  # as timm.models.mlp_mixer imports it
-from timm.models import generate_default_cfgs, register_model
 
 from common.errors import UserError
 
@@ -199,7 +198,8 @@ class ResMLP(nn.Module):
         if int(img_size) <= 0 or int(img_size) % int(patch_size):
             raise UserError(
                 f"image size {img_size} is not divisible by patch size {patch_size}; "
-                f"use a multiple of {patch_size} (e.g. {max(1, round(int(img_size) / int(patch_size))) * int(patch_size)})")
+                f"use a multiple of {patch_size} "
+                f"(e.g. {max(1, round(int(img_size) / int(patch_size))) * int(patch_size)})")
         self.img_size, self.patch_size, self.in_chans = int(img_size), int(patch_size), in_chans
         self.grid = self.img_size // self.patch_size
         self.num_patches = self.grid ** 2

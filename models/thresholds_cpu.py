@@ -28,8 +28,14 @@ import torch
 from torch import Tensor
 
 from .threshold_common import FLOOR, tsallis_power
-from .thresholds_device import (N_NEWTON, default_n_iter, entmax15_tau_sorted, ksubset_closed_form, sparsemax_tau_sorted,
-                                tsallis_tau_fixed)
+from .thresholds_device import (
+    N_NEWTON,
+    default_n_iter,
+    entmax15_tau_sorted,
+    ksubset_closed_form,
+    sparsemax_tau_sorted,
+    tsallis_tau_fixed,
+)
 
 # Head work on CPU tensors with at most this many elements runs on one intra-op thread. The
 # cause of the slowdown it removes: every op over more than 32768 elements is an OpenMP fork/join,

@@ -30,9 +30,9 @@ from torch import Tensor
 
 from common.errors import UserError
 from common.intervals import RangeCheck
-from .head_targets import compute_dtype, finish_rows, masked_dot, row_loss, RowGradientLoss
-from .mappings import rows_backward, rows_forward
 
+from .head_targets import RowGradientLoss, compute_dtype, finish_rows, masked_dot, row_loss
+from .mappings import rows_backward, rows_forward
 
 _check_k_at_least_one = RangeCheck("head.k", int, "[1, inf)", "the number of classes kept by sparse_softmax")
 

@@ -192,7 +192,8 @@ def dali_gpu_check(quick, threads):
     ratio = loader_ips / train_ips
     print(f"dali-gpu loader: {loader_ips:,.0f} img/s at 224 px (RandAugment m9 mstd0.5, erasing 0.25, batch 256, "
           f"{dali_threads} DALI + 2 reader threads, {images} images; target >= 10,000)")
-    print(f"dali-gpu train:  {train_ips:,.0f} img/s {model} bf16 batch 256; loader / train = {ratio:.2f} (target >= 1.5)")
+    print(f"dali-gpu train:  {train_ips:,.0f} img/s {model} bf16 batch 256; loader / train = {ratio:.2f} "
+          "(target >= 1.5)")
     tmp.cleanup()
     return 0
 
@@ -264,13 +265,16 @@ def main():
     rows = []
     rows.append(("cifar in-memory (crop+flip)", loader_throughput(cifar_train, base, max_b * 4, max_s), "cifar"))
     pil = DataConfig(**{**base.__dict__, "in_memory": False})
-    rows.append((f"cifar PIL path ({args.workers} workers)", loader_throughput(cifar_train, pil, max_b, max_s), "cifar"))
+    rows.append((f"cifar PIL path ({args.workers} workers)",
+                 loader_throughput(cifar_train, pil, max_b, max_s), "cifar"))
     ra = DataConfig(**{**pil.__dict__, "auto_augment": "rand-m9-mstd0.5-inc1", "reprob": 0.25})
-    rows.append((f"cifar PIL + RandAugment ({args.workers} w)", loader_throughput(cifar_train, ra, max_b, max_s), "cifar"))
+    rows.append((f"cifar PIL + RandAugment ({args.workers} w)",
+                 loader_throughput(cifar_train, ra, max_b, max_s), "cifar"))
     deit = DataConfig(dataset="imagefolder", root=folder_root, image_size=224, batch_size=32, num_workers=args.workers,
                       auto_augment="rand-m9-mstd0.5-inc1", reprob=0.25, interpolation="bicubic", crop_pct=0.9)
     folder_train = data.build_dataset(deit, "train")
-    rows.append((f"imagefolder DeiT 224px ({args.workers} w)", loader_throughput(folder_train, deit, max_b, max_s), "imagenet"))
+    rows.append((f"imagefolder DeiT 224px ({args.workers} w)",
+                 loader_throughput(folder_train, deit, max_b, max_s), "imagenet"))
 
     steps = 3 if q else 10
     m_cifar, n_cifar = make_model("resmlp_cifar_s12", 10, "resmlp_12_224")

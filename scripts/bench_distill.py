@@ -28,9 +28,9 @@ from safetensors.torch import save_file
 
 import configs
 from configs.schema import HeadConfig, ModelConfig
-from training.train_step import train_step
-from training.run import setup
 from models import create_classifier
+from training.run import setup
+from training.train_step import train_step
 
 
 def parse_args(argv=None):
@@ -83,7 +83,7 @@ def build_run(args, tmp, name, overrides):
     configs.loader.apply_overrides(data, overrides)
     run = setup(configs.config_from_dict(data), resume=None, overwrite=False)
     run.lock.release()
-    run.model.train()
+    run.learner.model.train()
     batches = [tuple(t.clone() for t in b) for _, b in zip(range(4), run.train_loader(0, 0))]
     return run, batches
 

@@ -33,8 +33,8 @@ from _root import ROOT  # the repository root, on sys.path (scripts/_root.py)
 
 import yaml
 
-from common.io import atomic_write_text, prepare_output
 from common.cli import run_cli
+from common.io import atomic_write_text, prepare_output
 from models.heads import HEAD_NAMES
 
 TARGET_S = 60.0
@@ -57,7 +57,8 @@ BACKBONE = {"name": "backbone", "model": {"name": "resmlp_tiny"},
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--backbone", default=None, metavar="RUN", help="a train.py run directory (default: train a tiny one)")
+    p.add_argument("--backbone", default=None, metavar="RUN",
+                   help="a train.py run directory (default: train a tiny one)")
     p.add_argument("--quick", action="store_true", help="small data, 2 heads x 2 seeds (a smoke test)")
     p.add_argument("--work", default=None, help="working folder (default: a temporary one, removed); its runs "
                    "and reports are redone each time")
@@ -114,7 +115,8 @@ def main(argv=None):
         print(f"extraction: builtin100 train/calib/val + builtin100_ood val through the backbone in {seconds:.1f}s "
               f"(once per backbone)")
 
-        probe = write_yaml({"name": "probe", **PROBE, "data": {**PROBE["data"], **data}}, os.path.join(work, "probe.yaml"))
+        probe = write_yaml({"name": "probe", **PROBE, "data": {**PROBE["data"], **data}},
+                           os.path.join(work, "probe.yaml"))
         sweep = [py, "scripts/compare_heads.py", "--config", probe, "--heads", *heads, "--seeds", *map(str, seeds)]
         cpu = []
         t_features, out = run(sweep + ["--features", features, "--runs-dir", os.path.join(work, "runs_f"),

@@ -35,11 +35,10 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import models  # noqa: F401  (registers resmlp_* with timm)
 from common import rundir
-from common.io import prepare_output, write_json, writing
-from models.convert import convert_state_dict
-
 from common.children import ChildProcesses, StoppedBySignal
 from common.cli import run_cli
+from common.io import prepare_output, write_json, writing
+from models.convert import convert_state_dict
 
 # Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s, from the vendors' data sheets.
 PEAK_BF16_TFLOPS = {
@@ -233,7 +232,8 @@ def main(argv=None):
     for name in ("heads", "step_overhead", "train"):
         if name in res and res[name]["exit_code"] != 0:
             print(f"--- {name} failed; last lines of its log:")
-            print("".join(open(res[name].get("log") or os.path.join(args.out, "train_sync_debug.log")).readlines()[-15:]))
+            log_path = res[name].get("log") or os.path.join(args.out, "train_sync_debug.log")
+            print("".join(open(log_path).readlines()[-15:]))
     print(f"\nwritten: {json_path}")
     return 0
 
@@ -260,7 +260,8 @@ def run_parts(args, device, res, peak, save, children):
         save()
     if "train" not in args.skip and dev == "cuda":
         ips_guess = 40000.0  # resmlp_cifar_s12 bf16 on an H100-class GPU; only sizes the run
-        res["train"] = bench_training(children, args.out, args.train_seconds, ips_guess, timeout=int(args.train_seconds + 90))
+        res["train"] = bench_training(children, args.out, args.train_seconds, ips_guess,
+                                      timeout=int(args.train_seconds + 90))
         save()
 
 

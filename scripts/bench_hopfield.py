@@ -38,14 +38,14 @@ import torch
 
 import configs
 from common import rundir
-from common.errors import UserError
 from common.children import ChildProcesses
 from common.cli import run_cli
-from training.optim import build_optimizer
+from common.errors import UserError
 from evaluation import comparison, paired, report
 from models import create_classifier
 from models.hopfield_pool import POOL_MAPPINGS
 from models.mapping_table import MAPPINGS
+from training.optim import build_optimizer
 
 ANCHOR = "avg"
 NUM_CLASSES = 10  # the built-in data's
@@ -136,7 +136,8 @@ def train_and_evaluate(children, config, overrides, run_dir):
         steps.append(("training", ["train.py", "--config", config, *overrides, f"train.output_dir={run_dir}",
                                    "--resume", "auto"]))
     if not (os.path.isfile(out) and os.path.isfile(rundir.examples_path(out))):
-        steps.append(("evaluating", ["eval.py", "--checkpoint", run_dir, "--output", out, "--calib", "none", "--quiet"]))
+        steps.append(("evaluating", ["eval.py", "--checkpoint", run_dir, "--output", out, "--calib", "none",
+                                     "--quiet"]))
     for what, (script, *rest) in steps:
         status = children.run([sys.executable, os.path.join(ROOT, script), *rest])
         children.check_stopped(f"{what} {run_dir} stopped (exit {status})", status)
@@ -153,7 +154,8 @@ def accuracy_runs(args, mappings, runs_dir, children):
         for seed in args.seeds:
             run_dir = os.path.join(runs_dir, f"{name}-s{seed}")
             t0 = time.perf_counter()
-            out = train_and_evaluate(children, args.config, recipe_overrides(args) + pool_overrides(mapping, args.pool_k)
+            out = train_and_evaluate(children, args.config,
+                                     recipe_overrides(args) + pool_overrides(mapping, args.pool_k)
                                      + [f"train.seed={seed}"], run_dir)
             run = comparison.load_run(run_dir, os.path.basename(out), seed=seed)
             runs.setdefault(name, {})[seed] = run
@@ -237,8 +239,8 @@ def main(argv=None):
     if not args.accuracy_only:
         torch.set_flush_denormal(True)  # as train.py does
         batch = args.batch_size or cfg.data.batch_size
-        print_speed(step_times(cfg, args.mappings, batch, args.rounds, args.steps, args.pool_k), cfg, batch, args.rounds,
-                    args.steps)
+        print_speed(step_times(cfg, args.mappings, batch, args.rounds, args.steps, args.pool_k), cfg, batch,
+                    args.rounds, args.steps)
         torch.set_flush_denormal(False)
     if not args.speed_only:
         runs_dir = args.runs_dir or tempfile.mkdtemp(prefix="bench-hopfield-")

@@ -21,7 +21,8 @@ import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
 import torch
 import torch.nn.functional as F
-from timm.models.mlp_mixer import Affine as TimmAffine, MlpMixer, ResBlock
+from timm.models.mlp_mixer import Affine as TimmAffine
+from timm.models.mlp_mixer import MlpMixer, ResBlock
 
 from models.convert import convert_state_dict
 from models.resmlp import VARIANTS, create_resmlp

@@ -4,8 +4,8 @@ Same model, same batch, same optimizer (the config's: timm LAMB by default); onl
 differs. A step is forward + the head's training loss (fp32 on the logits, soft Mixup-style
 targets unless --hard-targets) + backward + optimizer update, as in train.py. Heads are timed in
 interleaved rounds (every head of models.heads.HEAD_NAMES in turn, order alternating) so a noisy,
-shared machine affects them alike (one step per head in turn); the median step time per head is reported with its overhead
-over softmax as a percentage of the step (target: <= 2% at 1000 classes).
+shared machine affects them alike (one step per head in turn); the median step time per head is
+reported with its overhead over softmax as a percentage of the step (target: <= 2% at 1000 classes).
 
     python scripts/bench_train_heads.py [--config configs/quickstart.yaml] [--classes 1000]
         [--batch-size 128] [--bf16] [--rounds 7] [--steps 10] [--quick] [--device cpu|cuda]
@@ -21,10 +21,9 @@ import torch
 
 import configs
 from common.cli import run_cli
-from training.optim import build_optimizer
 from models import create_classifier
 from models.heads import HEAD_NAMES
-
+from training.optim import build_optimizer
 
 
 def build(cfg, head, num_classes, device):

@@ -84,7 +84,8 @@ def main():
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--train-size", type=int, default=20000)
     p.add_argument("--skip-linear", action="store_true")
-    p.add_argument("--threads", type=int, default=2, help="torch threads (1 is faster on a machine shared with other jobs)")
+    p.add_argument("--threads", type=int, default=2,
+                   help="torch threads (1 is faster on a machine shared with other jobs)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -97,7 +98,8 @@ def main():
     if not args.skip_linear:
         t0 = time.time()
         tr, va = linear_probe(train_ds, val_ds)
-        print(f"linear classifier on pixels: train acc {tr:.3f}  val acc {va:.3f}  ({time.time() - t0:.0f}s)", flush=True)
+        print(f"linear classifier on pixels: train acc {tr:.3f}  val acc {va:.3f}  ({time.time() - t0:.0f}s)",
+              flush=True)
 
     torch.manual_seed(0)
     model, desc = make_model(train_ds.num_classes)
@@ -125,11 +127,13 @@ def main():
         cpu = time.process_time() - cpu0
         acc = evaluate(model, val_loader)
         print(f"epoch {epoch}: step {step} loss {loss.item():.3f} val acc {acc:.3f} "
-              f"train time {elapsed:.0f}s wall, {cpu:.0f}s CPU ({step * args.batch_size / elapsed:.0f} img/s)", flush=True)
+              f"train time {elapsed:.0f}s wall, {cpu:.0f}s CPU ({step * args.batch_size / elapsed:.0f} img/s)",
+              flush=True)
         if stop:
             break
     print(f"RESULT {desc}: val acc {acc:.3f} after {step} steps of batch {args.batch_size} "
-          f"({step * args.batch_size} images), {time.time() - t0:.0f}s wall / {time.process_time() - cpu0:.0f}s CPU of training")
+          f"({step * args.batch_size} images), {time.time() - t0:.0f}s wall / "
+          f"{time.process_time() - cpu0:.0f}s CPU of training")
 
 
 if __name__ == "__main__":

@@ -19,9 +19,9 @@ from importlib import metadata
 
 import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
-from common.errors import UserError  # (standard library only: fine in a bare environment)
 from common.children import ChildProcesses
 from common.cli import run_cli
+from common.errors import UserError  # (standard library only: fine in a bare environment)
 
 # Where to go instead of this Python (make's default, or an environment of one's own).
 FIX = ("run make without PYTHON= (it makes and uses the project's .venv), or point PYTHON= at a virtual or "
@@ -103,7 +103,7 @@ def install_line(todo):
     line = f"installing {len(names)} missing requirement(s) into {sys.executable}, roughly {size:.1f} GB"
     if "torch" in names and LARGE_GB["torch"] > 1:
         line += (" (torch with its CUDA libraries is ~5.5 GB; on a machine without a GPU install PyTorch's "
-                 "CPU-only wheels first, see the README's Install section)")
+                 "CPU-only wheels first, see docs/install.md)")
     keep = ", ".join(f"{k} {v}" for k, v in kept(todo).items())
     return line + f": {' '.join(names)}" + (f"; keeping the installed {keep}" if keep else "")
 
@@ -114,12 +114,12 @@ def main(argv=None):
     if not todo:
         return 0
     if externally_managed():
-        raise UserError(f"{sys.executable} is managed by the system (PEP 668: pip may not install "
-                        f"{', '.join(todo)} into it); {FIX}")
+        raise UserError(f"{sys.executable} is managed by the system (PEP 668: pip may not install the "
+                        f"{len(todo)} missing requirement(s) into it); {FIX}")
     import importlib.util
 
     if importlib.util.find_spec("pip") is None:
-        raise UserError(f"{sys.executable} has no pip to install {', '.join(todo)} with; {FIX}")
+        raise UserError(f"{sys.executable} has no pip to install the {len(todo)} missing requirement(s) with; {FIX}")
     print(install_line(todo), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         pins = os.path.join(tmp, "keep.txt")  # a user's torch (e.g. a CUDA build) stays as it is

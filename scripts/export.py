@@ -22,10 +22,13 @@ Sidecar (OUTPUT.json): format, output (logits | probabilities), classes, `prepro
 evaluation transform step by step: data/transforms.py EvalTransform.describe; mean, std, image size,
 interpolation and crop_pct also at the top level), the model and the head with its settings.
 scripts/onnx_predict.py is a consumer that follows only the sidecar (onnxruntime, numpy, Pillow).
+Both check it with scripts/sidecar_format.py, the export before it writes anything: a sidecar its
+consumer would refuse is never written.
 class_map.txt beside OUTPUT lists the classes in timm's class_map format. The files are written
 atomically; an existing OUTPUT (or a class_map.txt of other classes) needs --overwrite. The run directory or
 weights file is opened as eval.py opens it (inference/trained_run.py: config.yaml, classes.json,
-model[_ema].safetensors).
+model[_ema].safetensors), its weights checked against the sha256 the run recorded for them
+(inference/weights_record.py: a changed file is refused unless --accept-changed-weights).
 """
 import argparse
 import contextlib
@@ -35,24 +38,24 @@ import warnings
 
 import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
+import export_timm  # (scripts/export_timm.py, beside this one)
+import sidecar_format  # (scripts/sidecar_format.py: the sidecar's one definition, shared with onnx_predict.py)
 import torch
 import torch.nn as nn
 
 from common import rundir
+from common.cli import run_cli
 from common.errors import UserError
 from common.io import atomic_write, atomic_write_text, prepare_output, write_json
+from common.runlock import writing_into
+from configs.overrides import parse_command_line
 from data.classes import class_map_text
 from data.transforms import eval_transform
-from common.cli import run_cli
-from common.runlock import writing_into
-from configs.overrides import parse_command_line  # noqa: E402
 from inference.trained_run import add_run_arguments, open_from_args
 from models.mappings import threshold_path
 from models.registry import head_spec
 
-import export_timm  # (scripts/export_timm.py, beside this one)
-
-FILE_FORMATS = ("onnx", "torchscript")  # one file and its sidecar
+FILE_FORMATS = sidecar_format.FORMATS  # one file and its sidecar
 FORMATS = FILE_FORMATS + ("timm",)  # timm: a folder (scripts/export_timm.py)
 EXPORT_OPSET = 17  # ONNX opset: TopK, ReduceMax etc. as onnxruntime >= 1.14 runs them
 SUFFIX = {"onnx": ".onnx", "torchscript": ".torchscript.pt"}
@@ -199,6 +202,17 @@ def sidecar(cfg, model, classes, fmt: str, head_probabilities: bool, output: str
     }
 
 
+def checked_sidecar(cfg, model, classes, fmt: str, head_probabilities: bool, output: str) -> dict:
+    """`sidecar(...)`, refused (one line) where its consumer would refuse it (sidecar_format.py)."""
+    record = sidecar(cfg, model, classes, fmt, head_probabilities, output)
+    try:
+        sidecar_format.check_sidecar(record, sidecar_format.sidecar_path(output), model=output,
+                                     input_shape=record["input"]["shape"], num_outputs=model.num_classes)
+    except sidecar_format.SidecarError as err:
+        raise UserError(f"not writing a sidecar scripts/onnx_predict.py would refuse: {err.problem}") from None
+    return record
+
+
 # Warnings torch gives every export of this model, none of which says something is wrong with it:
 # the tracer's about the input-size check (a constant in the trace: the exported model is for one
 # image size, which the sidecar records) and the deprecation notices of TorchScript and of the
@@ -210,8 +224,8 @@ EXPECTED_WARNINGS = (
     (FutureWarning, "`torch.jit."),
 )
 EXPECTED_NOTE = ("note: torch's tracer and deprecation warnings for this export were expected and are not shown: the "
-                 "input-size check is fixed at trace time (the model is exported for {size} px, as the sidecar says) and "
-                 "TorchScript and its ONNX exporter still work in this torch ({version})")
+                 "input-size check is fixed at trace time (the model is exported for {size} px, as the sidecar says) "
+                 "and TorchScript and its ONNX exporter still work in this torch ({version})")
 
 
 @contextlib.contextmanager
@@ -279,13 +293,14 @@ def export(args) -> str:
         raise UserError(f"head '{head.name}' cannot be exported as onnx with --head-probabilities: its Monte-Carlo "
                         f"draws come from a torch.Generator, which ONNX has no operator for; export the logits "
                         f"(drop --head-probabilities) or use --format torchscript")
+    record = checked_sidecar(cfg, model, classes, fmt, args.head_probabilities, output)
     folder = os.path.dirname(os.path.abspath(output))
     # one writer per folder (a run directory: not while it trains); a killed export's temp files go first
     with writing_into(folder, purpose="export", names=[output, output + ".json", class_map]), \
             expected_warnings_filtered(cfg.data.image_size):
         module = build_exported(model, cfg, fmt, args.head_probabilities)
         save_export(module, cfg, fmt, output, model.output_head.name)
-        write_json(sidecar(cfg, model, classes, fmt, args.head_probabilities, output), output + ".json")
+        write_json(record, sidecar_format.sidecar_path(output))
         atomic_write_text(class_map, class_map_text(classes))
     return output
 

@@ -91,10 +91,25 @@ def hub_config(cfg, model, classes, head) -> dict:
             "pretrained_cfg": pretrained_cfg, "head": head_block(head)}
 
 
+LICENSE = "apache-2.0"  # this project's licence (LICENSE, CITATION.cff), in the Hub's spelling
+
+
+def logits_words(head) -> str:
+    """What the card says the model returns: timm's usual softmax inputs for the softmax head; for another head,
+    logits that its own mapping turns into probabilities (softmax of them is not this head's)."""
+    if head["name"] == "softmax":
+        return ("The model returns **logits**, as timm's classifiers do: their softmax is the head's "
+                f"probabilities (`{head['probabilities']}`), their argmax the top-1.")
+    return (f"The model returns **logits**, the classifier's scores before the `{head['name']}` mapping: they are "
+            f"not timm's usual softmax inputs (a softmax of them is not this head's distribution). Top-1 is their "
+            f"argmax; the head's probabilities are `{head['probabilities']}`.")
+
+
 def model_card(config) -> str:
     arch, head, pre = config["architecture"], config["head"], config["pretrained_cfg"]
     return f"""---
 library_name: timm
+license: {LICENSE}
 tags: [image-classification, timm, resmlp]
 ---
 # {arch}, {config['num_classes']} classes, head: {head['name']}
@@ -108,14 +123,16 @@ model = timm.create_model("local-dir:.", pretrained=True).eval()   # this folder
 # or: timm.create_model("{arch}", checkpoint_path="model.safetensors", num_classes={config['num_classes']})
 ```
 
-The model returns **logits**; they are not timm's usual softmax inputs for this head. Top-1 is
-their argmax; the head's probabilities are `{head['probabilities']}`.
+{logits_words(head)}
 {"Their exact zeros mark a prediction set (the support)." if head['sparse'] else ""}
 
 Evaluation transform of the run (also in config.json's pretrained_cfg, which timm's data config
 reads): shorter side resized to {pre['input_size'][1]} / {pre['crop_pct']} ({pre['interpolation']}),
 centre crop {pre['input_size'][1]}, mean {pre['mean']}, std {pre['std']}. `class_map.txt` lists the
 classes in label order (timm's `--class-map`).
+
+Licence: Apache-2.0, the licence of the code that trained and exported the model; the weights may also
+be bound by the terms of the data they were trained on.
 """
 
 

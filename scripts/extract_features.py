@@ -10,7 +10,8 @@ on cached features (data.dataset=features, scripts/compare_heads.py --features D
 
 --checkpoint is what eval.py takes (a run directory, one of its checkpoints, or a weights file in this
 project's, timm's or the FB/DeiT format with --config or --model/--dataset); the data config is the
-run's (or --config's), with key.sub=value overrides. The features are
+run's (or --config's), with key.sub=value overrides; weights that differ from the sha256 their run
+recorded are refused unless --accept-changed-weights (inference/weights_record.py). The features are
 `model.forward_head(model.forward_features(x), pre_logits=True)` in float32 (autocast off, eval mode).
 Layout and the metadata file: data/features.py. The weights' classifier fits the data as
 model.pretrained fits it (models/pretrained.py): the backbone strictly, the classifier only where its
@@ -41,28 +42,37 @@ import torch
 
 import data
 from common import rundir
+from common.cli import run_cli
 from common.errors import UserError
 from common.io import prepare_output, write_json
+from common.runlock import writing_into
 from common.seeding import mix_seed_array
-from common.weights import read_hashed_state_dict, read_safetensors_metadata, save_safetensors
+from common.suggest import choice_metavar, one_of
+from common.weights import read_safetensors_metadata, save_safetensors
 from configs.loader import config_to_dict
+from configs.overrides import parse_command_line
 from data import features as F
 from data.classes import save_class_names
 from data.loaders import TaskLoader
-from common.cli import run_cli
-from inference.processes import finished, inference_accelerator
-from training.logging import progress_bar
-from common.runlock import writing_into
-from configs.overrides import parse_command_line  # noqa: E402
-from inference.trained_run import add_run_arguments, open_from_args
 from evaluation import ood_report
+from inference.processes import inference_accelerator
+from inference.trained_run import add_run_arguments, open_from_args
 from models import create_classifier
-from models.pretrained import (CLASSIFIER_PREFIX, OUTPUT_HEAD_PREFIX, fit_pretrained, renamed_state_dict,
-                               weights_patch_grid)
+from models.pretrained import (
+    CLASSIFIER_PREFIX,
+    OUTPUT_HEAD_PREFIX,
+    fit_pretrained,
+    renamed_state_dict,
+    weights_patch_grid,
+)
+from training.logging import progress_bar
 
 DEFAULT_SHARD_SIZE = 8192
 # what must be the same for a rerun to add shards to an existing folder
 SETTINGS_KEYS = ("source_sha256", *F.EXTRACTION_KEYS, "shard_size")
+
+
+EXTRACTED_SPLITS = ("train", "val", "calib")  # --splits: what a feature folder may hold
 
 
 def parse_args(argv=None):
@@ -70,7 +80,8 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n")[1])
     add_run_arguments(p, data_flags=True, batch_help="images per forward")
     p.add_argument("--output", required=True, metavar="DIR", help="the feature folder (created)")
-    p.add_argument("--splits", nargs="+", default=None, choices=("train", "val", "calib"),
+    p.add_argument("--splits", nargs="+", default=None, action=one_of(EXTRACTED_SPLITS),
+                   metavar=choice_metavar(EXTRACTED_SPLITS),
                    help="splits to extract (default: train val, and calib when data.calib_fraction > 0)")
     p.add_argument("--views", type=int, default=1, help="augmented views per train image (with --augment)")
     p.add_argument("--augment", action="store_true",
@@ -135,8 +146,8 @@ def compute_shard(model, dataset, data_cfg, lo, hi, *, views, augment, seed, dev
             labels.append(y.cpu())
             got += len(y)
         if got != hi - lo:
-            raise UserError(f"{hi - lo - got} image(s) at positions {lo}..{hi - 1} were undecodable (data.skip_corrupt): "
-                            f"cached features need every image; fix or remove them")
+            raise UserError(f"{hi - lo - got} image(s) at positions {lo}..{hi - 1} were undecodable "
+                            f"(data.skip_corrupt): cached features need every image; fix or remove them")
         index.append(torch.arange(lo, hi, dtype=torch.int64))
         view_ids.append(torch.full((hi - lo,), v, dtype=torch.int64))
     return {"features": torch.cat(feats), "labels": torch.cat(labels).long(), "index": torch.cat(index),
@@ -271,14 +282,15 @@ def main(argv=None):
                         f"the run or weights of the image model")
     splits = list(dict.fromkeys(args.splits or default_splits(cfg)))
     ood_cfg = ood_config(cfg, args)
-    accelerator = inference_accelerator()
+    accelerator = inference_accelerator("scripts/extract_features.py")
     main_proc = accelerator.is_main_process
 
     def say(msg):
         if main_proc:
             print(msg, flush=True)
 
-    state_dict, sha256 = read_hashed_state_dict(weights)  # the hash of the very bytes the model is built from
+    # the hash of the very bytes the model is built from, checked against the run's record of them
+    state_dict, sha256 = run.read_weights()
     model, classifier = build_source_model(cfg, weights, state_dict, data.num_classes(cfg.data), say)
     if ood_cfg is not None:
         ood_cfg.data.image_size = cfg.data.image_size
@@ -293,7 +305,7 @@ def main(argv=None):
         if ood_cfg is not None:
             extract_folder(model, ood_cfg, os.path.join(out, F.OOD_SUBDIR), ["val"], views=1, augment=False,
                            shard_size=args.shard_size, source=source, classifier={}, accelerator=accelerator, say=say)
-    finished(accelerator)
+    accelerator.end_training()
     return 0
 
 

@@ -12,10 +12,10 @@ import os
 
 import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
+from common.cli import run_cli
 from common.errors import UserError
 from common.io import writing
 from data.shards import INDEX_NAME, write_shards
-from common.cli import run_cli
 
 
 def main(argv=None):

@@ -1,4 +1,4 @@
-"""Predict with an exported ONNX model and nothing of this project: onnxruntime, numpy and Pillow.
+"""Predict with an exported ONNX model, its sidecar and sidecar_format.py alone: onnxruntime, numpy and Pillow.
 
     python scripts/onnx_predict.py runs/quickstart/model.onnx photo.jpg more_photos/
     python scripts/onnx_predict.py model.onnx val/ --output predictions.jsonl
@@ -11,7 +11,10 @@ does. One JSON line per image: the file, the top-1 class, and for an export made
 sparse heads, the prediction set). Folders are read recursively in sorted order.
 
 It imports neither torch nor timm, so it is also a reference for a deployment in another language:
-every step below is one of the sidecar's numbers.
+every step below is one of the sidecar's numbers. The sidecar is read and checked by
+sidecar_format.py (beside this file; the standard library only, the one definition export.py checks
+what it writes with): a sidecar that is edited, incomplete, or does not fit the model (a class per
+output, the crop at the model's input size) is one line naming the key, exit 2. Copy both files.
 """
 import argparse
 import json
@@ -21,8 +24,15 @@ import sys
 import numpy as np
 from PIL import Image
 
+try:
+    import sidecar_format  # beside this file (scripts/): found as `python onnx_predict.py` finds its own folder
+except ImportError:
+    print("error: onnx_predict.py needs sidecar_format.py beside it (both are in the project's scripts/); "
+          "copy it too", file=sys.stderr)
+    sys.exit(2)
+
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
-INTERPOLATIONS = {"bicubic": Image.BICUBIC, "bilinear": Image.BILINEAR, "nearest": Image.NEAREST}
+INTERPOLATIONS = {name: getattr(Image, name.upper()) for name in sidecar_format.INTERPOLATIONS}
 SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
 
 
@@ -31,16 +41,37 @@ class Refused(Exception):
 
 
 def read_sidecar(model_path):
-    path = model_path + ".json"
+    """The sidecar of an ONNX export, its keys and values checked (sidecar_format.py)."""
     try:
-        with open(path) as f:
-            sidecar = json.load(f)
-    except (OSError, ValueError) as err:
-        raise Refused(f"cannot read the sidecar {path} ({err}); export the model with scripts/export.py") from None
-    if "preprocessing" not in sidecar:
-        raise Refused(f"{path} has no 'preprocessing' section (an export from an older version); "
-                      "export the model again with scripts/export.py")
+        sidecar = sidecar_format.read_sidecar(model_path)
+        sidecar_format.check_sidecar(sidecar, sidecar_format.sidecar_path(model_path))
+    except sidecar_format.SidecarError as err:
+        raise Refused(str(err)) from None
+    if sidecar["format"] != "onnx":
+        raise Refused(f"{sidecar_format.sidecar_path(model_path)} describes a {sidecar['format']} export; "
+                      f"onnx_predict.py runs ONNX ones (python scripts/export.py RUN_DIR --format onnx)")
     return sidecar
+
+
+def open_session(model_path, sidecar):
+    """The onnxruntime session of `model_path`, checked to fit its sidecar (the crop is its input size,
+    a class per output) before any image is read."""
+    import onnxruntime
+
+    try:
+        session = onnxruntime.InferenceSession(model_path, providers=["CPUExecutionProvider"])
+    except Exception as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        why = f"cannot load {model_path} as an ONNX model ({reason}); export it with scripts/export.py"
+        raise Refused(why) from None
+    outputs = session.get_outputs()[0].shape
+    try:
+        sidecar_format.check_model_fit(sidecar, sidecar_format.sidecar_path(model_path), model=model_path,
+                                       input_shape=session.get_inputs()[0].shape,
+                                       num_outputs=outputs[-1] if outputs else None)
+    except sidecar_format.SidecarError as err:
+        raise Refused(str(err)) from None
+    return session
 
 
 def to_rgb(image):
@@ -90,10 +121,8 @@ def image_files(paths):
 
 def predict(model_path, paths, batch_size=32):
     """-> one dict per image: file, pred (index), class, and for probability exports support and probs."""
-    import onnxruntime
-
     sidecar = read_sidecar(model_path)
-    session = onnxruntime.InferenceSession(model_path, providers=["CPUExecutionProvider"])
+    session = open_session(model_path, sidecar)
     input_name = session.get_inputs()[0].name
     files = list(image_files(paths))
     rows = []

@@ -14,16 +14,15 @@ for path in (os.path.join(ROOT, "scripts"), ROOT):
 os.environ["OMP_NUM_THREADS"] = "1"
 os.environ["MKL_NUM_THREADS"] = "1"
 
-import torch  # noqa: E402
+import torch
 
 # One intra-op thread per test process: pytest-xdist already runs one worker per core, and a second
 # torch thread per worker oversubscribes the cores; on a loaded machine its OpenMP spin-waits then
 # cost many times the work itself (a test that sets more threads restores them).
 torch.set_num_threads(1)
 
-import pytest  # noqa: E402
-
-from session_dir import make_session_dir  # noqa: E402
+import pytest
+from session_dir import make_session_dir
 
 # The longest test files first (measured: most start several real processes or train tiny runs), so
 # that under `--dist loadfile` (make test) the workers begin with them and the short files fill the

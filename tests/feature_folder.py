@@ -10,7 +10,8 @@ from data import features as F
 
 
 def write_feature_folder(root, *, classes=4, dim=128, counts=None, seed=0, spread=1.5):
-    """Gaussian clusters (dim: resmlp_tiny's width, which the probe's initial weights need), one per class (labels cycle 0..classes-1), every split a single shard."""
+    """Gaussian clusters (dim: resmlp_tiny's width, which the probe's initial weights need), one per class
+    (labels cycle 0..classes-1), every split a single shard."""
     counts = counts or {"train": 240, "val": 80, "calib": 40}
     g = torch.Generator().manual_seed(seed)
     centres = spread * torch.randn(classes, dim, generator=g)

@@ -15,7 +15,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from evaluation import comparison, conformal, metrics, ood_report, report, selective_report  # noqa: E402
-from models.heads import build_output_head  # noqa: E402
+from models.heads import OutputHead  # noqa: E402
 
 NUM_CLASSES = 10
 
@@ -40,7 +40,7 @@ def synthetic_run(head_name, seed, accuracy, curve, n_val=600, n_cal=400, n_ood=
     than the validation set (its accuracy that much higher): not exchangeable, so conformal coverage
     falls below 1 − ε by more than sampling spread."""
     gen = torch.Generator().manual_seed(1000 * seed + sum(map(ord, head_name)))
-    head = build_output_head(head_name)
+    head = OutputHead(head_name)
     val_labels = torch.arange(n_val) % NUM_CLASSES
     cal_labels = torch.arange(n_cal) % NUM_CLASSES
     val_logits = synthetic_logits(gen, val_labels, accuracy, sharpness)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import data
-from data import builtin
 from configs.schema import DataConfig
+from data import builtin
 
 
 @pytest.fixture

@@ -15,12 +15,12 @@ from safetensors import SafetensorError
 from common import io as common_io
 from common import rundir
 from common import weights as common_weights
+from common.cli import run_cli
 from common.errors import UserError
+from common.runlock import RunLock
 from common.weights import read_safetensors
 from training.checkpoint import files as ck
 from training.checkpoint.state import TrainerState
-from common.cli import run_cli
-from common.runlock import RunLock
 
 
 def _state(width=64, seed=0):

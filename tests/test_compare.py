@@ -11,9 +11,10 @@ import subprocess
 import sys
 
 import pytest
+from session_dir import built_once
 
 from common import rundir
-from session_dir import built_once
+from common.children import ChildProcesses
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "compare_heads.py")
@@ -102,7 +103,8 @@ def test_report_has_every_column_and_plot():
     labels = [row[0] for row in comparison.summary_table(runs)[1]]
     expected = ["top-1 acc", "top-5 acc", "FY loss", "NLL (finite part)", "P(p_y = 0)",
                 "ECE (15 bins), mean of per-run", "ECE (15 bins), pooled over seeds",
-                "support size mean", "support size median", "support contains y", "mean per-class acc", "worst-class acc",
+                "support size mean", "support size median", "support contains y",
+                "mean per-class acc", "worst-class acc",
                 "support ε=0.1 coverage", "support ε=0.05 mean set size", "support ε=0.1 calibrated T",
                 "lac ε=0.1 coverage", "aps ε=0.05 mean set size", "train time (s)", "train img/s", "eval img/s"]
     for label in expected:
@@ -146,7 +148,7 @@ def test_second_invocation_runs_nothing(tmp_path, monkeypatch, capsys):
     import compare_heads
 
     calls = []
-    monkeypatch.setattr(compare_heads.ChildProcesses, "run", _child_run(lambda *a, **k: calls.append(a) or 0))
+    monkeypatch.setattr(ChildProcesses, "run", _child_run(lambda *a, **k: calls.append(a) or 0))
     assert compare_heads.main(compare_args()) == 0
     out = capsys.readouterr().out
     assert calls == []
@@ -182,6 +184,8 @@ def test_runs_with_other_settings_are_refused(tmp_path):
     import compare_heads
 
     from common.errors import UserError
+    from comparison.ledger import check_request
+    from comparison.plan import plan_runs
 
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text(TINY_CONFIG)
@@ -195,11 +199,11 @@ def test_runs_with_other_settings_are_refused(tmp_path):
     # The same overrides but the config file changed since: named in the message.
     (run / rundir.COMPARE_REQUEST).unlink()
     assert compare_heads.main(args + ["--dry-run"]) == 0
-    plan, _ = compare_heads.plan_runs(compare_heads.parse_args(args))
+    plan, _ = plan_runs(compare_heads.parse_args(args))
     import configs
     request = {"config": str(cfg), "overrides": plan[0][3],
                "resolved": configs.config_to_dict(configs.load_config(str(cfg), plan[0][3]))}
-    compare_heads._check_request(str(run), request)
+    check_request(str(run), request)
     cfg.write_text(TINY_CONFIG.replace("lr: 2.0e-3", "lr: 3.0e-3"))
     with pytest.raises(UserError, match=r"optim.lr: 0.002 -> 0.003"):
         compare_heads.main(args)
@@ -211,10 +215,12 @@ def test_plan_names_variants_and_overrides():
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
     import compare_heads
 
+    from comparison.plan import plan_runs
+
     args = compare_heads.parse_args(["--config", "x.yaml", "--heads", "softmax", "entmax_bisect",
                                      "--alphas", "1.25", "1.75", "--norms", "affine", "layernorm",
                                      "--seeds", "0", "1", "--runs-dir", "R", "optim.epochs=1"])
-    plan, _ = compare_heads.plan_runs(args)
+    plan, _ = plan_runs(args)
     names = sorted({p[0] for p in plan})
     assert names == sorted(["softmax-affine", "softmax-layernorm", "entmax_bisect-a1.25-affine",
                             "entmax_bisect-a1.75-affine", "entmax_bisect-a1.25-layernorm",
@@ -284,7 +290,8 @@ def test_report_has_paired_statistics_selective_and_ood_sections():
     ood_md = md.split("## Out-of-distribution detection")[1].split("\n## ")[0]
     assert "Δ AUROC vs max prob" in ood_md
     row = next(line for line in ood_md.splitlines() if line.startswith("| sparsemax | kNN |")).split("|")
-    diff = evals["sparsemax"]["ood"]["scores"]["knn"]["auroc"] - evals["sparsemax"]["ood"]["scores"]["max_prob"]["auroc"]
+    diff = (evals["sparsemax"]["ood"]["scores"]["knn"]["auroc"]
+            - evals["sparsemax"]["ood"]["scores"]["max_prob"]["auroc"])
     from evaluation.statistics import signed_points
 
     assert row[5].strip() == f"{signed_points(diff)} pt (1 seed)"

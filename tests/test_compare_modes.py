@@ -4,6 +4,7 @@ train.py / eval.py are replaced by a fake `subprocess.call` that records each co
 finished run of the tiny comparison (tests/test_compare.py) into place, so the modes run end to end
 (report included) without training anything.
 """
+import json
 import os
 import re
 import shlex
@@ -19,8 +20,15 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import compare_heads  # noqa: E402
 
 from common import rundir  # noqa: E402
+from common.children import ChildProcesses  # noqa: E402
 from common.errors import UserError  # noqa: E402
 from common.rundir import examples_path  # noqa: E402
+from comparison import slot_env  # noqa: E402
+from comparison.plan import baseline_pairs, plan_runs  # noqa: E402
+from comparison.progress import Progress, duration  # noqa: E402
+from comparison.report import check_report_dir  # noqa: E402
+from comparison.slot_env import device_env  # noqa: E402
+from comparison.worker_slots import WorkerSlot  # noqa: E402
 
 HEADS = ("softmax", "sparsemax")
 SEEDS = ("0", "1")
@@ -73,25 +81,26 @@ def _slurm_tasks(path):
 def test_every_mode_runs_the_same_plan(sandbox, monkeypatch, capsys):
     root, source_runs = sandbox
     runs = os.path.join(root, "runs")
-    plan, _ = compare_heads.plan_runs(compare_heads.parse_args(_args(root)))
+    plan, _ = plan_runs(compare_heads.parse_args(_args(root)))
     assert len(plan) == len(HEADS) * len(SEEDS)
 
     # Sequential: train then eval, run after run, in plan order.
     sequential = []
-    monkeypatch.setattr(compare_heads.ChildProcesses, "run", _child_run(_fake_call(sequential, source_runs)))
+    monkeypatch.setattr(ChildProcesses, "run", _child_run(_fake_call(sequential, source_runs)))
     assert compare_heads.main(_args(root)) == 0
     assert [c[0] for c in sequential] == ["train.py", "eval.py"] * len(plan)
-    assert all(c[2] is None for c in sequential)  # the caller's environment, unpinned
+    one_slot = device_env(0, 1)  # a one-job slot's environment: every core (the user's cap kept)
+    assert {c[2] for c in sequential} == {(one_slot.get("OMP_NUM_THREADS"), one_slot.get("CUDA_VISIBLE_DEVICES"))}
 
     # --jobs 2: the same commands (any order), each job pinned to half the CPU threads, through each
     # slot's worker process (comparison.worker_slots.WorkerSlot; its own tests: test_compare_worker.py).
     shutil.rmtree(runs)
     parallel = []
     fake = _fake_call(parallel, source_runs)
-    monkeypatch.setattr(compare_heads.ChildProcesses, "run", _child_run(lambda *a, **k: pytest.fail("not a worker")))
-    monkeypatch.setattr(compare_heads.WorkerSlot, "run", lambda self, cmd, log: fake(cmd, env=self.env))
-    monkeypatch.setattr(compare_heads, "_gpu_count", lambda: 0)
-    monkeypatch.setattr(compare_heads, "_cpu_count", lambda: 4)
+    monkeypatch.setattr(ChildProcesses, "run", _child_run(lambda *a, **k: pytest.fail("not a worker")))
+    monkeypatch.setattr(WorkerSlot, "run", lambda self, cmd, log: fake(cmd, env=self.env))
+    monkeypatch.setattr(slot_env, "count_gpus", lambda: 0)
+    monkeypatch.setattr(slot_env, "count_cores", lambda: 4)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # tests/conftest.py sets 1: no cap here
     assert compare_heads.main(_args(root, "--jobs", "2")) == 0
     assert sorted(c[:2] for c in parallel) == sorted(c[:2] for c in sequential)
@@ -117,7 +126,7 @@ def test_every_mode_runs_the_same_plan(sandbox, monkeypatch, capsys):
     # --report-only: nothing runs; a run without its evaluation is named as missing.
     gone = plan[-1][2]
     os.remove(os.path.join(gone, "eval.json"))
-    monkeypatch.setattr(compare_heads.ChildProcesses, "run", _child_run(lambda *a, **k: pytest.fail("report-only ran something")))
+    monkeypatch.setattr(ChildProcesses, "run", _child_run(lambda *a, **k: pytest.fail("report-only ran something")))
     capsys.readouterr()
     assert compare_heads.main(_args(root, "--report-only")) == 0
     out = capsys.readouterr().out
@@ -144,16 +153,16 @@ def test_report_only_without_any_finished_run_says_so(sandbox):
 
 def test_device_env_round_robin():
     env = {"PATH": "x"}
-    assert [compare_heads.device_env(s, 2, env, gpu_count=4)["CUDA_VISIBLE_DEVICES"] for s in (0, 1)] == ["0,2", "1,3"]
-    assert [compare_heads.device_env(s, 3, env, gpu_count=1)["CUDA_VISIBLE_DEVICES"] for s in (0, 1, 2)] == ["0"] * 3
+    assert [device_env(s, 2, env, gpu_count=4)["CUDA_VISIBLE_DEVICES"] for s in (0, 1)] == ["0,2", "1,3"]
+    assert [device_env(s, 3, env, gpu_count=1)["CUDA_VISIBLE_DEVICES"] for s in (0, 1, 2)] == ["0"] * 3
     visible = dict(env, CUDA_VISIBLE_DEVICES="3,5")
-    assert [compare_heads.device_env(s, 2, visible, gpu_count=2)["CUDA_VISIBLE_DEVICES"] for s in (0, 1)] == ["3", "5"]
-    cpu = [compare_heads.device_env(s, 2, env, gpu_count=0, cpu_count=2) for s in (0, 1)]
+    assert [device_env(s, 2, visible, gpu_count=2)["CUDA_VISIBLE_DEVICES"] for s in (0, 1)] == ["3", "5"]
+    cpu = [device_env(s, 2, env, gpu_count=0, cpu_count=2) for s in (0, 1)]
     assert [e["OMP_NUM_THREADS"] for e in cpu] == ["1", "1"] and "CUDA_VISIBLE_DEVICES" not in cpu[0]
-    assert compare_heads.device_env(0, 4, env, gpu_count=0, cpu_count=2)["OMP_NUM_THREADS"] == "1"
+    assert device_env(0, 4, env, gpu_count=0, cpu_count=2)["OMP_NUM_THREADS"] == "1"
     capped = dict(env, OMP_NUM_THREADS="1")  # the user's own setting is a cap, never raised
-    assert compare_heads.device_env(0, 1, capped, gpu_count=0, cpu_count=4)["OMP_NUM_THREADS"] == "1"
-    assert compare_heads.device_env(0, 2, dict(env, OMP_NUM_THREADS="8"), gpu_count=0, cpu_count=4)["OMP_NUM_THREADS"] == "2"
+    assert device_env(0, 1, capped, gpu_count=0, cpu_count=4)["OMP_NUM_THREADS"] == "1"
+    assert device_env(0, 2, dict(env, OMP_NUM_THREADS="8"), gpu_count=0, cpu_count=4)["OMP_NUM_THREADS"] == "2"
     assert env == {"PATH": "x"}  # the caller's mapping is left alone
 
 
@@ -179,11 +188,11 @@ def test_mode_errors_are_one_line(tmp_path, monkeypatch):
 def test_baseline_pairs_follow_the_norm():
     args = compare_heads.parse_args(["--config", "x.yaml", "--heads", "softmax", "sparsemax", "entmax15",
                                      "--norms", "affine", "layernorm"])
-    assert compare_heads.baseline_pairs(args) == [
+    assert baseline_pairs(args) == [
         ("sparsemax-affine", "softmax-affine"), ("entmax15-affine", "softmax-affine"),
         ("sparsemax-layernorm", "softmax-layernorm"), ("entmax15-layernorm", "softmax-layernorm")]
     args = compare_heads.parse_args(["--config", "x.yaml", "--heads", "sparsemax", "entmax15"])
-    assert compare_heads.baseline_pairs(args) == [("entmax15", "sparsemax")]  # no softmax: the first head
+    assert baseline_pairs(args) == [("entmax15", "sparsemax")]  # no softmax: the first head
 
 
 def test_report_folder_belongs_to_one_runs_folder(tmp_path, capsys):
@@ -196,7 +205,7 @@ def test_report_folder_belongs_to_one_runs_folder(tmp_path, capsys):
     assert compare_heads.main(base + ["--runs-dir", runs_a]) == 0
     assert f"report: {os.path.join(runs_a, 'report', 'report.md')}" in capsys.readouterr().out
 
-    compare_heads.check_report_dir(shared, runs_a, overwrite=False, record=True)  # as a report of A writes it
+    check_report_dir(shared, runs_a, overwrite=False, record=True)  # as a report of A writes it
     assert compare_heads.main(base + ["--runs-dir", runs_a, "--report-dir", shared]) == 0  # the same runs: fine
     with pytest.raises(UserError, match=r"holds the report of the runs in .*a, not .*b; .*--overwrite"):
         compare_heads.main(base + ["--runs-dir", runs_b, "--report-dir", shared])
@@ -204,14 +213,106 @@ def test_report_folder_belongs_to_one_runs_folder(tmp_path, capsys):
 
 
 def test_progress_line_counts_the_plan_and_estimates_the_rest():
-    from compare_progress import Progress, duration
-
     now = [100.0]
     progress = Progress(4, skipped=2, clock=lambda: now[0])
     now[0] += 30
-    assert progress.line() == "progress: 3 of 6 run(s) finished (1 now, in 30 s); about 1 min 30 s left at this pace"
+    assert progress.line() == ("progress: 3 of 6 run(s) finished (1 now, in 30 s); about 1 min 30 s left "
+                               "(1 job slot(s), 0 run(s) in flight)")
     now[0] += 90
-    assert progress.line().endswith("(2 now, in 2 min 00 s); about 2 min 00 s left at this pace")
+    assert progress.line().endswith("(2 now, in 2 min 00 s); about 2 min 00 s left (1 job slot(s), 0 run(s) in flight)")
     progress.line()
     assert progress.line() == "progress: 6 of 6 run(s) finished (4 now, in 2 min 00 s)"
     assert duration(3725) == "1 h 02 min"
+
+
+def test_the_estimate_counts_the_job_slots_and_the_runs_in_flight():
+    """9 runs on 3 slots with fake durations (a slot runs its runs back to back): after each finished
+    run the estimate is checked against the rest measured on the same fake clock. Equal durations:
+    exact; unequal ones (±20%): within one run-length, where wall time / runs done x runs left said
+    8 run-lengths after the first run when 2 were left."""
+    import re
+
+    for durations in ([60.0] * 9, [60.0, 72.0, 48.0, 66.0, 54.0, 60.0, 70.0, 50.0, 60.0]):
+        events, free = [], [0.0, 0.0, 0.0]  # the schedule: each run on the slot that frees first
+        for i, d in enumerate(durations):
+            slot = min(range(3), key=lambda s: free[s])
+            events += [(free[slot], 0, i), (free[slot] + d, 1, i)]
+            free[slot] += d
+        end = max(free)
+        now = [0.0]
+        progress = Progress(9, slots=3, clock=lambda: now[0])
+        for t, kind, i in sorted(events):
+            now[0] = t
+            if kind == 0:
+                progress.started(i)
+                continue
+            line = progress.line(i)
+            left = re.search(r"about (?:(\d+) min )?(\d+) s left", line)
+            if left is None:
+                assert "9 of 9" in line
+                continue
+            estimate = 60 * int(left.group(1) or 0) + int(left.group(2))
+            tolerance = 1 if len(set(durations)) == 1 else 60
+            assert abs(estimate - (end - t)) <= tolerance, (line, end - t)
+
+
+def test_a_step_run_one_after_another_sets_its_threads(monkeypatch):
+    """compare_heads' steps get OMP_NUM_THREADS (a one-job slot's share: every core) in every mode, so
+    train.py's busy-cores warning (asking the user to set it) is never printed for a run the user did
+    not start; the user's own cap is kept."""
+    from comparison import execution
+    from training.launch import busy_cores_warning
+
+    seen = []
+
+    class Children:
+        def run(self, cmd, **kwargs):
+            seen.append(kwargs["env"])
+            return 0
+
+        def check_stopped(self, *args):
+            pass
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    execution.run_step(Children(), ["python", "train.py"], "training runs/x")
+    assert int(seen[-1]["OMP_NUM_THREADS"]) >= 1
+    assert busy_cores_warning("cpu", 2, load=99.0, cores=2, env=seen[-1]) is None
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    execution.run_step(Children(), ["python", "train.py"], "training runs/x")
+    assert seen[-1]["OMP_NUM_THREADS"] == "1"
+
+
+def test_the_plans_first_line_is_its_cost(sandbox, monkeypatch, capsys):
+    """--dry-run's first line: nothing measured yet; then, with finished runs in the runs folder, their
+    measured cost (the comparison's step timing, else train.py's and eval.py's own times) scheduled on
+    the --jobs slots."""
+    from evaluation import plots
+
+    root, source_runs = sandbox
+    for name in dir(plots):  # the cost line is under test: no plots
+        if name.startswith("plot_"):
+            monkeypatch.setattr(plots, name, lambda *args, **kwargs: None)
+    assert compare_heads.main(_args(root, "--dry-run")) == 0
+    assert capsys.readouterr().out.splitlines()[0] == ("cost: 4 of 4 run(s) to train and evaluate; no finished run "
+                                                       "to measure from yet (the estimate comes once a run is done)")
+    monkeypatch.setattr(ChildProcesses, "run", _child_run(_fake_call([], source_runs)))
+    assert compare_heads.main(_args(root)) == 0
+    runs = os.path.join(root, "runs")
+    for name in os.listdir(runs):
+        if os.path.isdir(os.path.join(runs, name)):
+            with open(os.path.join(runs, name, "compare_timing.json"), "w") as f:
+                json.dump({"train_s": 8.0, "eval_s": 2.0, "device": "cpu", "threads": 2}, f)
+    more = [a if a != "1" else "1 2 3".split() for a in _args(root)]
+    argv = [w for a in more for w in (a if isinstance(a, list) else [a])]  # --seeds 0 1 2 3
+    capsys.readouterr()
+    assert compare_heads.main(argv + ["--dry-run", "--jobs", "2"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    # 4 runs of 10 s on 2 slots: 20 s; 4 × 10 s × 2 threads = 80 core-seconds
+    assert first == (f"cost: 4 of 8 run(s) to train and evaluate: about 20 s of wall time for the runs on 2 job "
+                     f"slot(s), 0.022 CPU core-hours (per run 10 s; measured from 4 finished run(s) in {runs}: "
+                     f"timed by the comparison)")
+    for name in os.listdir(runs):
+        if os.path.isdir(os.path.join(runs, name)):
+            os.remove(os.path.join(runs, name, "compare_timing.json"))
+    assert compare_heads.main(argv + ["--dry-run"]) == 0
+    assert "train.py's and eval.py's own times, start-up not included" in capsys.readouterr().out.splitlines()[0]

@@ -37,3 +37,14 @@ def test_help_says_where_overrides_go(capsys):
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     assert "anywhere on the line" in out and "--seeds 0 1 optim.epochs=1" in out
+
+
+def test_margins_are_taken_as_margins_not_overrides():
+    """--margin METRIC=DELTA looks like an override; it is the option's value (repeatable), parsed and
+    checked before anything is planned."""
+    args = compare_heads.parse_args(["--config", "c.yaml", "--margin", "top1=0.5", "optim.epochs=1",
+                                     "--margin=ece=1"])
+    assert args.margins == {"top1": 0.5, "ece": 1.0} and args.overrides == ["optim.epochs=1"]
+    assert compare_heads.parse_args(["--config", "c.yaml"]).margins == {}
+    with pytest.raises(UserError, match="unknown metric 'topp1'; did you mean 'top1'"):
+        compare_heads.parse_args(["--config", "c.yaml", "--margin", "topp1=0.5"])

@@ -1,4 +1,5 @@
-"""scripts/compare_worker.py (and its launcher side, comparison/worker_slots.py): a --jobs slot's worker runs train.py / eval.py mains one after another.
+"""A --jobs slot's worker runs train.py / eval.py mains one after another: comparison/worker.py (the process
+scripts/compare_worker.py) and its launcher side, comparison/worker_slots.py.
 
 - A run trained and evaluated by a worker, after another run in the same process, is bit-identical
   (weights, per-example evaluation records) to the same run by fresh `python train.py` / `eval.py`.
@@ -20,16 +21,14 @@ import time
 import pytest
 import torch
 from safetensors.torch import load_file
-
-from common import rundir
-from training.checkpoint import files as ck
-from common.children import ChildProcesses
 from test_compare import TINY_CONFIG, tiny_run_dir
 from test_train_helpers import ROOT, subprocess_env
 
-import compare_worker  # scripts/ is on sys.path (tests/conftest.py)
-from comparison import worker_slots
+from common import rundir
+from common.children import ChildProcesses
+from comparison import worker, worker_slots
 from comparison.worker_slots import WorkerSlot, can_run
+from training.checkpoint import files as ck
 
 TRAIN, EVAL = os.path.join(ROOT, "train.py"), os.path.join(ROOT, "eval.py")
 
@@ -112,8 +111,8 @@ def test_a_bug_ends_the_worker_with_its_traceback_in_the_log(tmp_path, monkeypat
     requests = io.StringIO("".join(json.dumps({"cmd": [sys.executable, name, arg], "log": str(log)}) + "\n"
                                    for name, arg in (("fine.py", "a"), ("buggy.py", "b"), ("fine.py", "c"))))
     replies = io.StringIO()
-    compare_worker.serve(requests, replies)
-    assert [json.loads(line)["status"] for line in replies.getvalue().splitlines()] == [0, compare_worker.BUG_EXIT]
+    worker.serve(requests, replies)
+    assert [json.loads(line)["status"] for line in replies.getvalue().splitlines()] == [0, worker_slots.BUG_EXIT]
     text = log.read_text()
     assert "fine a" in text and "RuntimeError: boom b" in text and "fine c" not in text  # it stopped after the bug
 

@@ -5,8 +5,8 @@ import os
 import pytest
 
 import configs
-from configs import load_config, load_run_config, save_config
 from common.errors import UserError
+from configs import load_config, load_run_config, save_config
 
 CONFIG_DIR = configs.CONFIG_DIR
 ALL_CONFIGS = sorted(glob.glob(os.path.join(CONFIG_DIR, "**", "*.yaml"), recursive=True))
@@ -38,7 +38,8 @@ def test_imagenet_recipe_matches_paper():
     cfg = load_config(os.path.join(CONFIG_DIR, "imagenet", "resmlp_s24.yaml"))
     assert cfg.model.name == "resmlp_s24" and cfg.model.norm == "affine"
     o, d = cfg.optim, cfg.data
-    assert (o.name, o.lr, o.lr_base_batch, o.weight_decay, o.epochs, o.warmup_epochs) == ("lamb", 5e-3, 2048, 0.2, 400, 5)
+    assert (o.name, o.lr, o.lr_base_batch, o.weight_decay, o.epochs, o.warmup_epochs) == \
+        ("lamb", 5e-3, 2048, 0.2, 400, 5)
     assert (d.mixup, d.cutmix, d.reprob, d.label_smoothing, d.repeated_aug) == (0.8, 1.0, 0.25, 0.1, True)
     assert d.auto_augment == "rand-m9-mstd0.5-inc1" and cfg.model.drop_path == 0.05
     ln = load_config(os.path.join(CONFIG_DIR, "imagenet", "resmlp_s24_layernorm.yaml"))

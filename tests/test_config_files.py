@@ -18,6 +18,7 @@ import sys
 
 import pytest
 import yaml
+from test_train_helpers import ROOT, reset_accelerate_state, run_inprocess, subprocess_env, tiny_cfg
 
 import configs
 from common import rundir
@@ -25,7 +26,6 @@ from common.errors import UserError
 from configs import config_from_dict, load_config, load_run_config
 from configs.loader import suggest_key
 from configs.schema import CHOICES, RANGES, schema_fields
-from test_train_helpers import ROOT, reset_accelerate_state, run_inprocess, subprocess_env, tiny_cfg, write_cfg
 
 
 def _write(path, data):
@@ -109,11 +109,12 @@ def test_duplicate_keys_are_refused_naming_key_and_lines(tmp_path, text, key, li
 
 def test_same_name_in_other_sections_and_in_a_base_is_no_duplicate(tmp_path):
     _write(tmp_path / "base.yaml", "optim: {lr: 0.1, epochs: 3}\n")
-    cfg = load_config(_write(tmp_path / "c.yaml", "base: base.yaml\nmodel: {name: resmlp_tiny}\nhead: {name: sparsemax}\n"
-                                                  "optim: {lr: 0.2}\n"))
+    cfg = load_config(_write(tmp_path / "c.yaml", "base: base.yaml\nmodel: {name: resmlp_tiny}\n"
+                                                  "head: {name: sparsemax}\noptim: {lr: 0.2}\n"))
     assert (cfg.model.name, cfg.head.name, cfg.optim.lr, cfg.optim.epochs) == ("resmlp_tiny", "sparsemax", 0.2, 3)
     # safe_load semantics otherwise: YAML 1.2 booleans, a str stays a str, null is None
-    cfg = load_config(_write(tmp_path / "d.yaml", "train: {mixed_precision: no, ema: false}\nmodel: {init_values: null}\n"))
+    cfg = load_config(_write(tmp_path / "d.yaml", "train: {mixed_precision: no, ema: false}\n"
+                                                  "model: {init_values: null}\n"))
     assert cfg.train.mixed_precision == "no" and cfg.train.ema is False and cfg.model.init_values is None
 
 
@@ -241,6 +242,7 @@ def test_help_config_with_a_config_prints_it_resolved(tmp_path, capsys):
 def test_compare_heads_help_lists_the_head_names(capsys, monkeypatch):
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
     import compare_heads
+
     from models.heads import HEAD_NAMES
 
     monkeypatch.setenv("COLUMNS", "400")  # argparse wraps to the terminal width
@@ -303,8 +305,8 @@ def test_a_runs_config_yaml_after_resume_with_changes_is_a_valid_config(resumed_
 
 
 def test_eval_takes_a_checkpoint_directory_of_a_run(resumed_run, tmp_path, capsys):
-    from training.checkpoint import files as ck
     from inference.trained_run import CHECKPOINT, open_run
+    from training.checkpoint import files as ck
 
     root = os.path.join(resumed_run, rundir.CHECKPOINTS)
     steps = [s for s, _ in ck.list_checkpoints(root)]

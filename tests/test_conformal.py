@@ -150,9 +150,9 @@ def test_too_few_calibration_samples_give_full_sets():
 @pytest.mark.parametrize("name,alpha", [("sparsemax", 2.0), ("entmax15", 1.5), ("entmax_bisect", 1.3)])
 def test_scores_match_the_projects_own_heads(name, alpha):
     """Same entmax convention as models.heads: the score is where the head's support gains y."""
-    from models.heads import build_output_head
+    from models.heads import OutputHead
 
-    head = build_output_head(name, alpha=alpha)
+    head = OutputHead(name, alpha=alpha)
     g = torch.Generator().manual_seed(3)
     z = torch.randn(40, 7, generator=g, dtype=torch.float64) * 2
     y = torch.randint(0, 7, (40,), generator=g)

@@ -8,7 +8,7 @@ The CPU suite proves the device path free of host reads with a dispatch-mode gua
 import pytest
 import torch
 
-from models.heads import HEAD_NAMES, build_output_head
+from models.heads import HEAD_NAMES, OutputHead
 from models.mappings import threshold_path
 from models.registry import HEADS
 
@@ -33,8 +33,8 @@ def test_device_path_matches_cpu_without_syncs(name, soft):
     logits[0, 10:] = float("-inf")  # a masked row
     target = (torch.softmax(torch.randn(64, 100, generator=g, dtype=torch.float64), -1) if soft
               else torch.randint(0, 10, (64,), generator=g))
-    head_cpu = build_output_head(name, **SETTINGS.get(name, {})).double().train()
-    head_gpu = build_output_head(name, **SETTINGS.get(name, {})).double().train().cuda()
+    head_cpu = OutputHead(name, **SETTINGS.get(name, {})).double().train()
+    head_gpu = OutputHead(name, **SETTINGS.get(name, {})).double().train().cuda()
     head_gpu.load_state_dict(head_cpu.state_dict())
     expected = _run(head_cpu, logits, target, soft)
     z, t = logits.cuda(), target.cuda()

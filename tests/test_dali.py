@@ -16,11 +16,11 @@ import torch.nn.functional as F
 from PIL import Image
 
 import data
-from data import dali_params as P
-from configs.schema import IMAGENET_MEAN, IMAGENET_STD, DataConfig
-from data.dali_pipeline import INSTALL_HINT, dali_available
 from common import rundir
 from common.errors import UserError
+from configs.schema import IMAGENET_MEAN, IMAGENET_STD, DataConfig
+from data import dali_params as P
+from data.dali_pipeline import INSTALL_HINT, dali_available
 
 needs_dali = pytest.mark.skipif(not dali_available(), reason="NVIDIA DALI not installed "
                                 "(pip install -r requirements-dali.txt); DALI pipeline tests skipped")
@@ -265,15 +265,19 @@ def test_train_pixels_equal_reference_crop_resize_flip(mixed):
         flips = P.flips(seeds, 0.5)
         for k, im in enumerate(images):
             ref = np.asarray(im.crop((wx[k], wy[k], wx[k] + ww[k], wy[k] + wh[k])).resize((32, 32), Image.BICUBIC))
-            ref_norm = lambda a: torch.from_numpy(((a / 255.0 - MEAN) / STD).transpose(2, 0, 1).astype(np.float32))
-            want = ref_norm(ref[:, ::-1] if flips[k] else ref)
+            want = _normalised(ref[:, ::-1] if flips[k] else ref)
             err = (x[k] - want).abs().mean().item()
             assert err < 0.06, (k, err)
             if flips[k]:
-                assert (x[k] - ref_norm(ref)).abs().mean().item() > 2 * err  # the flip is really applied
+                assert (x[k] - _normalised(ref)).abs().mean().item() > 2 * err  # the flip is really applied
                 flipped_checked += 1
     assert flipped_checked > 0
 
+
+
+def _normalised(image):
+    """An HxWx3 uint8 image as the pipelines' normalised 3xHxW float32 tensor."""
+    return torch.from_numpy(((image / 255.0 - MEAN) / STD).transpose(2, 0, 1).astype(np.float32))
 
 @needs_dali
 def test_eval_pixels_close_to_pil(mixed):
@@ -433,7 +437,8 @@ def test_corrupt_jpegs_same_error_and_skip_as_pil(tmp_path):
     root = corrupt_folder(str(tmp_path / "corrupt"))
     results = {}
     for backend in ("pil", "dali"):
-        cfg = cfg_for(root, backend=backend, num_workers=0 if backend == "pil" else 1, batch_size=7)  # 14 files: all used
+        # 14 files: all used
+        cfg = cfg_for(root, backend=backend, num_workers=0 if backend == "pil" else 1, batch_size=7)
         ds = data.build_dataset(cfg, "train")
         with pytest.raises(UserError) as e:
             epoch(cfg, ds, seed=0, epoch=0)
@@ -495,8 +500,9 @@ def test_train_py_resume_mid_epoch_bit_identical(mixed, tmp_path):
     same weights as the uninterrupted run (RandAugment, erasing, Mixup/CutMix on)."""
     import shutil
 
-    from training.checkpoint.state import read_trainer_state
     from test_train_helpers import run_inprocess, tiny_cfg, weights
+
+    from training.checkpoint.state import read_trainer_state
 
     recipe = ["data.dataset=imagefolder", f"data.root={mixed}", "data.backend=dali", "data.num_workers=1",
               "data.batch_size=4", "data.eval_batch_size=8", "data.image_size=16",

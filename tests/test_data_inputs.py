@@ -14,8 +14,7 @@ import data
 from common.errors import UserError
 from configs.schema import DataConfig
 from data import builtin, cifar
-from data.classes import (ALLOW_FLAG, check_class_names, class_mismatch, class_names, load_class_names,
-                          save_class_names)
+from data.classes import ALLOW_FLAG, check_class_names, class_mismatch, class_names, load_class_names, save_class_names
 from data.imagefolder import ImageFolderDataset, to_rgb
 
 

@@ -98,7 +98,8 @@ def test_resume_at_start_batch_and_worker_independence(builtin_ds, in_memory, au
 
 def test_two_rank_sharding_matches_one_process_double_batch(builtin_ds):
     cfg, tr, _ = builtin_ds
-    one = collect(data.build_train_loader(tr, dataclasses.replace(cfg, batch_size=32), seed=5, epoch=1, rank=0, world_size=1))
+    one = collect(data.build_train_loader(tr, dataclasses.replace(cfg, batch_size=32), seed=5, epoch=1, rank=0,
+                                          world_size=1))
     r0 = collect(data.build_train_loader(tr, cfg, seed=5, epoch=1, rank=0, world_size=2))
     r1 = collect(data.build_train_loader(tr, cfg, seed=5, epoch=1, rank=1, world_size=2))
     assert len(r0) == len(r1) == len(one) == 240 // 32
@@ -107,7 +108,8 @@ def test_two_rank_sharding_matches_one_process_double_batch(builtin_ds):
         assert torch.equal(y[0::2], y0) and torch.equal(y[1::2], y1)
         assert torch.equal(x[0::2], x0) and torch.equal(x[1::2], x1)
     # every sample exactly once per epoch across ranks (n divisible by the global batch here)
-    idx = np.concatenate([b[0] for r in (0, 1) for b in train_batches(256, seed=5, epoch=1, rank=r, world_size=2, batch_size=16)])
+    idx = np.concatenate([b[0] for r in (0, 1)
+                          for b in train_batches(256, seed=5, epoch=1, rank=r, world_size=2, batch_size=16)])
     assert sorted(idx.tolist()) == list(range(256))
 
 
@@ -115,7 +117,8 @@ def test_uneven_shards_equal_batch_counts_and_repeated_aug():
     for n, ws, bs in ((103, 3, 4), (1000, 2, 16), (97, 4, 8)):
         counts = [len(train_batches(n, seed=0, epoch=0, rank=r, world_size=ws, batch_size=bs)) for r in range(ws)]
         assert len(set(counts)) == 1 and counts[0] == n // ws // bs
-        idx = np.concatenate([b[0] for r in range(ws) for b in train_batches(n, seed=0, epoch=0, rank=r, world_size=ws, batch_size=bs)])
+        idx = np.concatenate([b[0] for r in range(ws)
+                              for b in train_batches(n, seed=0, epoch=0, rank=r, world_size=ws, batch_size=bs)])
         assert len(set(idx.tolist())) == len(idx)  # no sample twice in an epoch
     # repeated augmentation (timm RepeatAugSampler semantics): each index 3x in a row of the global order
     b0 = train_batches(1024, seed=0, epoch=0, rank=0, world_size=3, batch_size=8, repeated_aug=True)
@@ -171,7 +174,8 @@ def test_in_memory_loader_on_cuda_matches_cpu(builtin_ds):
     cfg, tr, _ = builtin_ds
     cfg = dataclasses.replace(cfg, reprob=0.25)
     cpu = collect(data.build_train_loader(tr, cfg, seed=0, epoch=0, rank=0, world_size=1, start_batch=10))
-    gpu = collect(data.build_train_loader(tr, cfg, seed=0, epoch=0, rank=0, world_size=1, start_batch=10, device="cuda"))
+    gpu = collect(data.build_train_loader(tr, cfg, seed=0, epoch=0, rank=0, world_size=1, start_batch=10,
+                                          device="cuda"))
     for (a, ya), (b, yb) in zip(cpu, gpu):
         assert b.is_cuda and torch.equal(ya, yb.cpu())
         same = torch.isclose(a, b.cpu(), atol=1e-5)

@@ -9,8 +9,8 @@ import torch
 from PIL import Image
 
 import data
-from configs.schema import DataConfig
 from common.errors import UserError
+from configs.schema import DataConfig
 
 
 def write_cifar(root, name, n_train=120, n_test=40, seed=0):
@@ -73,7 +73,8 @@ def test_cifar_download_failure_is_one_line(tmp_path, monkeypatch):
     cfg = DataConfig(dataset="cifar100", root=str(tmp_path), download=True)
     with pytest.raises(UserError) as e:
         data.build_dataset(cfg, "train")
-    assert "\n" not in str(e.value) and "cifar-100-python.tar.gz" in str(e.value) and "network unreachable" in str(e.value)
+    assert "\n" not in str(e.value) and "cifar-100-python.tar.gz" in str(e.value) and \
+        "network unreachable" in str(e.value)
 
 
 def test_cifar_corrupt_batch_names_file(tmp_path):

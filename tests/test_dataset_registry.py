@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from project_files import copy_project
 
 import data
 from common.errors import UserError
@@ -15,7 +16,6 @@ from configs.schema import CHOICES, DataConfig
 from data import registry
 from data.arrays import ArrayDataset
 from evaluation import ood_report
-from project_files import copy_project
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -114,6 +114,8 @@ def test_an_ood_partner_must_be_a_declared_image_dataset(throwaway):
         ood_report.resolve_ood_dataset("auto", "cifar10", flag="--ood")
     with pytest.raises(UserError, match="unknown --ood-dataset 'features'; valid: auto, builtin10,"):
         ood_report.resolve_ood_dataset("features", "builtin10")
+    with pytest.raises(UserError, match="unknown --ood-dataset 'builtin10_od'; did you mean 'builtin10_ood'"):
+        ood_report.resolve_ood_dataset("builtin10_od", "builtin10")
 
 
 def test_a_new_dataset_is_its_module_and_one_declaration(tmp_path):

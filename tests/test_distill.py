@@ -11,9 +11,9 @@ import os
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from test_train_helpers import NO_AUG, reset_accelerate_state, run_inprocess, tiny_cfg
 
 from common.errors import UserError
-from test_train_helpers import NO_AUG, reset_accelerate_state, run_inprocess, tiny_cfg
 
 FAST = ["optim.epochs=1", "train.ema=false", "train.save_every=1000", *NO_AUG]
 
@@ -58,17 +58,19 @@ def _sparsemax_fy64(theta, q):
 def test_soft_with_the_students_own_initial_weights_gives_the_expected_loss(tmp_path, head):
     alpha, tau = 0.3, 2.0
     base = tiny_cfg(str(tmp_path / "init"), f"head.name={head}", *FAST)
-    student0 = _setup(base).raw_model
+    student0 = _setup(base).learner.raw_model
     teacher_file = str(tmp_path / "init.safetensors")
     save_file({k: v.contiguous() for k, v in student0.state_dict().items()}, teacher_file)
-    run = _setup(tiny_cfg(str(tmp_path / "kd"), f"head.name={head}", "train.distill=soft", f"train.teacher={teacher_file}",
-                          f"train.distill_alpha={alpha}", f"train.distill_tau={tau}", *FAST))
-    assert all(torch.equal(a, b) for a, b in zip(run.raw_model.state_dict().values(), student0.state_dict().values()))
+    run = _setup(tiny_cfg(str(tmp_path / "kd"), f"head.name={head}", "train.distill=soft",
+                          f"train.teacher={teacher_file}", f"train.distill_alpha={alpha}",
+                          f"train.distill_tau={tau}", *FAST))
+    student = run.learner.raw_model.state_dict()
+    assert all(torch.equal(a, b) for a, b in zip(student.values(), student0.state_dict().values()))
     images, targets = _batch(run)
-    run.model.train()
-    loss = run.forward_loss(images, targets)
+    run.learner.model.train()
+    loss = run.learner.forward_loss(images, targets)
     with torch.no_grad():
-        s = run.model(images).double()
+        s = run.learner.model(images).double()
     q = torch.softmax(s / tau, -1)  # the teacher's distribution: its logits are the student's
     if head == "softmax":
         label = -torch.log_softmax(s, -1).gather(1, targets[:, None]).squeeze(1)
@@ -89,25 +91,25 @@ def test_hard_with_alpha_one_trains_towards_the_teachers_argmax(tmp_path):
     with torch.no_grad():
         teacher_labels = teacher(images).argmax(-1)
     assert (teacher_labels != targets).float().mean() > 0.5  # the teacher disagrees with the labels
-    d = run.distiller
+    d = run.learner.distiller
     assert torch.equal(d.targets(d.teacher_logits(images)), teacher_labels)
-    run.model.train()
-    loss = run.forward_loss(images, targets)
+    run.learner.model.train()
+    loss = run.learner.forward_loss(images, targets)
     with torch.no_grad():
-        logits = run.model(images).float()
-    head = run.raw_model.output_head
+        logits = run.learner.model(images).float()
+    head = run.learner.raw_model.output_head
     torch.testing.assert_close(loss, head.loss(logits, teacher_labels))
     assert not torch.allclose(loss, head.loss(logits, targets))
     # training with alpha = 1 lowers the loss towards the teacher's labels, not towards the data's
     kd0, label0 = head.loss(logits, teacher_labels), head.loss(logits, targets)
-    for group in run.optimizer.param_groups:
+    for group in run.learner.optimizer.param_groups:
         group["lr"] = 5e-3  # the schedule's warmup would start at optim.warmup_lr
     for _ in range(8):
-        run.forward_loss(images, targets).backward()
-        run.optimizer.step()
-        run.optimizer.zero_grad()
+        run.learner.forward_loss(images, targets).backward()
+        run.learner.optimizer.step()
+        run.learner.optimizer.zero_grad()
     with torch.no_grad():
-        logits = run.model(images).float()
+        logits = run.learner.model(images).float()
     kd, label = head.loss(logits, teacher_labels), head.loss(logits, targets)
     assert kd < kd0 - 0.05 and label - label0 > kd - kd0
 
@@ -117,7 +119,7 @@ def test_a_run_directory_teacher_uses_its_own_head_and_classes(tmp_path):
     assert run_inprocess(tiny_cfg(teacher_run, "head.name=sparsemax", *FAST)) == 0
     run = _setup(tiny_cfg(str(tmp_path / "kd"), "train.distill=soft", f"train.teacher={teacher_run}",
                           "train.distill_tau=0.05", *FAST))
-    d = run.distiller
+    d = run.learner.distiller
     assert d.mapping.name == "sparsemax" and not d.teacher.training
     assert not any(p.requires_grad for p in d.teacher.parameters())
     images, _ = _batch(run)
@@ -164,7 +166,8 @@ def test_killed_and_resumed_with_a_teacher_or_a_probe_ends_bit_identical(tmp_pat
     assert run_inprocess(tiny_cfg(ref, *recipe)) == 0
     said = capsys.readouterr().out  # the run says what teaches it or what is frozen
     if mode == "distill":
-        assert f"teacher: {weights_file}, sha256 " in said and "train.distill=soft: loss = 0.5 × the head's loss" in said
+        assert f"teacher: {weights_file}, sha256 " in said and \
+            "train.distill=soft: loss = 0.5 × the head's loss" in said
     else:
         assert "frozen: the backbone (model.freeze=backbone, a linear probe): " in said
     with pytest.raises(_Killed):
@@ -229,14 +232,14 @@ def test_a_timm_teacher_with_its_weights_file_and_a_teacher_at_another_image_siz
                           f"train.teacher_weights={tmp_path / 'cnn.pth'}", *FAST))
     images, _ = _batch(run)
     with torch.no_grad():
-        torch.testing.assert_close(run.distiller.teacher_logits(images), cnn(images))
+        torch.testing.assert_close(run.learner.distiller.teacher_logits(images), cnn(images))
     assert run.cfg.train.teacher_sha256 and run.fingerprint["train.teacher_sha256"] == run.cfg.train.teacher_sha256
 
     small = _save_model(tmp_path / "t16.safetensors", seed=4)  # 16 px: 4 x 4 patches
     run = _setup(tiny_cfg(str(tmp_path / "b"), "data.image_size=32", "train.distill=soft",
                           f"train.teacher={tmp_path / 't16.safetensors'}", *FAST))
     images, _ = _batch(run)
-    assert images.shape[-1] == 32 and run.distiller.input_size == 16
+    assert images.shape[-1] == 32 and run.learner.distiller.input_size == 16
     with torch.no_grad():
         expected = small(F.interpolate(images, size=(16, 16), mode="bicubic", align_corners=False))
-        torch.testing.assert_close(run.distiller.teacher_logits(images), expected)
+        torch.testing.assert_close(run.learner.distiller.teacher_logits(images), expected)

@@ -8,11 +8,11 @@ import os
 import numpy as np
 import pytest
 from PIL import Image
+from test_train_helpers import read_metrics, reset_accelerate_state, run_inprocess, tiny_cfg
 
 from common import rundir
 from common.errors import UserError
 from training.checkpoint import files as ck
-from test_train_helpers import read_metrics, reset_accelerate_state, run_inprocess, tiny_cfg, write_cfg
 
 
 def _folder(root):
@@ -22,7 +22,8 @@ def _folder(root):
         os.makedirs(os.path.join(root, "train", c))
         os.makedirs(os.path.join(root, "val", c))
         for i in range(16):
-            Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(os.path.join(root, "train", c, f"{i}.png"))
+            pixels = rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(os.path.join(root, "train", c, f"{i}.png"))
         for i in range(3):
             with open(os.path.join(root, "val", c, f"{i}.png"), "wb") as f:
                 f.write(b"\x89PNG\r\n\x1a\n not a png")

@@ -197,14 +197,14 @@ def test_device_path_marks_alpha_below_one_as_nan_without_reading():
 
 
 def test_learned_alpha_head_keeps_its_open_interval():
-    from models.heads import build_output_head
-    h = build_output_head("entmax_bisect", alpha=1.5, learn_alpha=True)
+    from models.heads import OutputHead
+    h = OutputHead("entmax_bisect", alpha=1.5, learn_alpha=True)
     with torch.no_grad():
         for logit in (-30.0, 0.0, 30.0):
             h.alpha_logit.fill_(logit)
             assert 1.0 <= float(h.alpha) <= 2.0
     with pytest.raises(UserError):
-        build_output_head("entmax_bisect", alpha=2.5, learn_alpha=True)
+        OutputHead("entmax_bisect", alpha=2.5, learn_alpha=True)
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -213,14 +213,14 @@ def test_learned_alpha_head_takes_the_short_search_and_stays_exact(dtype, path, 
     """A learned alpha is a tensor in (1, 2): the head asks for the short bisection (12 / 20 steps),
     which the device path could not choose alone, and the result still meets the reference."""
     from models import mapping_table, registry
-    from models.heads import build_output_head
+    from models.heads import OutputHead
     from models.thresholds_device import default_n_iter
 
     asked = []
     real = mapping_table.entmax_bisect_steps
     for module in (mapping_table, registry):  # the mapping's and the loss's
         monkeypatch.setattr(module, "entmax_bisect_steps", lambda z, s: asked.append(real(z, s)) or asked[-1])
-    h = build_output_head("entmax_bisect", alpha=1.3, learn_alpha=True).to(dtype)
+    h = OutputHead("entmax_bisect", alpha=1.3, learn_alpha=True).to(dtype)
     x = _logits(dtype)
     with threshold_path(path):
         p = h(x)

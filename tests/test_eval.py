@@ -10,7 +10,6 @@ import sys
 
 import pytest
 import torch
-
 from test_compare import ROOT, tiny_run_dir
 from test_train_helpers import reset_accelerate_state
 
@@ -58,8 +57,9 @@ def test_two_processes_give_the_same_numbers_as_one(tmp_path):
     """101 samples, batch 16, 2 gloo processes: shards of 51 and 50, last batches partial."""
     run = tiny_run_dir("sparsemax")
     out = tmp_path / "two.json"
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "--main_process_port", str(_free_port()),
            EVAL, "--checkpoint", run, "--batch-size", "16", "--output", str(out), "--quiet"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
@@ -88,8 +88,9 @@ def test_weights_file_with_model_flags_and_calibration_fallback(tmp_path, capsys
     group is destroyed once, before the main process writes (inference/processes.py)."""
     run = tiny_run_dir("softmax")
     out = tmp_path / "file.json"
-    import eval as eval_entry
     from accelerate import Accelerator
+
+    import eval as eval_entry
 
     ended = []
     monkeypatch.setattr(Accelerator, "end_training", lambda self: ended.append(os.path.exists(out)))
@@ -113,7 +114,6 @@ def test_weights_file_with_model_flags_and_calibration_fallback(tmp_path, capsys
 
 def _cli_error(capsys, argv):
     import eval as eval_entry
-
     from common.cli import run_cli
 
     with pytest.raises(SystemExit) as exc:
@@ -133,9 +133,9 @@ def test_user_errors_are_one_line(tmp_path, capsys):
     assert "model.safetensors" in _cli_error(capsys, ["--checkpoint", str(empty)])
     assert "--config" in _cli_error(capsys, ["--checkpoint", weights])
     assert "--ema" in _cli_error(capsys, ["--checkpoint", weights, "--ema", "--model", "resmlp_tiny"])
-    # Weights for 10 classes evaluated as a 100-class model: the mismatched key is named.
+    # Weights for 10 classes evaluated on 100-class data: both counts are named, and the data as the cause.
     err = _cli_error(capsys, ["--checkpoint", run, "data.dataset=builtin100"])
-    assert "head.weight" in err or "head.bias" in err
+    assert "data.dataset=builtin100 lists 100 classes but the weights" in err and "classify 10" in err
     # Another architecture
     err = _cli_error(capsys, ["--checkpoint", run, "model.name=resmlp_cifar_s12"])
     assert "checkpoint" in err
@@ -147,7 +147,8 @@ def test_user_errors_are_one_line(tmp_path, capsys):
     assert cfg.head.name == "sparsemax" and cfg.data.calib_fraction == 0.25
     # A config key typo is caught by the config loader
     assert "unknown config key" in _cli_error(capsys, ["--checkpoint", run, "data.datset=builtin10"])
-    assert "unrecognized argument" in _cli_error(capsys, ["--checkpoint", run, "--frobnicate"])
+    error = _cli_error(capsys, ["--checkpoint", run, "--frobnicate"])
+    assert "unexpected argument '--frobnicate': options are listed by python eval.py --help" in error
     # No calibration split held out, but asked for explicitly
     assert "calib_fraction" in _cli_error(capsys, ["--checkpoint", weights, "--model", "resmlp_tiny",
                                                    "--calib", "calib", "--quiet"])
@@ -166,14 +167,13 @@ def test_training_eval_and_eval_py_agree_on_the_same_weights(tmp_path):
     so their metrics agree (counts exactly, means to float64 rounding), for raw and EMA weights;
     the per-example records file holds the same numbers, row for row."""
     from safetensors.torch import load_file
-
-    from data import build_dataset, build_eval_loader
-    from common.rundir import examples_path
-    from evaluation.examples import load_examples
-    from models import create_classifier
     from test_train_helpers import run_inprocess, tiny_cfg
 
     import eval as eval_entry
+    from common.rundir import examples_path
+    from data import build_dataset, build_eval_loader
+    from evaluation.examples import load_examples
+    from models import create_classifier
 
     run = str(tmp_path / "bf16")
     cfg = tiny_cfg(run, "train.mixed_precision=bf16", "optim.epochs=1", "head.name=sparsemax",
@@ -196,7 +196,8 @@ def test_training_eval_and_eval_py_agree_on_the_same_weights(tmp_path):
         assert records["support_size"].double().mean().item() == pytest.approx(result["support_mean"], rel=1e-12)
         # Independent reference: a plain fp32 forward over the val split in dataset order.
         model = create_classifier(cfg.model, cfg.head, 10, img_size=cfg.data.image_size).eval()
-        model.load_state_dict(load_file(os.path.join(run, "model.safetensors" if weights == "raw" else "model_ema.safetensors")))
+        model.load_state_dict(load_file(os.path.join(run, "model.safetensors" if weights == "raw"
+                                                     else "model_ema.safetensors")))
         val = build_dataset(cfg.data, "val")
         with torch.no_grad():
             logits = torch.cat([model(x) for x, _ in build_eval_loader(val, cfg.data, rank=0, world_size=1)])
@@ -211,9 +212,9 @@ def _forward_probs(run, dataset_name=None):
     """Independent reference: the run's model, a plain fp32 forward over a val split in order."""
     import copy
 
-    import configs
     from safetensors.torch import load_file
 
+    import configs
     from data import build_dataset, build_eval_loader
     from models import create_classifier
 
@@ -282,7 +283,7 @@ def test_ood_detection_and_selective_prediction_in_eval_json():
 def test_aps_seed_differs_per_run():
     """APS's uniforms are seeded per run: each head and each training seed draws its own."""
     import configs
-    from inference.trained_run import aps_seed
+    from evaluation.conformal import aps_seed
 
     seeds = {h: _load(os.path.join(tiny_run_dir(h), "eval.json"))["prediction_sets"]["calibration"]["aps_seed"]
              for h in ("softmax", "sparsemax")}
@@ -303,7 +304,8 @@ def test_ood_memory_is_built_once_and_never_used_for_other_weights(tmp_path, cap
     from evaluation import feature_memory
 
     run = str(tmp_path / "run")
-    shutil.copytree(tiny_run_dir("softmax"), run)
+    # without its checkpoints: the weights below change as a run's do when it trains on, not against its record
+    shutil.copytree(tiny_run_dir("softmax"), run, ignore=shutil.ignore_patterns("checkpoints"))
     os.remove(os.path.join(run, "ood_memory.safetensors"))
     argv = ["--checkpoint", run, "--ood-dataset", "auto", "--calib", "none", "--quiet", "--ood-memory", "20"]
 
@@ -340,3 +342,19 @@ def test_ood_user_errors_are_one_line(capsys):
     assert "--ood-root needs --ood-dataset" in _cli_error(capsys, ["--checkpoint", run, "--ood-root", "x"])
     err = _cli_error(capsys, ["--checkpoint", run, "--ood-dataset", "auto", "data.dataset=cifar10"])
     assert "no built-in OOD set" in err
+
+
+def test_a_runs_classes_json_must_fit_its_weights(tmp_path, one_line_error):
+    """RUN_DIR/classes.json with a class twice, or fewer classes than the weights classify: the file is named,
+    not the dataset."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run_dir("softmax"), run, ignore=shutil.ignore_patterns("checkpoints"))
+    names = _load(run / "classes.json")["classes"]
+    for listed, says in (([names[0]] + names[:-1], f"lists {names[0]!r} twice (entries 1 and 2)"),
+                         (names[:-1], "lists 9 classes but the weights")):
+        (run / "classes.json").write_text(json.dumps({"classes": listed}))
+        reset_accelerate_state()
+        line = one_line_error("eval", ["--checkpoint", str(run), "--calib", "none", "--quiet"])
+        assert f"{run / 'classes.json'} {says}" in line, line

@@ -22,7 +22,7 @@ from models import create_classifier
 from models.heads import HEAD_NAMES, SPARSE_HEAD_NAMES
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
-import export  # noqa: E402
+import export
 
 ort = pytest.importorskip("onnxruntime")
 TOLERANCE = 1e-5
@@ -167,7 +167,8 @@ def test_a_failed_export_leaves_no_file(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(torch.onnx, "export", refuse)
     status, err = cli_error(capsys, [str(run), "--format", "onnx", "--head-probabilities"])
-    assert status == 2 and err == "error: head 'normmax' cannot be exported as onnx: Unsupported: ONNX export of operator foo\n"
+    assert status == 2 and err == ("error: head 'normmax' cannot be exported as onnx: "
+                                   "Unsupported: ONNX export of operator foo\n")
     assert not [n for n in os.listdir(run) if n.startswith("model.onnx")]
 
 
@@ -199,3 +200,15 @@ def test_hopfield_pooling_exports(tmp_path, fmt, mapping):
     diff = (run_exported(run / ("model" + export.SUFFIX[fmt]), fmt, x) - want).abs().max().item()
     print(f"export parity hopfield-{mapping} {fmt}: max abs diff {diff:.2e}")
     assert diff <= TOLERANCE
+
+
+def test_a_runs_classes_json_must_fit_its_weights(tmp_path):
+    """A class listed twice, or a count other than the weights' classifier: one line naming classes.json."""
+    run, _ = make_run(tmp_path)
+    for listed, says in (([CLASSES[0]] + CLASSES[:-1], f"lists {CLASSES[0]!r} twice (entries 1 and 2)"),
+                         (CLASSES[:-1], "lists 9 classes but the weights")):
+        save_class_names(str(run), listed)
+        with pytest.raises(UserError) as err:
+            run_export(run, "onnx")
+        assert f"{run / 'classes.json'} {says}" in str(err.value) and "\n" not in str(err.value)
+    assert not (run / "model.onnx").exists()

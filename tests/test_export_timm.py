@@ -13,15 +13,15 @@ import torch
 import yaml
 from PIL import Image
 from safetensors.torch import save_file
+from test_train_helpers import ROOT
 
 from configs.loader import config_from_dict, config_to_dict
 from data.classes import save_class_names
 from data.imagefolder import find_classes
 from models import create_classifier
-from test_train_helpers import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import export  # noqa: E402
+import export
 
 CLASSES = ["1", "10", "2"]  # this project's order (string sort); timm's own would be 1, 2, 10
 DATA = {"image_size": 224, "train_crop": "rrc", "crop_pct": 0.9, "interpolation": "bilinear", "mean": [0.5, 0.4, 0.3],
@@ -134,3 +134,22 @@ def test_class_map_gives_timm_our_label_order_for_numeric_folders(tmp_path):
     assert [plain.reader.class_to_idx[n] for n in names] == [0, 2, 1]  # timm alone: natural order
     label_of = {os.path.basename(os.path.dirname(path)): label for path, label in mapped.reader.samples}
     assert [label_of[n] for n in names] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("head", ["softmax", "sparsemax"])
+def test_the_model_card_words_the_logits_per_head_and_names_the_licence(head):
+    import export_timm
+
+    config = {"architecture": "resmlp_12_224", "num_classes": 3, "pretrained_cfg": {
+        "input_size": [3, 224, 224], "crop_pct": 0.9, "interpolation": "bilinear", "mean": [0.5] * 3, "std": [0.2] * 3},
+        "head": {"name": head, "doc": "a head", "sparse": head != "softmax",
+                 "probabilities": export_timm._PROBABILITIES[head]}}
+    card = export_timm.model_card(config)
+    front = yaml.safe_load(card.split("---\n")[1])
+    assert front["license"] == "apache-2.0" and front["library_name"] == "timm"
+    assert "Apache License" in open(os.path.join(ROOT, "LICENSE")).read(2000)  # the licence the card names
+    if head == "softmax":
+        assert "as timm's classifiers do: their softmax is the head's probabilities" in card
+        assert "not timm's usual softmax inputs" not in card
+    else:
+        assert "not timm's usual softmax inputs" in card and "`entmax.sparsemax(logits, dim=-1)" in card

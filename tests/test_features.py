@@ -10,9 +10,9 @@ import os
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from test_train_helpers import NO_AUG, ROOT, reset_accelerate_state, run_inprocess, tiny_cfg
 
 from common.errors import UserError
-from test_train_helpers import NO_AUG, ROOT, reset_accelerate_state, run_inprocess, tiny_cfg
 
 FAST = ["optim.epochs=2", "train.ema=false", "train.save_every=1000"]
 PROBE_DATA = ["data.dataset=builtin100", "data.builtin_train_size=192", "data.builtin_val_size=64"]
@@ -59,7 +59,7 @@ def _setup(cfg):
     reset_accelerate_state()
     run = setup(cfg, resume=None, overwrite=False)
     run.lock.release()
-    run.bar.close()
+    run.logs.bar.close()
     return run
 
 
@@ -67,10 +67,12 @@ def _final_val_logits(run_dir, features_root=None):
     """Logits on val of the run's final weights, through eval.py's model and loader."""
     import configs
     import data
-    from inference.trained_run import build_model
+    from common.weights import read_state_dict
+    from inference.trained_run import model_from_state_dict
 
     cfg = configs.load_run_config(run_dir, [])
-    model = build_model(cfg, os.path.join(run_dir, "model.safetensors"), data.num_classes(cfg.data))
+    weights = os.path.join(run_dir, "model.safetensors")
+    model = model_from_state_dict(cfg, read_state_dict(weights), weights, data.num_classes(cfg.data))
     loader = data.build_eval_loader(data.build_dataset(cfg.data, "val"), cfg.data, rank=0, world_size=1)
     with torch.no_grad():
         logits = [model(x) for x, _ in loader]
@@ -83,7 +85,8 @@ def _final_val_logits(run_dir, features_root=None):
 def test_cached_probe_equals_frozen_backbone_probe_on_images(tmp_path, source, features, head):
     image_cfg, cached_cfg = _probe_cfgs(tmp_path, source, features, f"head.name={head}")
     # step 0: the same classifier (the image path's init stream; the source's 10-class one does not fit)
-    start_image, start_cached = _setup(image_cfg).raw_model.state_dict(), _setup(cached_cfg).raw_model.state_dict()
+    start_image = _setup(image_cfg).learner.raw_model.state_dict()
+    start_cached = _setup(cached_cfg).learner.raw_model.state_dict()
     head_keys = sorted(k for k in start_image if k.startswith(("head.", "output_head.")))
     assert head_keys == sorted(start_cached)
     for k in head_keys:
@@ -101,7 +104,8 @@ def test_cached_probe_equals_frozen_backbone_probe_on_images(tmp_path, source, f
     assert not torch.equal(trained, start_cached["head.weight"])  # it trained
     torch.testing.assert_close(logits_cached, logits_image, rtol=1e-4, atol=1e-5)
     # the same epochs.csv losses (same samplers, same batches)
-    rows = [open(os.path.join(c.train.output_dir, "epochs.csv")).read().splitlines()[1:] for c in (image_cfg, cached_cfg)]
+    rows = [open(os.path.join(c.train.output_dir, "epochs.csv")).read().splitlines()[1:]
+            for c in (image_cfg, cached_cfg)]
     assert len(rows[0]) == len(rows[1]) == 2
 
 
@@ -113,7 +117,7 @@ def test_the_source_classifier_is_fitted_as_the_image_path_fits_it(tmp_path, sou
     cached = tiny_cfg(str(tmp_path / "cached"), "data.dataset=features", f"data.root={out}", *NO_AUG, *FAST)
     src = load_file(os.path.join(source, "model.safetensors"))
     for cfg in (image, cached):
-        got = _setup(cfg).raw_model.state_dict()
+        got = _setup(cfg).learner.raw_model.state_dict()
         assert torch.equal(got["head.weight"], src["head.weight"]) and torch.equal(got["head.bias"], src["head.bias"])
 
 
@@ -121,7 +125,8 @@ def test_the_source_classifier_is_fitted_as_the_image_path_fits_it(tmp_path, sou
 def test_features_are_the_pre_logits_of_the_source_in_dataset_order(source, features):
     import configs
     import data
-    from inference.trained_run import build_model
+    from common.weights import read_state_dict
+    from inference.trained_run import model_from_state_dict
 
     meta = json.load(open(os.path.join(features, "features.json")))
     assert meta["feature_dim"] == 128 and meta["counts"] == {"train": 192, "val": 64}
@@ -137,7 +142,8 @@ def test_features_are_the_pre_logits_of_the_source_in_dataset_order(source, feat
     assert shard["labels"].dtype == torch.int64 and torch.equal(shard["index"], torch.arange(50, 100))
     # an independent forward of the val images through the source backbone
     cfg = configs.load_run_config(source, PROBE_DATA)
-    model = build_model(configs.load_run_config(source, []), os.path.join(source, "model.safetensors"), 10)
+    weights = os.path.join(source, "model.safetensors")
+    model = model_from_state_dict(configs.load_run_config(source, []), read_state_dict(weights), weights, 10)
     ds = data.build_dataset(cfg.data, "val")
     x = torch.stack([ds[i][0] for i in range(len(ds))])
     with torch.no_grad():
@@ -273,7 +279,8 @@ def test_eval_reads_the_ood_features(tmp_path, source, features):
     assert run_inprocess(cfg) == 0
     out = str(tmp_path / "p" / "eval.json")
     reset_accelerate_state()
-    assert eval_py.main(["--checkpoint", cfg.train.output_dir, "--ood-dataset", "auto", "--output", out, "--quiet"]) == 0
+    assert eval_py.main(["--checkpoint", cfg.train.output_dir, "--ood-dataset", "auto", "--output", out,
+                         "--quiet"]) == 0
     result = json.load(open(out))
     assert result["dataset"] == "features" and result["ood"]["dataset"] == "features"
     assert result["ood"]["source"] == "builtin100_ood"  # what the plots and the report call it
@@ -285,6 +292,7 @@ def test_eval_reads_the_ood_features(tmp_path, source, features):
 # ----------------------------------------------------------------------------- compare_heads --features
 def test_compare_heads_runs_the_plan_on_cached_features(tmp_path, features):
     import compare_heads
+
     import configs
 
     cfg = tmp_path / "cmp.yaml"
@@ -320,9 +328,10 @@ def test_compare_heads_refuses_bad_feature_arguments(tmp_path, features):
 
 def test_ranks_share_the_shards_and_together_write_the_one_process_folder(tmp_path, source, features):
     """accelerate launch: rank r writes shards i % world == r; the union is the 1-process extraction."""
+    import extract_features
+
     import configs
     import data
-    import extract_features
 
     class Rank:
         def __init__(self, rank, world):

@@ -12,9 +12,9 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file, save_file
+from test_train_helpers import reset_accelerate_state, run_inprocess, tiny_cfg
 
 from common.errors import UserError
-from test_train_helpers import reset_accelerate_state, run_inprocess, tiny_cfg
 
 FAST = ["optim.epochs=1", "train.ema=false", "train.save_every=1000"]
 
@@ -54,7 +54,7 @@ def test_fine_tune_starts_from_the_source_backbone_with_a_new_head(tmp_path, sou
     cfg = tiny_cfg(str(tmp_path / "ft"), "model.norm=batchnorm", "data.dataset=builtin100", "head.name=sparsemax",
                    f"model.pretrained={source}", *FAST)
     run = _setup(cfg)
-    src, got = load_file(os.path.join(source, "model.safetensors")), run.raw_model.state_dict()
+    src, got = load_file(os.path.join(source, "model.safetensors")), run.learner.raw_model.state_dict()
     backbone = [k for k in got if _is_backbone(k)]
     assert backbone and all(torch.equal(got[k], src[k]) for k in backbone)  # bit-identical at step 0
     assert any(k.endswith("running_var") for k in backbone)  # BN buffers travel with the backbone
@@ -74,11 +74,11 @@ def test_fine_tune_starts_from_the_source_backbone_with_a_new_head(tmp_path, sou
 def test_same_classes_and_head_kind_load_the_classifier_too_am_softmax_needs_its_own(tmp_path, source, capsys):
     run = _setup(tiny_cfg(str(tmp_path / "a"), "model.norm=batchnorm", f"model.pretrained={source}", *FAST))
     src = load_file(os.path.join(source, "model.safetensors"))
-    assert torch.equal(run.raw_model.state_dict()["head.weight"], src["head.weight"])
+    assert torch.equal(run.learner.raw_model.state_dict()["head.weight"], src["head.weight"])
     assert "everything loaded" in capsys.readouterr().out
     run = _setup(tiny_cfg(str(tmp_path / "b"), "model.norm=batchnorm", "head.name=am_softmax",
                              f"model.pretrained={source}", *FAST))
-    assert not torch.equal(run.raw_model.state_dict()["head.weight"], src["head.weight"])
+    assert not torch.equal(run.learner.raw_model.state_dict()["head.weight"], src["head.weight"])
     assert "am_softmax needs a cosine classifier" in capsys.readouterr().out
 
 
@@ -119,7 +119,7 @@ def test_timm_and_fb_weight_files_load_the_same_way(tmp_path, fmt):
     else:
         save_file(converted, path)
     run = _setup(tiny_cfg(str(tmp_path / "run"), "data.dataset=builtin100", f"model.pretrained={path}", *FAST))
-    got = run.raw_model.state_dict()
+    got = run.learner.raw_model.state_dict()
     assert all(torch.equal(got[k], sd[k]) for k in sd if _is_backbone(k))
     assert got["head.weight"].shape == (100, 128)
 
@@ -128,7 +128,7 @@ def test_the_weights_image_size_is_kept_and_said(tmp_path, source, capsys):
     cfg = tiny_cfg(str(tmp_path / "run"), "model.norm=batchnorm", "data.image_size=32",
                    f"model.pretrained={source}", *FAST)
     run = _setup(cfg)
-    assert run.cfg.data.image_size == 16 and run.raw_model.img_size == 16
+    assert run.cfg.data.image_size == 16 and run.learner.raw_model.img_size == 16
     images, _ = next(iter(run.train_loader(0, 0)))
     assert images.shape[-1] == 16  # the data pipeline resizes to the weights' size
     out = capsys.readouterr().out
@@ -192,18 +192,19 @@ def test_probe_trains_only_the_head_backbone_and_bn_buffers_bit_identical(tmp_pa
                    "head.learn_alpha=true", "model.drop_path=0.2", "model.freeze=backbone",
                    f"model.pretrained={source}", "optim.lr=5e-2", *FAST)
     run = _setup(cfg)
-    trainable = {n for n, p in run.raw_model.named_parameters() if p.requires_grad}
+    trainable = {n for n, p in run.learner.raw_model.named_parameters() if p.requires_grad}
     assert trainable == {"head.weight", "head.bias", "output_head.alpha_logit"}
-    held = {id(p) for g in run.optimizer.param_groups for p in g["params"]}
-    assert held == {id(p) for n, p in run.raw_model.named_parameters() if n in trainable}
-    run.raw_model.train()
-    assert not run.raw_model.blocks.training and run.raw_model.head.training
+    held = {id(p) for g in run.learner.optimizer.param_groups for p in g["params"]}
+    assert held == {id(p) for n, p in run.learner.raw_model.named_parameters() if n in trainable}
+    run.learner.raw_model.train()
+    assert not run.learner.raw_model.blocks.training and run.learner.raw_model.head.training
     reset_accelerate_state()
     assert run_inprocess(cfg, overwrite=True) == 0
-    src, got = load_file(os.path.join(source, "model.safetensors")), load_file(os.path.join(run_dir, "model.safetensors"))
+    src, got = (load_file(os.path.join(source, "model.safetensors")),
+                load_file(os.path.join(run_dir, "model.safetensors")))
     backbone = [k for k in got if _is_backbone(k)]
     assert all(torch.equal(got[k], src[k]) for k in backbone), [k for k in backbone if not torch.equal(got[k], src[k])]
-    init = run.raw_model.state_dict()  # the step-0 head of the same seed
+    init = run.learner.raw_model.state_dict()  # the step-0 head of the same seed
     assert not torch.equal(got["head.weight"], init["head.weight"])
     assert not torch.equal(got["output_head.alpha_logit"], init["output_head.alpha_logit"])
 
@@ -211,9 +212,9 @@ def test_probe_trains_only_the_head_backbone_and_bn_buffers_bit_identical(tmp_pa
 # ----------------------------------------------------------------------------- optim.layer_decay
 def test_layer_decay_scales_each_blocks_lr_by_depth(tmp_path):
     run = _setup(tiny_cfg(str(tmp_path / "run"), "optim.layer_decay=0.5", *FAST))
-    run.scheduler.step_update(3)
-    names = {id(p): n for n, p in run.raw_model.named_parameters()}
-    lr_of = {names[id(p)]: g["lr"] for g in run.optimizer.param_groups for p in g["params"]}
+    run.learner.scheduler.step_update(3)
+    names = {id(p): n for n, p in run.learner.raw_model.named_parameters()}
+    lr_of = {names[id(p)]: g["lr"] for g in run.learner.optimizer.param_groups for p in g["params"]}
     top = lr_of["head.weight"]
     assert top > 0 and lr_of["norm.alpha"] == pytest.approx(top * 0.5)  # 4 blocks: block 3 (and norm) at 0.5
     for i in range(4):

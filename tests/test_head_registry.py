@@ -15,10 +15,9 @@ from common.errors import UserError
 from configs import config_from_dict
 from configs.schema import HeadConfig
 from evaluation import comparison, conformal, metrics, selective_report
-from models import create_classifier
-from models import registry
-from models.heads import ENTMAX_HEAD_NAMES, HEAD_NAMES, SPARSE_HEAD_NAMES, build_output_head
-from models.registry import HEADS, HPARAMS, HParam, HeadSpec, check_settings, register
+from models import create_classifier, registry
+from models.heads import ENTMAX_HEAD_NAMES, HEAD_NAMES, SPARSE_HEAD_NAMES, OutputHead
+from models.registry import HEADS, HPARAMS, HeadSpec, HParam, check_settings, register
 
 TINY = {"model": {"name": "resmlp_tiny"}, "data": {"image_size": 16}}
 
@@ -86,7 +85,7 @@ def test_names_and_config_section_come_from_the_registry():
     cfg = config_from_dict({})
     assert {k: getattr(cfg.head, k) for k in HPARAMS} == registry.defaults()
     for name, spec in HEADS.items():
-        head = build_output_head(name)
+        head = OutputHead(name)
         assert set(head.hparams()) == {hp.name for hp in spec.hparams}
 
 
@@ -99,9 +98,9 @@ def test_settings_are_checked_by_their_declaration():
     with pytest.raises(UserError, match="needs head entmax_bisect"):
         check_settings("sparsemax", {"learn_alpha": True})
     with pytest.raises(UserError, match="unknown head setting 'gama'"):
-        build_output_head("normmax", gama=2.0)
+        OutputHead("normmax", gama=2.0)
     with pytest.raises(UserError, match="unknown output head"):
-        build_output_head("sparsmax")
+        OutputHead("sparsmax")
     with pytest.raises(UserError, match="config key head.k"):
         config_from_dict({"head": {"name": "softmax", "k": 0}})
 
@@ -145,7 +144,7 @@ def test_a_new_declaration_is_a_head_everywhere(monkeypatch):
     monkeypatch.setattr(registry, "HEADS", dict(HEADS))
     monkeypatch.setattr(registry, "HPARAMS", dict(HPARAMS))
     register(_complete())
-    head = build_output_head("throwaway_head", temperature_x=2.0)
+    head = OutputHead("throwaway_head", temperature_x=2.0)
     z = torch.randn(4, 6)
     torch.testing.assert_close(head(z), torch.softmax(z / 2.0, -1))
     assert head.hparams() == {"temperature_x": 2.0} and torch.isnan(head.alpha)
@@ -168,7 +167,8 @@ def _listed_heads(path, start, stop):
     ("configs/base.yaml", "# any head of models/registry.py", r"\n  name:"),
     ("configs/cifar10.yaml", "# any head of models/registry.py", r"\n  name:"),
     ("models/heads.py", "Each head is one declaration", r"\. "),
-    ("README.md", "| `head.name` | mapping", r"\n\n")])
+    ("docs/heads.md", "| `head.name` | mapping", r"\n\n"),
+    ("README.md", "| `head.name` | sparse", r"\n\n")])
 def test_every_place_that_lists_the_heads_lists_every_declared_head(path, start, stop):
     listed = _listed_heads(path, start, stop)
     assert listed >= set(HEADS), f"{path} does not list {sorted(set(HEADS) - listed)}"

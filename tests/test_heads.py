@@ -16,7 +16,6 @@ from common.errors import UserError
 from models.heads import (
     HEAD_NAMES,
     OutputHead,
-    build_output_head,
     entmax15,
     entmax15_loss,
     entmax_bisect,
@@ -452,7 +451,7 @@ def test_autocast_bf16():
     x = torch.randn(6, 16)
     y = torch.randint(0, 20, (6,))
     for name in HEAD_NAMES:
-        head = build_output_head(name, alpha=1.3, learn_alpha=name == "entmax_bisect")
+        head = OutputHead(name, alpha=1.3, learn_alpha=name == "entmax_bisect")
         with torch.autocast("cpu", dtype=torch.bfloat16):
             logits = lin(x)
             p = head(logits)
@@ -489,17 +488,17 @@ def test_torch_compile_fullgraph_no_graph_breaks():
 def test_output_head_names_and_errors():
     assert HEAD_NAMES[:4] == ("softmax", "sparsemax", "entmax15", "entmax_bisect")  # + the heads of test_new_heads.py
     with pytest.raises(UserError, match="softmax, sparsemax, entmax15, entmax_bisect"):
-        build_output_head("sparsmax")
+        OutputHead("sparsmax")
     with pytest.raises(UserError):
-        build_output_head("softmax", learn_alpha=True)
+        OutputHead("softmax", learn_alpha=True)
     with pytest.raises(UserError):
-        build_output_head("entmax_bisect", alpha=2.5)
+        OutputHead("entmax_bisect", alpha=2.5)
     with pytest.raises(UserError):
-        build_output_head("entmax_bisect", alpha=2.0, learn_alpha=True)
+        OutputHead("entmax_bisect", alpha=2.0, learn_alpha=True)
     for name, alpha in [("softmax", 1.0), ("sparsemax", 2.0), ("entmax15", 1.5)]:
-        h = build_output_head(name)
+        h = OutputHead(name)
         assert h.name == name and float(h.alpha) == alpha and len(list(h.parameters())) == 0
-    assert float(build_output_head("entmax_bisect", alpha=1.25).alpha) == 1.25
+    assert float(OutputHead("entmax_bisect", alpha=1.25).alpha) == 1.25
 
 
 def test_output_head_forward_loss_support():
@@ -507,21 +506,21 @@ def test_output_head_forward_loss_support():
     y = torch.randint(0, 12, (5,), generator=torch.Generator().manual_seed(3))
     for name, f, lf in [("softmax", softmax, softmax_loss), ("sparsemax", sparsemax, sparsemax_loss),
                         ("entmax15", entmax15, entmax15_loss)]:
-        h = build_output_head(name)
+        h = OutputHead(name)
         p = h(z)
         torch.testing.assert_close(p, f(z))
         torch.testing.assert_close(h.loss(z, y, label_smoothing=0.1), lf(z, y, label_smoothing=0.1))
         assert h.support_size(p).dtype == torch.long and torch.equal(h.support_size(p), (p > 0).sum(-1))
-    assert (build_output_head("softmax").support_size(softmax(z)) == 12).all()
-    assert (build_output_head("sparsemax").support_size(sparsemax(z)) < 12).any()
-    h = build_output_head("entmax_bisect", alpha=1.3)
+    assert (OutputHead("softmax").support_size(softmax(z)) == 12).all()
+    assert (OutputHead("sparsemax").support_size(sparsemax(z)) < 12).any()
+    h = OutputHead("entmax_bisect", alpha=1.3)
     torch.testing.assert_close(h(z), entmax_bisect(z, 1.3))
     q = torch.softmax(z, -1)
     torch.testing.assert_close(h.loss(z, q), entmax_bisect_loss(z, q, 1.3))
 
 
 def test_learned_alpha():
-    h = build_output_head("entmax_bisect", alpha=1.3, learn_alpha=True)
+    h = OutputHead("entmax_bisect", alpha=1.3, learn_alpha=True)
     assert [n for n, _ in h.named_parameters()] == ["alpha_logit"]
     assert "alpha_logit" in h.state_dict()
     torch.testing.assert_close(h.alpha.detach(), torch.tensor(1.3))

@@ -94,10 +94,11 @@ def test_pad_eval_centre_crops_a_non_square_image(tmp_path):
 
 
 def test_a_transform_of_the_wrong_size_is_named_as_the_cause(tmp_path):
+    from torchvision import transforms as T
+
     from common.errors import UserError
     from data.imagefolder import ImageFolderDataset
     from data.loaders import _BatchFetcher
-    from torchvision import transforms as T
 
     path = str(tmp_path / "x.png")
     _image("RGB", (40, 48), np.random.default_rng(2)).save(path)

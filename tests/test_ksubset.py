@@ -237,3 +237,16 @@ def test_pool_k_is_required_by_ksubset_and_refused_elsewhere():
     too_many = config_from_dict({"model": {"pool": "hopfield", "pool_mapping": "ksubset", "pool_k": 65}})
     with pytest.raises(UserError, match=r"1\.\.64 \(the number of patches\)"):
         create_classifier(too_many.model, too_many.head, 10, img_size=32)
+
+
+def test_a_target_on_a_minus_inf_score_is_an_infinite_loss():
+    """L(z; y) = Ω(y) + Ω*(z) − ⟨z, y⟩ with ⟨z, y⟩ = −∞ when y puts mass on a −∞ score: +∞ (as
+    cross-entropy of an impossible class), never the largest finite float, so a batch mean with such a
+    row is +∞ too."""
+    for dtype in (torch.float32, torch.float64):
+        z = torch.tensor([[0.5, float("-inf"), 1.0, 0.0], [0.5, 0.2, 1.0, 0.0]], dtype=dtype)
+        y = torch.tensor([[1, 2], [0, 2]])  # row 0: item 1 has score -inf
+        rows = ksubset_loss(z, y, 2, reduction="none")
+        assert rows[0].item() == float("inf") and torch.isfinite(rows[1])
+        assert ksubset_loss(z, y, 2).item() == float("inf") and \
+            ksubset_loss(z, y, 2, reduction="sum").item() == float("inf")

@@ -5,11 +5,12 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+import pytest
 import torch
+from test_train_helpers import ROOT, TRAIN_PY, subprocess_env, tiny_cfg, write_cfg
 
 from data import explain_backend
 from training.launch import busy_cores_warning, launch_lines, precision_line, single_process_warning
-from test_train_helpers import ROOT, TRAIN_PY, subprocess_env, tiny_cfg, write_cfg
 
 # What `accelerate launch --num_processes 2` without --multi_gpu leaves a single process (simple launcher).
 ASKED_TWO_GOT_ONE = {"ACCELERATE_MIXED_PRECISION": "no", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
@@ -62,7 +63,8 @@ def test_lines_list_every_warning():
 def test_accelerate_launch_without_multi_gpu_warns(tmp_path):
     cfg = tiny_cfg(str(tmp_path / "run"), "optim.epochs=1", "data.builtin_train_size=64", "data.batch_size=32")
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", TRAIN_PY, "--config", write_cfg(cfg, tmp_path / "c.yaml")]
+           "--mixed_precision", "no", "--dynamo_backend", "no", TRAIN_PY, "--config",
+           write_cfg(cfg, tmp_path / "c.yaml")]
     p = subprocess.run(cmd, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "started one" in p.stdout and "--multi_gpu" in p.stdout
@@ -84,3 +86,21 @@ def test_the_loading_line_only_on_a_terminal_and_once_per_launch():
     say_loading("train.py", rank1, env={"LOCAL_RANK": "1"})
     assert tty.getvalue() == "train.py: loading torch, timm and Accelerate (a few seconds)...\n"
     assert pipe.getvalue() == rank1.getvalue() == ""
+
+
+@pytest.mark.parametrize("command", ["eval.py", "predict.py", "scripts/extract_features.py"])
+def test_every_multi_process_command_warns_when_it_got_one_process(command, monkeypatch, capsys):
+    """`accelerate launch --num_processes 2 eval.py` without --multi_gpu starts one process: the
+    inference commands say so as train.py does, naming themselves in the fix."""
+    from inference.processes import inference_accelerator
+
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")
+    monkeypatch.setenv("MASTER_PORT", "29500")  # set by the launcher when asked for several processes
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    accelerator = inference_accelerator(command)
+    err = capsys.readouterr().err
+    assert accelerator.num_processes == 1 and err.count("\n") == 1
+    assert "asked for several processes but started one" in err and f"--num_processes N {command}" in err
+    monkeypatch.delenv("MASTER_PORT")  # a plain single-process start: no warning
+    inference_accelerator(command)
+    assert capsys.readouterr().err == ""

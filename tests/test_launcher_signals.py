@@ -12,12 +12,12 @@ import sys
 import time
 
 import pytest
-
-from common import rundir
-from training.checkpoint import files as ck
-from common.children import EXIT_TIMEOUT, ChildProcesses, StoppedBySignal
 from test_compare import TINY_CONFIG
 from test_train_helpers import ROOT, subprocess_env, wait_for_file
+
+from common import rundir
+from common.children import EXIT_TIMEOUT, ChildProcesses, StoppedBySignal
+from training.checkpoint import files as ck
 
 SCRIPT = os.path.join(ROOT, "scripts", "compare_heads.py")
 HOOKED = os.path.join(ROOT, "tests", "hooked_train.py")

@@ -1,11 +1,11 @@
 """The import graph reads bottom-up: common <- models, data <- configs <- evaluation <- training <- inference
-<- comparison <- train.py, eval.py, predict.py, scripts (the entry points). Every import statement of every module is parsed (ast), including the ones
-inside functions, and relative imports are resolved to their package."""
+<- comparison <- train.py, eval.py, predict.py, scripts (the entry points). Every import statement of every
+module is parsed (ast), including the ones inside functions, and relative imports are resolved to their
+package."""
 import ast
 import os
 
 import pytest
-
 from project_files import python_files, tracked_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,7 +50,8 @@ def test_package_imports_only_from_below(package):
 
 def test_the_checker_sees_relative_and_function_level_imports(tmp_path):
     path = tmp_path / "m.py"
-    path.write_text("from . import x\ndef f():\n    import training.checkpoint.files\n    from configs.loader import y\n")
+    path.write_text("from . import x\ndef f():\n    import training.checkpoint.files\n"
+                    "    from configs.loader import y\n")
     assert project_imports(str(path), "models") == {"models", "training", "configs"}
 
 
@@ -62,7 +63,7 @@ def _is_command(path):
 
 
 # The commands: train.py, eval.py, predict.py and every script with a main block (a module of
-# scripts/ without one, e.g. compare_progress.py, is a helper of the scripts beside it).
+# scripts/ without one, e.g. _root.py, is a helper of the scripts beside it).
 SCRIPTS = sorted(os.path.basename(p)[:-3] for p in python_files("scripts") if _is_command(p))
 ENTRY_POINTS = {"train.py": "train", "eval.py": "eval", "predict.py": "predict",
                 **{f"scripts/{name}.py": name for name in SCRIPTS}}
@@ -120,10 +121,12 @@ def sys_path_edits(path):
     count = 0
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
-                node.func.attr in ("insert", "append", "extend", "remove") and ast.unparse(node.func.value) == "sys.path":
+                node.func.attr in ("insert", "append", "extend", "remove") and \
+                ast.unparse(node.func.value) == "sys.path":
             count += 1
         elif isinstance(node, (ast.Assign, ast.AugAssign)) and any(
-                ast.unparse(t).startswith("sys.path") for t in getattr(node, "targets", [getattr(node, "target", None)])):
+                ast.unparse(t).startswith("sys.path")
+                for t in getattr(node, "targets", [getattr(node, "target", None)])):
             count += 1
     return count
 
@@ -145,3 +148,86 @@ def test_the_sys_path_checker_sees_every_form(tmp_path):
     path = tmp_path / "m.py"
     path.write_text("import sys\nsys.path.insert(0, 'a')\ndef f():\n    sys.path.append('b')\nsys.path[:0] = ['c']\n")
     assert sys_path_edits(str(path)) == 3
+
+
+# ------------------------------------------------------------------------------------------ circles
+def module_name(path):
+    rel = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+    return rel[:-len(".__init__")] if rel.endswith(".__init__") else rel
+
+
+def module_edges(path, modules):
+    """The project modules (names in `modules`) that the module at `path` imports, at any depth of
+    the file (function-level imports too: a circle broken at run time is still a circle)."""
+    name = module_name(path)
+    package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+    with open(path) as f:
+        tree = ast.parse(f.read(), filename=path)
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            for alias in node.names:  # `from pkg import module` imports that module
+                out.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+    return {m for m in out if m in modules and m != name}
+
+
+def import_circles(paths):
+    """The strongly connected components of more than one module in the import graph of `paths`."""
+    modules = {module_name(p): p for p in paths}
+    graph = {name: module_edges(path, modules) for name, path in modules.items()}
+    index, low, stack, on_stack, circles = {}, {}, [], set(), []
+
+    def visit(v):  # Tarjan's algorithm
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return circles
+
+
+def test_no_import_circles():
+    """No module of the packages imports, directly or through others, a module that imports it
+    (data/features.py and its loaders were one: the loaders now live in data/feature_loaders.py)."""
+    paths = [p for package in PACKAGES for p in python_files(package)]
+    assert import_circles(paths) == []
+
+
+def test_the_circle_checker_sees_one(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from .b import x\n")
+    (pkg / "b.py").write_text("def f():\n    from pkg import c\n")
+    (pkg / "c.py").write_text("from . import a\n")
+    (pkg / "d.py").write_text("import pkg.a\n")
+    global ROOT
+    saved, ROOT = ROOT, str(tmp_path)
+    try:
+        assert import_circles([str(p) for p in sorted(pkg.glob("*.py"))]) == [["pkg.a", "pkg.b", "pkg.c"]]
+    finally:
+        ROOT = saved

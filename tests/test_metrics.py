@@ -118,7 +118,7 @@ def test_metrics_from_records_softmax_matches_cross_entropy():
 
 def test_metrics_from_records_with_real_sparse_head():
     heads = pytest.importorskip("models.heads")
-    head = heads.build_output_head("sparsemax")
+    head = heads.OutputHead("sparsemax")
     logits = torch.tensor([[3.0, 0.0, -1.0], [1.0, 0.9, 0.8], [0.0, 2.0, 0.0]])
     labels = torch.tensor([1, 2, 1])
     out = _all_metrics(logits, labels, head)

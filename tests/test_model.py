@@ -5,10 +5,11 @@ import pytest
 import timm
 import torch
 import torch.nn as nn
-from timm.models.mlp_mixer import Affine as TimmAffine, MlpMixer, ResBlock
+from timm.models.mlp_mixer import Affine as TimmAffine
+from timm.models.mlp_mixer import MlpMixer, ResBlock
 
-from models.convert import convert_state_dict, load_pretrained
 from common.errors import UserError
+from models.convert import convert_state_dict, load_pretrained
 from models.resmlp import MODEL_NAMES, VARIANTS, Affine, ResMLP, create_resmlp
 
 TIMM_TWIN = {"resmlp_s12": "resmlp_12_224", "resmlp_s24": "resmlp_24_224",
@@ -291,7 +292,8 @@ def test_mismatched_state_dict_names_first_key(tmp_path):
     with pytest.raises(UserError, match="'cls_token'"):
         convert_state_dict(vit, create_resmlp("resmlp_tiny"))
     with pytest.raises(UserError, match="'stem.proj.weight'.*shape") as e:  # wrong variant
-        convert_state_dict(create_resmlp("resmlp_tiny").state_dict(), ResMLP(img_size=32, patch_size=4, embed_dim=64, depth=4))
+        convert_state_dict(create_resmlp("resmlp_tiny").state_dict(),
+                           ResMLP(img_size=32, patch_size=4, embed_dim=64, depth=4))
     sd = create_resmlp("resmlp_tiny").state_dict()
     del sd["blocks.2.ls1"]
     with pytest.raises(UserError, match="missing 'blocks.2.ls1'"):

@@ -14,15 +14,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from common.errors import UserError
 from configs import config_from_dict
-from training.optim import build_optimizer
 from models import create_classifier
 from models.am_softmax import CosineLinear, am_softmax_loss
-from common.errors import UserError
-from models.heads import HEAD_NAMES, OutputHead, build_output_head
+from models.heads import HEAD_NAMES, OutputHead
 from models.normmax import normmax, normmax_loss
 from models.taylor_softmax import taylor_softmax, taylor_softmax_loss
 from models.topk_softmax import topk_softmax, topk_softmax_loss
+from training.optim import build_optimizer
 
 entmax_pkg = pytest.importorskip("entmax")
 
@@ -221,7 +221,7 @@ def test_am_softmax_loss_matches_paper_formula_with_cosine_classifier():
 
 
 def test_am_softmax_margin_applies_in_training_mode_only():
-    head = build_output_head("am_softmax", scale=30.0, margin=0.35)
+    head = OutputHead("am_softmax", scale=30.0, margin=0.35)
     z = _x((20, 10), 8.0, seed=4)
     y = _y(20, 10)
     head.train()
@@ -418,7 +418,7 @@ class _HostReads(TorchDispatchMode):
 @pytest.mark.parametrize("name", NEW_HEADS)
 @pytest.mark.parametrize("soft", [False, True])
 def test_forward_and_backward_do_no_host_reads(name, soft):
-    head = build_output_head(name, k=3)
+    head = OutputHead(name, k=3)
     z = _x((6, 10), 2.0, seed=9, dtype=torch.float32)
     z[0, 4] = NEG_INF
     z.requires_grad_()
@@ -433,7 +433,7 @@ def test_forward_and_backward_do_no_host_reads(name, soft):
 
 
 def test_torch_compile_fullgraph_no_graph_breaks():
-    heads = [build_output_head(name, k=3) for name in NEW_HEADS]
+    heads = [OutputHead(name, k=3) for name in NEW_HEADS]
 
     def fn(x, y):
         return sum((h(x) ** 2).sum() + h.loss(x, y, label_smoothing=0.1) for h in heads)

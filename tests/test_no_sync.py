@@ -7,10 +7,11 @@ mask indexing in the heads fails these tests), the last ones run the heads under
 """
 import pytest
 import torch
+from sync_guard import BLOCKED_OPS, HostSyncError, no_host_sync
 
 from models import head_targets, thresholds_device
 from models.heads import (
-    build_output_head,
+    OutputHead,
     entmax15,
     entmax15_loss,
     entmax_bisect,
@@ -22,7 +23,6 @@ from models.heads import (
 )
 from models.ksubset import ksubset, ksubset_loss
 from models.mappings import threshold_path
-from sync_guard import BLOCKED_OPS, HostSyncError, no_host_sync
 
 NEG_INF = float("-inf")
 
@@ -298,15 +298,15 @@ def test_loss_modules_and_output_heads_without_host_reads():
                  lambda v: entmax_bisect_loss(v, y, alpha=1.7, ignore_index=-100)):
         _run_guarded(loss, x)
     for name in ("softmax", "sparsemax", "entmax15"):
-        head = build_output_head(name)
+        head = OutputHead(name)
         _run_guarded(head, x)
         _run_guarded(lambda v: head.loss(v, y, label_smoothing=0.1), x)
-    learned = build_output_head("entmax_bisect", alpha=1.3, learn_alpha=True)
+    learned = OutputHead("entmax_bisect", alpha=1.3, learn_alpha=True)
     g = _run_guarded(learned, x, (learned.alpha_logit,))
     assert g[1] != 0
     g = _run_guarded(lambda v: learned.loss(v, y), x, (learned.alpha_logit,))
     assert g[1] != 0
-    fixed = build_output_head("entmax_bisect", alpha=1.3)
+    fixed = OutputHead("entmax_bisect", alpha=1.3)
     _run_guarded(fixed, x)
     _run_guarded(lambda v: fixed.loss(v, y), x)
 
@@ -323,7 +323,7 @@ def test_perturbmax_without_host_reads(noise):
     ids (evaluation), fixed shapes, no reads."""
     x = _logits(50)
     targets = _targets(x)
-    head = build_output_head("perturbmax", samples=8, noise=noise).train()
+    head = OutputHead("perturbmax", samples=8, noise=noise).train()
     _run_guarded(head, x)
     for target, kw in targets.values():
         _run_guarded(lambda v: head.loss(v, target, **kw), x)

@@ -68,11 +68,75 @@ def test_hopfield_scores_against_numpy():
         assert got["hopfield_softmax"][i] == pytest.approx(np.log(np.exp(s).sum()) / beta - half, abs=1e-5)
         p = np_sparsemax(s)  # Omega*(s) = <s, p> - (sum p^2 - 1) / 2
         assert got["hopfield_sparsemax"][i] == pytest.approx((s @ p - ((p ** 2).sum() - 1) / 2) / beta - half, abs=1e-5)
-        assert got["hopfield_support"][i] == -np.count_nonzero(p)
+        assert got["hopfield_retrieved"][i] == np.count_nonzero(p)  # plus the count: more kept = more ID
         p = np_entmax15(s)  # Omega*(s) = <s, p> - (sum p^1.5 - 1) / 0.75
         assert got["hopfield_entmax15"][i] == pytest.approx((s @ p - ((p ** 1.5).sum() - 1) / 0.75) / beta - half,
                                                             abs=1e-5)
-    assert (got["hopfield_support"] < -1).any()  # some queries retrieve several patterns, not all one
+    assert (got["hopfield_retrieved"] > 1).any()  # some queries retrieve several patterns, not all one
+
+
+def test_retrieval_support_is_the_count_of_near_equal_best_matches():
+    """Sparsemax keeps the k-th most similar pattern exactly when the gaps of the better ones to it sum
+    below 1 (Martins & Astudillo 2016, eq. 4 / Algorithm 1): Σ_{j<k} β(cos_(j) − cos_(k)) < 1."""
+    beta = ood_scores.HOPFIELD_BETA
+    got = ood_scores.hopfield_scores(QUERIES, MEMORY)["hopfield_retrieved"]
+    q, x = np_unit(QUERIES), np_unit(MEMORY)
+    for i in range(q.shape[0]):
+        s = np.sort(beta * x @ q[i])[::-1]
+        gaps = np.cumsum(s) - np.arange(1, s.size + 1) * s  # Σ_{j≤k} (s_(j) − s_(k))
+        assert got[i] == np.count_nonzero(gaps < 1)
+    twins = np.repeat(MEMORY[:1], 5, axis=0)  # five copies of one pattern: a query on it keeps all five
+    assert ood_scores.hopfield_scores(MEMORY[:1], np.vstack([twins, -MEMORY[1:]]))["hopfield_retrieved"][0] == 5
+
+
+def clustered(g, centres, n, spread=0.5):
+    """n points around the unit centres (labels cycling), Gaussian noise of norm about `spread`."""
+    d = centres.shape[1]
+    return centres[torch.arange(n) % centres.shape[0]] + spread * torch.randn(n, d, generator=g) / d ** 0.5
+
+
+def unit_centres(g, k, d):
+    c = torch.randn(k, d, generator=g)
+    return c / c.norm(dim=1, keepdim=True)
+
+
+def test_retrieval_support_orientation_chosen_on_a_synthetic_clustered_memory():
+    """Where the sign was chosen: a memory of 10 class clusters, ID queries drawn from them, OOD queries
+    from 10 new clusters. ID queries keep about twice as many patterns (measured over seeds 0-4: 8.6-8.8
+    against 4.6-4.9, AUROC 0.92-0.93 of +count; -count, the orientation before, gave 0.07-0.08)."""
+    from evaluation.ood import auroc
+
+    g = torch.Generator().manual_seed(0)
+    centres = unit_centres(g, 10, 32)
+    memory, id_q = clustered(g, centres, 2000), clustered(g, centres, 500)
+    ood_q = clustered(g, unit_centres(g, 10, 32), 500)
+    s_in = ood_scores.hopfield_scores(id_q, memory)["hopfield_retrieved"]
+    s_out = ood_scores.hopfield_scores(ood_q, memory)["hopfield_retrieved"]
+    assert s_in.mean() > 1.5 * s_out.mean()
+    assert auroc(s_in, s_out) > 0.8
+
+
+def test_retrieval_support_orientation_holds_on_held_out_ood_kinds():
+    """Checked on OOD kinds not used to choose the sign, against the same memory: queries in uniformly
+    random directions (far OOD) and around the midpoints of two ID classes (near OOD, between the
+    clusters). Measured over seeds 0-2: AUROC 0.91-0.93 (uniform), 0.80-0.82 (midpoints). Trained
+    features are checked in docs/evaluation.md; on raw pixels, which are not clustered by class, the
+    direction reverses (the score assumes class-clustered features)."""
+    from evaluation.ood import auroc
+
+    g = torch.Generator().manual_seed(0)
+    centres = unit_centres(g, 10, 32)
+    memory, id_q = clustered(g, centres, 2000), clustered(g, centres, 500)
+    uniform = torch.randn(500, 32, generator=g)
+    a, b = torch.randint(0, 10, (500,), generator=g), torch.randint(1, 10, (500,), generator=g)
+    between = clustered(g, unit_centres_of(centres[a] + centres[(a + b) % 10]), 500)  # two different classes
+    s_in = ood_scores.hopfield_scores(id_q, memory)["hopfield_retrieved"]
+    for ood_q in (uniform, between):
+        assert auroc(s_in, ood_scores.hopfield_scores(ood_q, memory)["hopfield_retrieved"]) > 0.75
+
+
+def unit_centres_of(vectors):
+    return vectors / vectors.norm(dim=1, keepdim=True)
 
 
 def test_she_against_numpy():

@@ -60,3 +60,13 @@ def test_typed_flags_are_set_as_they_are():
     """A typed flag's value is not parsed back from text: a head name 'null' or a root '1e3' stays a string."""
     data = apply_overrides({}, [("head.name", "null"), ("data.root", "1e3"), "optim.lr=0.5"])
     assert data == {"head": {"name": "null"}, "data": {"root": "1e3"}, "optim": {"lr": 0.5}}
+
+
+@pytest.mark.parametrize("command,flag,typo,meant", [
+    ("eval", "--split", "vall", "val"), ("eval", "--calib", "val_half", "val-half"),
+    ("predict", "--precision", "bf_16", "bf16"), ("extract_features", "--splits", "trian", "train"),
+])
+def test_a_choice_flag_typo_is_one_line_with_a_suggestion(command, flag, typo, meant):
+    with pytest.raises(UserError, match=f"unknown {flag} '{typo}'; did you mean '{meant}'\\?; valid: "):
+        _parse(command, COMMANDS[command] + [flag, typo])
+    assert getattr(_parse(command, COMMANDS[command] + [flag, meant]), flag[2:]) in (meant, [meant])

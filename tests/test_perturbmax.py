@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from common.errors import UserError
-from models.heads import build_output_head
+from models.heads import OutputHead
 from models.perturbmax import EVAL_SEED, perturbmax, perturbmax_loss
 
 
@@ -75,7 +75,7 @@ def test_deterministic_given_seed_and_step():
     assert torch.equal(a, perturbmax(z, samples=16, seed=7, step=3))
     assert not torch.equal(a, perturbmax(z, samples=16, seed=7, step=4))
     assert not torch.equal(a, perturbmax(z, samples=16, seed=8, step=3))
-    head = build_output_head("perturbmax", samples=16).eval()
+    head = OutputHead("perturbmax", samples=16).eval()
     keyed = perturbmax(z, samples=16, seed=EVAL_SEED, ids=torch.arange(6))  # eval: rows keyed by position
     assert torch.equal(head(z), head(z)) and torch.equal(head(z), keyed)
     y = torch.arange(6)
@@ -85,9 +85,9 @@ def test_deterministic_given_seed_and_step():
     first, second = head.loss(z, y), head.loss(z, y)
     assert head.draw_step == steps + 2 and not torch.equal(first, second)  # a new draw per training step
     torch.manual_seed(123)
-    again = build_output_head("perturbmax", samples=16).train()
+    again = OutputHead("perturbmax", samples=16).train()
     torch.manual_seed(123)
-    twin = build_output_head("perturbmax", samples=16).train()
+    twin = OutputHead("perturbmax", samples=16).train()
     assert torch.equal(again.loss(z, y), twin.loss(z, y))  # same run seed, same step: same draw
 
 
@@ -95,12 +95,12 @@ def test_training_draws_follow_torchs_seed_so_a_resumed_run_draws_the_same():
     """train.py reseeds torch before every micro-batch from (run seed, update, micro-batch, rank): the
     draws must depend on that seed alone, not on how many steps this process (or head) has taken."""
     z, y = _z(), torch.arange(6)
-    long_lived = build_output_head("perturbmax", samples=16).train()
+    long_lived = OutputHead("perturbmax", samples=16).train()
     per_update = []
     for update in range(3):
         torch.manual_seed(1000 + update)  # what reseed(seed, "step", update, micro, rank) does
         per_update.append(long_lived.loss(z, y))
-    resumed = build_output_head("perturbmax", samples=16).train()  # a new process at update 2
+    resumed = OutputHead("perturbmax", samples=16).train()  # a new process at update 2
     torch.manual_seed(1002)
     assert torch.equal(resumed.loss(z, y), per_update[2])
     assert not torch.equal(per_update[0], per_update[1])  # and each update draws anew
@@ -110,7 +110,7 @@ def test_training_draws_follow_torchs_seed_so_a_resumed_run_draws_the_same():
                                              (dict(noise="uniform"), "head.noise")])
 def test_bad_settings_are_one_line_user_errors(settings, needle):
     with pytest.raises(UserError, match=needle):
-        build_output_head("perturbmax", **settings)
+        OutputHead("perturbmax", **settings)
 
 
 # ---- the loss estimate is unbiased --------------------------------------------------------------------
@@ -192,7 +192,7 @@ def test_eval_draws_follow_the_example_not_the_batch(one_thread):
     n, K = 260, 10
     z = torch.randn(n, K, generator=torch.Generator().manual_seed(0)) * 3
     y = torch.randint(0, K, (n,), generator=torch.Generator().manual_seed(1))
-    head = build_output_head("perturbmax", samples=16).eval()
+    head = OutputHead("perturbmax", samples=16).eval()
     whole = example_records(z, y, head, ids=torch.arange(n))
     for world, batch in ((1, 1), (1, 7), (1, 128), (1, 256), (2, 1), (2, 7), (2, 128)):
         parts, done = {}, torch.zeros(n, dtype=torch.bool)
@@ -232,7 +232,7 @@ def test_sigma_below_the_dtypes_resolution_is_refused():
     from models.perturbmax import sigma_floor
 
     tied = torch.zeros(2000, 3)
-    for call in (lambda: build_output_head("perturbmax", sigma=1e-9), lambda: perturbmax(tied, sigma=1e-9),
+    for call in (lambda: OutputHead("perturbmax", sigma=1e-9), lambda: perturbmax(tied, sigma=1e-9),
                  lambda: perturbmax_loss(tied, torch.zeros(2000).long(), sigma=1e-9)):
         with pytest.raises(UserError, match=r"head.sigma must be a finite number >= 0.0012 .*float32 cannot resolve"):
             call()
@@ -253,7 +253,7 @@ def test_evaluate_gives_each_example_the_same_numbers_at_any_batch_size(one_thre
         def __init__(self):
             super().__init__()
             self.fc = torch.nn.Linear(6, 10)
-            self.output_head = build_output_head("perturbmax", samples=16)
+            self.output_head = OutputHead("perturbmax", samples=16)
 
         def forward(self, x):
             return self.fc(x)

@@ -18,7 +18,7 @@ from common.weights import read_safetensors
 from configs.schema import HeadConfig, ModelConfig
 from evaluation import comparison, plots, pool_report, report
 from evaluation.evaluate import _gather_examples, evaluate
-from evaluation.pool_support import (POOL_SUPPORT_FIELD, display_images, patch_support, support_summary)
+from evaluation.pool_support import POOL_SUPPORT_FIELD, display_images, patch_support, support_summary
 from models import create_classifier
 
 TINY = """\
@@ -62,10 +62,12 @@ def _result(run):
 def _model_and_val(run):
     """The run's model (as eval.py builds it) and its val images in dataset order."""
     import configs
-    from inference.trained_run import build_model
+    from common.weights import read_state_dict
+    from inference.trained_run import model_from_state_dict
 
     cfg = configs.load_run_config(run, [])
-    model = build_model(cfg, os.path.join(run, rundir.WEIGHTS), data.num_classes(cfg.data))
+    weights = os.path.join(run, rundir.WEIGHTS)
+    model = model_from_state_dict(cfg, read_state_dict(weights), weights, data.num_classes(cfg.data))
     loader = data.build_eval_loader(data.build_dataset(cfg.data, "val"), cfg.data, rank=0, world_size=1)
     images = torch.cat([x for x, _ in loader])
     return cfg, model, images

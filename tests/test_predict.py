@@ -10,8 +10,8 @@ import subprocess
 import sys
 
 import pytest
+from markdown_docs import docs_text
 from PIL import Image
-
 from test_compare import ROOT, tiny_comparison, tiny_run_dir
 
 PREDICT = os.path.join(ROOT, "predict.py")
@@ -77,7 +77,8 @@ def test_probabilities_equal_eval_py(predictions, val_images):
         for i, row in rows.items():
             probs = {t["class"]: t["prob"] for t in row["topk"]}
             assert len(probs) == (len(row["support"]) if head == "sparsemax" else 10)  # sparse: no p = 0 listed
-            assert math.isclose(sum(probs.values()), 1.0, abs_tol=1e-5) and all(len(repr(p)) <= 13 for p in probs.values())
+            assert math.isclose(sum(probs.values()), 1.0, abs_tol=1e-5) and \
+                all(len(repr(p)) <= 13 for p in probs.values())
             assert row["topk"][0]["prob"] == pytest.approx(float(records["max_prob"][i]), abs=1e-5)
             assert probs.get(names[int(records["label"][i])], 0.0) == pytest.approx(float(records["p_y"][i]), abs=1e-5)
             assert row["topk"][0]["class"] == names[int(records["pred"][i])] or \
@@ -210,8 +211,9 @@ def test_two_processes_give_the_rows_of_one(tmp_path, val_images, predictions):
     from test_eval import _free_port
 
     out = tmp_path / "two.jsonl"
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "--main_process_port", str(_free_port()),
            PREDICT, "--checkpoint", tiny_run_dir("sparsemax"), "--images", val_images[0], "--output", str(out),
            "--topk", "10", "--batch-size", "16"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -238,10 +240,10 @@ def test_the_small_calibration_warning_reaches_eval_the_thresholds_and_the_repor
     assert "- Note: prediction sets calibrated on only 64 samples" in report
 
 
-def test_the_readmes_python_snippet_gives_predict_pys_top_classes(tmp_path, predictions):
-    """The README's Python inference example, as written (its two paths swapped for a tiny run and a
-    grey image of an odd size), prints the non-zero classes predict.py ranks first."""
-    text = open(os.path.join(ROOT, "README.md")).read()
+def test_the_docs_python_snippet_gives_predict_pys_top_classes(tmp_path, predictions):
+    """docs/predict.md's Python inference example, as written (its two paths swapped for a tiny run and
+    a grey image of an odd size), prints the non-zero classes predict.py ranks first."""
+    text = docs_text("predict.md", "From Python")
     start = text.index("```python", text.index("The same from Python"))
     code = text[start + len("```python"):text.index("```", start + 3)]
     assert len(code.strip().splitlines()) <= 6
@@ -251,7 +253,7 @@ def test_the_readmes_python_snippet_gives_predict_pys_top_classes(tmp_path, pred
     code = code.replace('"runs/quickstart"', repr(run)).replace('"photo.png"', repr(str(image)))
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):  # run as written, in this process (its imports as a user's)
-        exec(compile(code, "README.md", "exec"), {"__name__": "__main__"})
+        exec(compile(code, "docs/predict.md", "exec"), {"__name__": "__main__"})
     printed = eval(printed.getvalue())  # [(probability, class)], best first
     out = tmp_path / "p.jsonl"
     status, err = _predict(["--checkpoint", run, "--images", str(image), "--output", str(out), "--topk", "5"])
@@ -259,3 +261,19 @@ def test_the_readmes_python_snippet_gives_predict_pys_top_classes(tmp_path, pred
     row = json.loads(out.read_text())
     assert {c: p for p, c in printed} == pytest.approx({t["class"]: t["prob"] for t in row["topk"]}, abs=1e-4)
     assert all(p > 0 for p, _ in printed)
+
+
+def test_a_runs_own_classes_json_gets_the_classes_files_checks(tmp_path, one_line_error, val_images):
+    """A class listed twice, or a count other than the weights', in RUN_DIR/classes.json: one line naming it."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run_dir("sparsemax"), run, ignore=shutil.ignore_patterns("checkpoints"))
+    names = _load_json(run / "classes.json")["classes"]
+    args = ["--checkpoint", str(run), "--images", val_images[0], "--output", str(tmp_path / "p.csv")]
+    (run / "classes.json").write_text(json.dumps({"classes": [names[0]] + names[:-1]}))
+    line = one_line_error("predict", args)
+    assert f"classes.json lists {names[0]!r} twice (entries 1 and 2): each class once" in line
+    (run / "classes.json").write_text(json.dumps({"classes": names[:-1]}))
+    line = one_line_error("predict", args)
+    assert "classes.json lists 9 classes but the weights" in line and "restore the classes.json train.py wrote" in line

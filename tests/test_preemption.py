@@ -23,7 +23,8 @@ LOOP = textwrap.dedent("""
     sys.path.insert(0, {root!r})
     from training.preemption import PreemptionGuard, gloo_reduce_max
     out = sys.argv[1]
-    save_s, debounce_s, sync_every, linger_s = float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+    save_s, debounce_s, sync_every, linger_s = (float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]),
+                                                float(sys.argv[5]))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     reduce_max = None

@@ -10,10 +10,11 @@ import subprocess
 import sys
 import time
 
+from test_train_helpers import ROOT, main_inprocess, read_metrics, subprocess_env, tiny_cfg, write_cfg
+
 from common import rundir
 from training.checkpoint import files as ck
 from training.checkpoint.state import read_trainer_state
-from test_train_helpers import ROOT, main_inprocess, read_metrics, subprocess_env, tiny_cfg, write_cfg
 
 UPDATES = 8  # per epoch: 128 samples at a global batch of 16
 COMMON = ["optim.epochs=2", "data.builtin_train_size=128", "data.builtin_val_size=32", "train.ema=false",
@@ -115,7 +116,8 @@ def test_changed_global_batch_needs_the_flag_then_follows_the_schedule_and_is_no
     assert status == 143, err[-3000:]
     big = write_cfg(tiny_cfg(run, *COMMON, "data.batch_size=32"), tmp_path / "big.yaml")
     refused = main_inprocess("--config", big, "--resume", "auto")  # no signal from here on: in-process
-    assert refused.returncode == 2 and "global batch of 16" in refused.stderr and "--resume-with-changes" in refused.stderr
+    assert refused.returncode == 2 and "global batch of 16" in refused.stderr and \
+        "--resume-with-changes" in refused.stderr
     resumed = main_inprocess("--config", big, "--resume", "auto", "--resume-with-changes")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     train_rows = [r for r in read_metrics(run) if r["kind"] == "train"]

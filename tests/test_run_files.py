@@ -14,19 +14,19 @@ import uuid
 
 import pytest
 import torch
+from test_train_helpers import ROOT, reset_accelerate_state, run_inprocess, tiny_cfg, write_cfg
 
 from common import io as common_io
 from common import rundir
+from common.cli import run_cli
 from common.io import WriteError
 from common.removal import removal_blockers, remove, remove_all
-from training.checkpoint import files as ck
-from common.cli import run_cli
-from training.run_start import delete_old_run
 from common.runlock import RunLock
-from training.checkpoint.state import TrainerState
 from evaluation import report
 from evaluation.metrics import RECORD_FIELDS
-from test_train_helpers import ROOT, reset_accelerate_state, run_inprocess, tiny_cfg, write_cfg
+from training.checkpoint import files as ck
+from training.checkpoint.state import TrainerState
+from training.run_start import delete_old_run
 
 RUN_FILES = (rundir.WEIGHTS, rundir.SUMMARY, rundir.METRICS, rundir.EPOCHS)
 TRAINED = ("optim.epochs=1", "train.save_every=100")  # 8 updates, one checkpoint (step 8)
@@ -355,7 +355,7 @@ def _records(n=4):
 
 
 def test_a_kill_during_the_csv_write_keeps_the_old_file_and_the_next_eval_cleans_up(tmp_path):
-    import eval as eval_entry
+    from inference import eval_command
 
     output = str(tmp_path / "eval.json")
     csv_path = rundir.eval_csv_path(output)
@@ -371,7 +371,7 @@ def test_a_kill_during_the_csv_write_keeps_the_old_file_and_the_next_eval_cleans
 
     result = {"head": "softmax", "split": "val", "dataset": "builtin10", "weights": "raw", "checkpoint": "x",
               "top1": 0.75, "n": 4}
-    eval_entry.write_outputs(result, _records(), output)  # the next evaluation, under the folder's lock
+    eval_command.write_outputs(result, _records(), output)  # the next evaluation, under the folder's lock
     assert not [n for n in os.listdir(tmp_path) if n.startswith("eval.csv.tmp")]
     assert other.read_text() == "mine"
     assert "0.75" in open(csv_path).read() and common_io.read_json(output)["top1"] == 0.75

@@ -13,16 +13,27 @@ import subprocess
 import pytest
 import torch
 import yaml
+from test_train_helpers import (
+    ROOT,
+    gated_train_cmd,
+    read_metrics,
+    reset_accelerate_state,
+    run_inprocess,
+    subprocess_env,
+    tiny_cfg,
+    train_cmd,
+    wait_for_file,
+    weights,
+    write_cfg,
+)
 
-from common import rundir
 from common import io as common_io
+from common import rundir
 from common.errors import UserError
 from configs import load_config, load_run_config
+from training import resume_policy as rp
 from training.checkpoint import files as ck
 from training.checkpoint.state import read_trainer_state
-from training import resume_policy as rp
-from test_train_helpers import (ROOT, gated_train_cmd, read_metrics, reset_accelerate_state, run_inprocess,
-                                subprocess_env, tiny_cfg, train_cmd, wait_for_file, weights, write_cfg)
 
 # one epoch of 8 updates; checkpoints at steps 3, 6 and 8 (the epoch end), all kept
 FINISHED = ["optim.epochs=1", "train.save_every=3", "train.keep_last=3"]
@@ -189,8 +200,10 @@ def test_disk_full_during_a_save_is_one_line_exit_74_and_keeps_the_previous_chec
     assert err.count("\n") == 1 and "optimizer.pt" in err and "No space left" in err and "free" in err
     assert "step_000000008 is intact" in err
     root = os.path.join(run, rundir.CHECKPOINTS)
-    assert [s for s, _ in ck.list_checkpoints(root)] == [5, 8] and ck.validation_error(os.path.join(root, rundir.checkpoint_name(8))) is None
-    assert not [n for n in os.listdir(root) if n.startswith(".tmp")] and not os.path.exists(os.path.join(run, "run.lock"))
+    assert [s for s, _ in ck.list_checkpoints(root)] == [5, 8] and \
+        ck.validation_error(os.path.join(root, rundir.checkpoint_name(8))) is None
+    assert not [n for n in os.listdir(root) if n.startswith(".tmp")] and \
+        not os.path.exists(os.path.join(run, "run.lock"))
     monkeypatch.undo()
 
     # leftovers of a killed save are removed at the next start (under the lock), which then finishes
@@ -276,8 +289,8 @@ def test_eval_checks_class_names_and_reports_skipped_images(finished, tmp_path, 
         reset_accelerate_state()
         capsys.readouterr()
         with pytest.raises(SystemExit) as exc:
-            run_cli(eval_entry.main, ["--checkpoint", finished, "--quiet", "--calib", "none", "data.dataset=imagefolder",
-                                      f"data.root={folder}", "data.in_memory=false", *args])
+            run_cli(eval_entry.main, ["--checkpoint", finished, "--quiet", "--calib", "none",
+                                      "data.dataset=imagefolder", f"data.root={folder}", "data.in_memory=false", *args])
         out = capsys.readouterr()
         return exc.value.code, out.err
 

@@ -1,14 +1,14 @@
 """What a run reads from outside itself: model.pretrained, train.teacher, cached features.
 
-- A run never reads from its own directory (training/run_sources.py), and the README's commands that
-  read a run, run as written against a tiny source run, leave every file of it unchanged.
+- A run never reads from its own directory (training/run_sources.py), and docs/pretrained.md's commands
+  that read a run, run as written against a tiny source run, leave every file of it unchanged.
 - Cached features carry their identity (data.features_source_sha256 / features_settings_sha256):
   a resume or a comparison on features re-extracted at the same path is refused in one line.
 - The sha256 recorded is that of the bytes loaded, even when the file is replaced right after it
   was read (a source run exporting while it trains).
 - Messages: a malicious .pth, a missing pooling tensor, a changed pretrained file.
 
-The source is one tiny quick-start run, trained here at WORKSPACE/runs/quickstart, where the README's
+The source is one tiny quick-start run, trained here at WORKSPACE/runs/quickstart, where the docs'
 commands expect it (WORKSPACE/configs links the repository's configs)."""
 import builtins
 import hashlib
@@ -22,13 +22,14 @@ import sys
 import pytest
 import torch
 import yaml
+from markdown_docs import docs_text
 from PIL import Image
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
-
-from common.errors import UserError
-from common.cli import run_cli
 from test_train_helpers import ROOT, reset_accelerate_state
+
+from common.cli import run_cli
+from common.errors import UserError
 
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -88,13 +89,11 @@ def files_of(folder):
     return out
 
 
-def readme_commands(section):
-    """The `python ...` commands of the README section `section`'s bash blocks (continuations joined,
-    comments dropped), as argv lists."""
-    text = open(os.path.join(ROOT, "README.md")).read()
-    body = text.split(f"\n## {section}")[1].split("\n## ")[0]
+def docs_commands(page):
+    """The `python ...` commands of the bash blocks of docs/`page` (continuations joined, comments
+    dropped), as argv lists."""
     commands = []
-    for block in re.findall(r"```bash\n(.*?)```", body, re.S):
+    for block in re.findall(r"```bash\n(.*?)```", docs_text(page), re.S):
         for line in block.replace("\\\n", " ").splitlines():
             argv = shlex.split(line, comments=True)
             if argv[:1] == ["python"]:
@@ -103,10 +102,10 @@ def readme_commands(section):
 
 
 # ----------------------------------------------------------------------------- a run's own directory
-def test_the_readme_commands_that_read_a_run_leave_it_unchanged(workspace, monkeypatch, capsys):
+def test_the_docs_commands_that_read_a_run_leave_it_unchanged(workspace, monkeypatch, capsys):
     monkeypatch.chdir(workspace)
     shutil.copytree(SOURCE, "runs/big")  # the distillation example's teacher
-    reading = [c for c in readme_commands("Starting from pretrained weights")
+    reading = [c for c in docs_commands("pretrained.md")
                if any(a.startswith(("model.pretrained=runs/", "train.teacher=runs/", "data.root=features/"))
                       or a == "runs/quickstart" for a in c)]
     assert [c[0] for c in reading] == ["train.py"] * 3 + ["scripts/extract_features.py", "train.py"]
@@ -133,7 +132,7 @@ def test_a_run_reading_from_its_own_directory_is_refused_before_it_is_touched(wo
     extra = {"model.pretrained": [], "train.teacher": ["train.distill=soft"],
              "data.root": ["data.dataset=features"]}[key]
     before = files_of(SOURCE)
-    for flags in ([], ["--overwrite"]):  # the README's example before it named train.output_dir
+    for flags in ([], ["--overwrite"]):  # the docs' example before it named train.output_dir
         reset_accelerate_state()
         import train
 
@@ -246,7 +245,7 @@ def test_the_recorded_sha256_is_that_of_the_weights_loaded(workspace, tmp_path, 
         reset_accelerate_state()
         run = setup(cfg, resume=None, overwrite=False)
         run.lock.release()
-        model = run.raw_model if what == "model.pretrained" else run.distiller.teacher
+        model = run.learner.raw_model if what == "model.pretrained" else run.learner.distiller.teacher
         sha = cfg.model.pretrained_sha256 if what == "model.pretrained" else cfg.train.teacher_sha256
         loaded = {k: v for k, v in model.state_dict().items() if k.startswith("blocks.0.")}
     assert swapped and sha in by_sha  # the file did change under the reader
@@ -259,7 +258,6 @@ def test_eval_ties_its_thresholds_and_memory_to_the_weights_it_evaluated(workspa
     predict.py refuses those thresholds for the new file instead of applying them to it."""
     import eval as eval_entry
     import predict
-
     from evaluation.calibration_file import conformal_path, load_thresholds
 
     run = tmp_path / "run"

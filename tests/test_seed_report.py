@@ -5,9 +5,9 @@ import os
 import matplotlib
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from synthetic_comparison import QUICKSTART_LIKE, synthetic_variants
 
 from evaluation import comparison, plots, sanity, statistics
-from synthetic_comparison import QUICKSTART_LIKE, synthetic_variants
 
 MINUS = "\u2212"
 PAIRS = [("sparsemax", "softmax"), ("entmax15", "softmax")]
@@ -182,3 +182,24 @@ def test_accuracy_plot_says_when_it_joins_two_evaluations(monkeypatch, tmp_path)
     ax = figures[-1].axes[0]
     assert "only 2 evaluations per run (one per epoch)" in ax.get_title()
     assert ax.get_legend().get_texts()[1].get_text().endswith("= entmax15 (same numbers)")
+
+
+def test_coverage_plot_labels_stand_off_the_curves(monkeypatch, tmp_path):
+    """The 1−ε level labels sit in the right margin and the legend below the axes: no label box
+    overlaps the plotting area, where the curves are."""
+    figures = _captured_figures(monkeypatch)
+    sweep = [(0.2, 1.0, 0.80), (0.1, 1.3, 0.90), (0.05, 1.6, 0.95)]
+    curves = {("softmax", "lac"): [(s, c, e) for e, s, c in sweep],
+              ("sparsemax", "support"): [(s + 0.1, c, e) for e, s, c in sweep]}
+    plots.plot_coverage_vs_set_size(curves, {}, str(tmp_path / "c.png"))
+    fig = figures[-1]
+    ax = fig.axes[0]
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    inside = ax.get_window_extent(renderer)
+    levels = [t for t in ax.texts if t.get_text().startswith("1−ε")]
+    assert levels
+    for label in levels + [ax.get_legend()]:
+        box = label.get_window_extent(renderer)
+        assert box.x0 >= inside.x1 - 1 or box.y1 <= inside.y0 + 1, label

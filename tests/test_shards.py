@@ -9,9 +9,9 @@ import torch
 from PIL import Image
 
 import data
-from data import shards
-from configs.schema import DataConfig
 from common.errors import UserError
+from configs.schema import DataConfig
+from data import shards
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

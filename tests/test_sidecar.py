@@ -1,11 +1,14 @@
 """The export sidecar carries the evaluation transform each recipe really uses: a consumer that
 reads only the sidecar (scripts/onnx_predict.py: onnxruntime, numpy and Pillow; no torch, no timm,
-nothing of this project) gives eval.py's top-1 on every image and the sparse head's supports
-exactly, for the pad recipe on odd-sized folder images, the DeiT (rrc) recipe, the built-in data
-and CIFAR. The consumer runs in its own process, which checks what it imported."""
+nothing of this project but its sidecar reader scripts/sidecar_format.py) gives eval.py's top-1 on
+every image and the sparse head's supports exactly, for the pad recipe on odd-sized folder images,
+the DeiT (rrc) recipe, the built-in data and CIFAR. The consumer runs in its own process, which
+checks what it imported. An edited sidecar (a key missing, of the wrong type or value, a class
+twice, one that does not fit the model) is one line."""
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -15,17 +18,17 @@ import torch
 import yaml
 from PIL import Image
 from safetensors.torch import save_file
+from test_data_sources import write_cifar
+from test_train_helpers import ROOT, reset_accelerate_state, subprocess_env
 
 import data
 from configs.loader import config_from_dict, config_to_dict
 from data.classes import save_class_names
 from models import create_classifier
-from test_data_sources import write_cifar
-from test_train_helpers import ROOT, reset_accelerate_state, subprocess_env
 
 pytest.importorskip("onnxruntime")
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import export  # noqa: E402
+import export
 
 CONSUMER = os.path.join(ROOT, "scripts", "onnx_predict.py")
 CLASSES = [f"c{i}" for i in range(10)]
@@ -95,8 +98,8 @@ def make_run(root, recipe):
 def eval_py(run, output):
     """eval.py's own per-image records (pred, support_size) and, from its model and dataset, the supports."""
     import eval as eval_entry
-    from inference.trained_run import open_run
     from evaluation.examples import load_examples
+    from inference.trained_run import open_run
 
     reset_accelerate_state()
     assert eval_entry.main(["--checkpoint", run, "--output", output, "--calib", "none", "--quiet"]) in (0, None)
@@ -113,11 +116,12 @@ def eval_py(run, output):
 CONSUMER_RUN = """
 import json, os, runpy, sys
 root, jobs = sys.argv[1], json.loads(sys.argv[2])
+sys.path.insert(0, os.path.dirname(sys.argv[3]))  # as `python scripts/onnx_predict.py` has its folder first
 predict = runpy.run_path(sys.argv[3])["predict"]
 out = {recipe: predict(model, files) for recipe, (model, files) in jobs.items()}
 loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "timm", "torchvision"))
 ours = sorted(getattr(m, "__file__", None) or "" for m in list(sys.modules.values()))
-ours = [f for f in ours if f.startswith(root) and not f.endswith("onnx_predict.py")
+ours = [f for f in ours if f.startswith(root) and not f.endswith(("onnx_predict.py", "sidecar_format.py"))
         and not f.startswith(sys.prefix + os.sep)]  # a project .venv lies under the root: its packages are not ours
 print(json.dumps({"rows": out, "loaded": loaded, "ours": ours}))
 """
@@ -160,9 +164,10 @@ def test_sidecar_alone_reproduces_eval_predictions_and_supports(deployed, recipe
 def test_sidecar_and_pretrained_cfg_describe_each_recipes_transform(tmp_path):
     import timm
 
+    from common.weights import read_state_dict
     from data.transforms import eval_transform
+    from inference.trained_run import model_from_state_dict
     from models.resmlp import create_resmlp
-    from inference.trained_run import build_model
 
     for recipe, want in (("pad", (32, 1.0, "bicubic")), ("rrc", (40, 0.8, "bilinear"))):
         settings, _ = RECIPES[recipe]
@@ -171,7 +176,9 @@ def test_sidecar_and_pretrained_cfg_describe_each_recipes_transform(tmp_path):
         assert (pre["resize"]["shorter_side"], pre["crop_pct"], pre["resize"]["interpolation"]) == want
         weights = str(tmp_path / f"{recipe}.safetensors")
         save_file(create_resmlp("resmlp_tiny", num_classes=10).state_dict(), weights)
-        data_cfg = timm.data.resolve_data_config(model=build_model(cfg, weights, 10))  # what timm's tools read
+        # what timm's tools read
+        data_cfg = timm.data.resolve_data_config(
+            model=model_from_state_dict(cfg, read_state_dict(weights), weights, 10))
         assert (data_cfg["crop_pct"], data_cfg["interpolation"]) == want[1:]
         assert tuple(data_cfg["mean"]) == tuple(cfg.data.mean) and data_cfg["input_size"] == (3, 32, 32)
 
@@ -190,3 +197,94 @@ def test_dali_eval_geometry_is_the_sidecars():
         for (w, h), got in zip(sizes, zip(rw, rh, cx, cy)):
             rw_, rh_ = consumer["resized_size"](int(w), int(h), shorter)
             assert tuple(int(v) for v in got) == (rw_, rh_, *consumer["crop_offsets"](rw_, rh_, image_size))
+
+
+# ------------------------------------------------------------------------------------------ edited sidecars
+def _set(*keys, value):
+    def edit(sidecar):
+        target = sidecar
+        for key in keys[:-1]:
+            target = target[key]
+        target[keys[-1]] = value
+    return edit
+
+
+# case -> (the edit of a good sidecar, what the one line says); each was a traceback or silently accepted
+EDITS = {
+    "no classes": (lambda s: s.pop("classes"), "has no 'classes'"),
+    "one class too few": (lambda s: s["classes"].pop(), "lists 9 classes but"),
+    "unknown interpolation": (_set("preprocessing", "resize", "interpolation", value="lanczos"),
+                              "'preprocessing.resize.interpolation' must be one of bicubic, bilinear, nearest, "
+                              "not \"lanczos\""),
+    "preprocessing of the wrong type": (_set("preprocessing", value=[1, 2]), "'preprocessing' must be an object, not a "
+                                                                              "list of 2"),
+    "another crop size": (_set("preprocessing", "center_crop", "size", value=[24, 24]),
+                          "'preprocessing.center_crop.size' is 24x24 but"),
+    "a class listed twice": (lambda s: s["classes"].__setitem__(2, s["classes"][1]), "twice (entries 2 and 3)"),
+    "no resize size": (lambda s: s["preprocessing"]["resize"].pop("shorter_side"),
+                       "has no 'preprocessing.resize.shorter_side'"),
+    "a zero std": (_set("preprocessing", "std", value=[0.2, 0, 0.3]),
+                   "'preprocessing.std' must be a list of 3 positive"),
+    "an empty object": (lambda s: s.clear(), "has no 'format'"),
+}
+
+
+@pytest.fixture(scope="module")
+def onnx_export(tmp_path_factory):
+    """(model.onnx of a builtin10 run, its sidecar as written, an image, the consumer's namespace)."""
+    import runpy
+
+    root = tmp_path_factory.mktemp("edited")
+    run, _ = make_run(str(root), "builtin")
+    model = os.path.join(str(root), "model.onnx")
+    export.main([run, "--format", "onnx", "--output", model])
+    image = os.path.join(str(root), "photo.png")
+    Image.new("RGB", (45, 29), (10, 120, 240)).save(image)
+    with open(model + ".json") as f:
+        return model, json.load(f), image, runpy.run_path(CONSUMER)
+
+
+@pytest.mark.parametrize("case", EDITS)
+def test_an_edited_sidecar_is_one_line(case, onnx_export, tmp_path, capsys):
+    model, sidecar, image, consumer = onnx_export
+    copy = str(tmp_path / "model.onnx")
+    shutil.copy(model, copy)
+    edit, says = EDITS[case]
+    sidecar = json.loads(json.dumps(sidecar))
+    edit(sidecar)
+    with open(copy + ".json", "w") as f:
+        json.dump(sidecar, f)
+    assert consumer["main"]([copy, image]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {copy}.json") and says in err, err
+    assert "export the model again" in err
+
+
+def test_the_written_sidecar_passes_and_fits_its_model(onnx_export, capsys):
+    model, sidecar, image, consumer = onnx_export
+    assert consumer["main"]([model, image]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["class"] in sidecar["classes"]
+
+
+def test_the_export_writes_no_sidecar_its_consumer_would_refuse(tmp_path):
+    """export.py checks the sidecar with the consumer's check before it writes anything."""
+    from common.errors import UserError
+
+    cfg = config_from_dict({"model": {"name": "resmlp_tiny"}, "data": {"image_size": 32}})
+    model = create_classifier(cfg.model, cfg.head, 3, img_size=32)
+    output = str(tmp_path / "m.onnx")
+    with pytest.raises(UserError, match=r"would refuse: .*'classes' lists 'b' twice \(entries 2 and 3\)"):
+        export.checked_sidecar(cfg, model, ["a", "b", "b"], "onnx", False, output)
+    assert export.checked_sidecar(cfg, model, ["a", "b", "c"], "onnx", False, output)["classes"] == ["a", "b", "c"]
+    assert not os.listdir(tmp_path)
+
+
+def test_the_sidecars_class_rule_is_the_projects():
+    """sidecar_format.py restates data/classes.py's rule (it imports nothing of the project): the same words."""
+    import sidecar_format
+
+    from data.classes import class_list_problem
+
+    for names in ([], ["a", "b"], ["a", " ", "b"], ["a", "b", "a"], ["x", "y", "y", "x"], [""]):
+        assert sidecar_format.class_list_problem(names) == class_list_problem(names)

@@ -1,15 +1,30 @@
 """Experiment trackers through Accelerate (train.log_with, training/trackers.py) and the head comparison
-in MLflow (scripts/compare_tracking.py), checked offline against local stores: the run, its
-parameters, its metrics per epoch, the report's artifacts; TensorBoard event files; a tracker whose
-package is missing is one line, exit 2; the removed train.tensorboard switch names its replacement."""
+in MLflow (comparison/tracking.py), read back with MLflow's and TensorBoard's own clients, offline against
+local stores: the run, its parameters, its metrics per epoch with real timestamps, the report's artifacts;
+TensorBoard's per-epoch scalars and the HParams tab's data in one run; a tracker whose package is missing or
+does not import, or an MLflow store that cannot be used, is one line, exit 2, before anything in the run
+directory changes (a resume included); the removed train.tensorboard switch names its replacement."""
+import contextlib
 import os
+import shutil
+import socket
+import subprocess
+import sys
 
 import pytest
+from test_train_helpers import (
+    TRAIN_PY,
+    main_inprocess,
+    read_metrics,
+    run_inprocess,
+    subprocess_env,
+    tiny_cfg,
+    write_cfg,
+)
 
+from common.cli import run_cli
 from common.errors import UserError
 from configs.loader import config_from_dict
-from common.cli import run_cli
-from test_train_helpers import read_metrics, run_inprocess, tiny_cfg
 
 mlflow = pytest.importorskip("mlflow")
 from mlflow.tracking import MlflowClient  # noqa: E402
@@ -52,6 +67,11 @@ def test_training_logs_to_mlflow_and_tensorboard_through_accelerate(tmp_path, mo
     run = str(tmp_path / "run")
     overrides = ("optim.epochs=2", "data.builtin_train_size=64", "train.log_with=[tensorboard,mlflow]")
     assert run_inprocess(tiny_cfg(run, *overrides, "train.pause_after=1")) == 0  # stops after epoch 1
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(os.path.join(run, "tensorboard", "tiny")) as writer:  # a killed session's steps past the
+        for step in (3, 4):                                                  # checkpoint: the resume purges them
+            writer.add_scalar("train/loss", 99.0, step)
     cfg = tiny_cfg(run, *overrides)
     assert run_inprocess(cfg, resume="auto") == 0
     client = MlflowClient(tracking_uri=store)
@@ -62,11 +82,55 @@ def test_training_logs_to_mlflow_and_tensorboard_through_accelerate(tmp_path, mo
     evals = [r for r in read_metrics(run) if r["kind"] == "eval" and r["weights"] == "raw"]
     assert [(m.step, m.value) for m in val] == [(r["step"], r["top1"]) for r in evals] and len(val) == 2
     assert len(client.get_metric_history(found.info.run_id, "train/loss")) == 4  # every logged step
-    events = [f for _, _, fs in os.walk(os.path.join(run, "tensorboard", cfg.name)) for f in fs]
-    assert any(f.startswith("events.out.tfevents") for f in events)
+    epochs = client.get_metric_history(found.info.run_id, "epoch/train_loss")
+    assert [m.value for m in epochs] == [float(r["train_loss"]) for r in read_epochs(run)] and len(epochs) == 2
+    assert_logged_within_the_run(client, found.info.run_id)
+    assert_tensorboard_run(os.path.join(run, "tensorboard", cfg.name), cfg, read_epochs(run))
 
 
-def test_the_comparison_is_one_mlflow_experiment_with_its_report():
+def read_epochs(run_dir):
+    import csv
+
+    with open(os.path.join(run_dir, "epochs.csv"), newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def assert_logged_within_the_run(client, run_id):
+    """Every metric of the MLflow run is timestamped within the run's wall-clock window."""
+    run = client.get_run(run_id)
+    start, end = run.info.start_time, run.info.end_time
+    assert start and end and start <= end
+    for key in run.data.metrics:
+        times = [m.timestamp for m in client.get_metric_history(run_id, key)]
+        assert times and all(start <= t <= end for t in times), (key, start, end, times)
+
+
+def assert_tensorboard_run(folder, cfg, epoch_rows):
+    """One TensorBoard run (no sub-run) holds the per-epoch scalars and the HParams tab's data: the config as
+    hyperparameters, and metrics that are scalars of that same run; as TensorBoard itself reads them."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import metadata
+
+    assert [d for d in os.listdir(folder) if os.path.isdir(os.path.join(folder, d))] == []
+    events = EventAccumulator(folder, size_guidance={"scalars": 0, "tensors": 0})
+    events.Reload()
+    scalars = set(events.Tags()["scalars"])
+    curve = events.Scalars("epoch/train_loss")
+    assert [e.step for e in curve] == [int(r["step"]) for r in epoch_rows]
+    assert [e.value for e in curve] == pytest.approx([float(r["train_loss"]) for r in epoch_rows])  # float32
+    logged = [(e.step, e.value) for e in events.Scalars("train/loss")]
+    assert [step for step, _ in logged] == sorted({step for step, _ in logged})  # each step once, across sessions
+    assert 99.0 not in [value for _, value in logged]
+    content = events.PluginTagToContent(metadata.PLUGIN_NAME)
+    experiment = metadata.parse_experiment_plugin_data(content[metadata.EXPERIMENT_TAG])
+    shown = [m.name.tag for m in experiment.metric_infos]
+    assert "epoch/train_loss" in shown and "val_raw/top1" in shown and set(shown) <= scalars
+    hparams = metadata.parse_session_start_info_plugin_data(content[metadata.SESSION_START_INFO_TAG]).hparams
+    assert hparams["optim.lr"].number_value == pytest.approx(cfg.optim.lr)
+    assert hparams["head.name"].string_value == "softmax"
+
+
+def test_the_comparison_is_one_mlflow_experiment_with_its_report(tmp_path):
     from test_compare import HEADS, tiny_comparison
 
     root, stdout = tiny_comparison()
@@ -80,9 +144,246 @@ def test_the_comparison_is_one_mlflow_experiment_with_its_report():
     assert sorted(by_head) == sorted(HEADS) and len(found) == len(HEADS) + 1
     for head, r in by_head.items():
         assert r.data.tags["seed"] == "0" and r.data.tags["variant"] == head and r.data.params["head.name"] == head
-        assert "final/top1" in r.data.metrics and "final/support_mean" in r.data.metrics and "final/ece" in r.data.metrics
+        assert (r.data.tags["kind"], r.data.tags["norm"], r.data.tags["alpha"]) == ("run", "affine", "none")
+        assert_logged_within_the_run(client, r.info.run_id)
+        assert {"final/top1", "final/support_mean", "final/ece"} <= set(r.data.metrics)
         curve = client.get_metric_history(r.info.run_id, "epoch/raw_top1")
         assert len(curve) >= 1 and all(0 <= m.value <= 1 for m in curve)
     (report,) = [r for r in found if r.data.tags.get("kind") == "report"]
     names = {a.path for a in client.list_artifacts(report.info.run_id)}
     assert {"report.md", "runs.csv", "val_accuracy.png"} <= names
+    assert report.data.tags["report_dir"] == os.path.join(root, "report")
+    assert_artifacts_are_the_folder(store, report.info.run_id, os.path.join(root, "report"), tmp_path)
+
+
+def assert_artifacts_are_the_folder(store, run_id, folder, tmp_path):
+    """The run's artifacts, downloaded with MLflow's client, are the folder's files, byte for byte."""
+    from mlflow.artifacts import download_artifacts
+
+    got = download_artifacts(run_id=run_id, artifact_path="", dst_path=str(tmp_path / "artifacts"),
+                             tracking_uri=store)
+    files = lambda top: {k: v for k, v in tree(top).items() if v is not None}  # noqa: E731
+    assert files(got) == {k: v for k, v in files(folder).items() if not os.path.basename(k).startswith(".")}
+
+
+# ============================================================================ checks before the run changes anything
+def tree(folder):
+    """{relative path: bytes (None for a folder)} of everything under `folder`."""
+    out = {}
+    for root, dirs, files in os.walk(folder):
+        for name in dirs:
+            out[os.path.relpath(os.path.join(root, name), folder)] = None
+        for name in files:
+            with open(os.path.join(root, name), "rb") as f:
+                out[os.path.relpath(os.path.join(root, name), folder)] = f.read()
+    return out
+
+
+@contextlib.contextmanager
+def read_only(folder):
+    """`folder` read-only for this process, as a read-only mount is: root ignores permissions, so it is made
+    immutable (chattr +i) there; skipped where neither works."""
+    if os.geteuid() != 0:
+        os.chmod(folder, 0o555)
+        undo = lambda: os.chmod(folder, 0o755)  # noqa: E731
+    elif shutil.which("chattr") and subprocess.run(["chattr", "+i", folder], capture_output=True).returncode == 0:
+        undo = lambda: subprocess.run(["chattr", "-i", folder], check=True)  # noqa: E731
+    else:
+        pytest.skip("no way to make a folder read-only for root here (chattr)")
+    try:
+        yield
+    finally:
+        undo()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+
+
+def _store_case(case, tmp):
+    """-> (MLFLOW_TRACKING_URI or None, what the one line says is wrong) for one unusable store."""
+    run = tmp / "run"
+    if case == "a regular file":
+        (tmp / "notes.txt").write_text("not a database\n")
+        return f"sqlite:///{tmp}/notes.txt", f"{tmp}/notes.txt is not an SQLite database"
+    if case == "a file store on a regular file":
+        (tmp / "notes.txt").write_text("not a store\n")
+        return str(tmp / "notes.txt"), f"{tmp}/notes.txt is a file, not an MLflow file store (a folder)"
+    if case == "under a file":
+        (tmp / "notes.txt").write_text("a file\n")
+        return f"sqlite:///{tmp}/notes.txt/sub/mlflow.db", f"{tmp}/notes.txt is a file, not a folder"
+    if case == "a server that is down":
+        uri = f"http://127.0.0.1:{free_port()}"
+        return uri, "cannot reach the MLflow server (Connection refused)"
+    if case == "RUN_DIR/mlflow.db a folder":
+        (run / "mlflow.db").mkdir()
+        return None, f"{run}/mlflow.db is a folder, not an SQLite database"
+    if case == "RUN_DIR/mlflow.db not a database":
+        (run / "mlflow.db").write_bytes(b"\x00garbage" * 100)
+        return None, f"{run}/mlflow.db is not an SQLite database"
+    raise AssertionError(case)
+
+
+@pytest.mark.parametrize("case", ["a regular file", "a file store on a regular file", "under a file",
+                                  "a server that is down", "RUN_DIR/mlflow.db a folder",
+                                  "RUN_DIR/mlflow.db not a database"])
+def test_an_unusable_mlflow_store_is_one_line_before_the_run_changes(tmp_path, monkeypatch, case):
+    run = tmp_path / "run"
+    run.mkdir()
+    config = write_cfg(tiny_cfg(str(run), "train.log_with=mlflow"), tmp_path / "c.yaml")
+    uri, problem = _store_case(case, tmp_path)
+    if uri:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    else:
+        monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    before = tree(tmp_path)
+    proc = main_inprocess("--config", config)
+    store = uri or f"sqlite:///{run}/mlflow.db"
+    move = "" if uri else f"move {run}/mlflow.db away (a new store is made there), "
+    assert proc.returncode == 2 and proc.stderr == (f"error: train.log_with=mlflow cannot use the MLflow store "
+                                                    f"{store}: {problem}; {move}set MLFLOW_TRACKING_URI to another "
+                                                    f"store, or train.log_with=none\n")
+    assert tree(tmp_path) == before  # nothing written: no config.yaml, no store, no lock left
+
+
+def test_a_read_only_store_folder_is_one_line(tmp_path, monkeypatch):
+    folder, run = tmp_path / "ro", tmp_path / "run"
+    folder.mkdir()
+    run.mkdir()
+    config = write_cfg(tiny_cfg(str(run), "train.log_with=[tensorboard,mlflow]"), tmp_path / "c.yaml")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{folder}/mlflow.db")
+    with read_only(str(folder)):
+        proc = main_inprocess("--config", config)
+    assert proc.returncode == 2 and proc.stderr == (
+        f"error: train.log_with=mlflow cannot use the MLflow store sqlite:///{folder}/mlflow.db: the folder {folder} "
+        f"is read-only; set MLFLOW_TRACKING_URI to another store, or remove mlflow from train.log_with\n")
+    assert os.listdir(run) == [] and os.listdir(folder) == []
+
+
+def test_a_resume_refused_for_its_store_truncates_nothing(tmp_path, monkeypatch):
+    """The damaged RUN_DIR/mlflow.db is found before the resume cuts metrics.jsonl back to the checkpoint."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    run = tmp_path / "run"
+    overrides = ("optim.epochs=2", "data.builtin_train_size=64", "train.log_with=mlflow")
+    assert run_inprocess(tiny_cfg(str(run), *overrides, "train.pause_after=1")) == 0  # a checkpoint at epoch 1
+    with open(run / "metrics.jsonl", "a") as f:  # logged after the checkpoint (the run was killed later)
+        f.write('{"kind": "train", "step": 99, "epoch": 2, "loss": 1.0}\n')
+    (run / "mlflow.db").write_bytes(b"damaged" * 64)
+    before = tree(run)
+    proc = main_inprocess("--config", write_cfg(tiny_cfg(str(run), *overrides), tmp_path / "c.yaml"),
+                          "--resume", "auto")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert proc.stderr.startswith(f"error: train.log_with=mlflow cannot use the MLflow store sqlite:///{run}/"
+                                  f"mlflow.db: {run}/mlflow.db is not an SQLite database;")
+    assert tree(run) == before  # metrics.jsonl, epochs.csv, config.yaml, checkpoints: byte-identical
+
+
+def test_a_half_installed_tracker_package_is_one_line(tmp_path):
+    """An mlflow that is found but does not import (a broken install): one line before the run dir exists."""
+    fake = tmp_path / "site" / "mlflow"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('raise ImportError("cannot import name \'protos\' (a broken install)")\n')
+    config = write_cfg(tiny_cfg(str(tmp_path / "run"), "train.log_with=mlflow"), tmp_path / "c.yaml")
+    proc = subprocess.run([sys.executable, TRAIN_PY, "--config", config], capture_output=True, text=True, timeout=300,
+                          env=subprocess_env(PYTHONPATH=str(tmp_path / "site")))
+    assert proc.returncode == 2 and proc.stderr == (
+        "error: train.log_with: the mlflow package is installed but does not import (ImportError: cannot import "
+        "name 'protos' (a broken install)): reinstall it (pip install --force-reinstall mlflow), or set "
+        "train.log_with=none\n")
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_comparison_experiment_is_named_by_its_path_in_a_shared_store(tmp_path, monkeypatch):
+    from comparison.tracking import experiment_name
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert experiment_name(str(tmp_path / "a" / "runs")) == "runs"  # its own store holds one comparison
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.example:5000")
+    names = {experiment_name(str(tmp_path / d / "runs")) for d in ("a", "b")}
+    assert names == {str(tmp_path / "a" / "runs"), str(tmp_path / "b" / "runs")}
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_tuned_comparison_logs_into_its_own_store_once_its_report_is_complete(tmp_path, monkeypatch):
+    """Both arms' verdict runs in the comparison's store and experiment (told apart by their arm tag), and the
+    report run's artifacts the final report folder: report.md with its tuning section, tuning.json, the plots."""
+    import yaml
+    from feature_folder import write_feature_folder
+    from test_tune import CONFIG, _compare  # tests/test_tune.py's tiny settings: cached features
+
+    feats = write_feature_folder(str(tmp_path / "feat"), classes=6, spread=0.35)
+    monkeypatch.chdir(tmp_path)
+    with open("cfg.yaml", "w") as f:
+        yaml.safe_dump(CONFIG, f)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    argv = ["--config", "cfg.yaml", "--features", feats, "--runs-dir", "runs", "--report-dir", "rep",
+            "--ood-dataset", "none", "--tune", "--heads", "softmax", "--seeds", "0", "--trials", "1"]
+    assert _compare(argv) == 0
+    assert not [p for p in ("runs/tune/tuned/mlflow.db", "runs/tune/untuned/mlflow.db") if os.path.exists(p)]
+    store = f"sqlite:///{os.path.abspath('runs/mlflow.db')}"
+    client = MlflowClient(tracking_uri=store)
+    assert {e.name for e in client.search_experiments()} == {"runs", "Default"}  # no "tuned" nor "untuned"
+    found = client.search_runs([client.get_experiment_by_name("runs").experiment_id])
+    runs = {r.data.tags["arm"]: r for r in found if r.data.tags["kind"] == "run"}
+    assert sorted(runs) == ["tuned", "untuned"] and len(found) == 3
+    assert runs["tuned"].data.tags["run_dir"] == os.path.abspath("runs/tune/tuned/softmax-s0")
+    (report,) = [r for r in found if r.data.tags["kind"] == "report"]
+    assert "\n## Tuning\n" in open("rep/report.md").read()  # the section appended after the tuned report
+    assert os.path.isfile("rep/tuning.json") and os.path.isfile("rep/untuned/report.md")
+    assert_artifacts_are_the_folder(store, report.info.run_id, "rep", tmp_path)
+
+
+def test_a_resume_goes_on_in_its_mlflow_run_while_the_store_holds_it(tmp_path, monkeypatch):
+    """training.trackers.check_stores on RUN_DIR/mlflow.db: the saved run is continued; a run deleted from the
+    store gives a note and a new run; an experiment of the run's name deleted there is one line."""
+    from types import SimpleNamespace
+
+    from common.io import write_json
+    from training.trackers import check_stores
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = SimpleNamespace(name="tiny", train=SimpleNamespace(output_dir=str(run)))
+    notes = []
+    assert check_stores(["mlflow"], cfg, resuming=True, say=notes.append) == {"mlflow_run_id": None}  # no store yet
+    client = MlflowClient(tracking_uri=f"sqlite:///{run}/mlflow.db")
+    experiment_id = client.create_experiment("tiny")
+    run_id = client.create_run(experiment_id).info.run_id
+    write_json({"mlflow_run_id": run_id}, str(run / "trackers.json"))
+    assert check_stores(["mlflow"], cfg, resuming=True, say=notes.append) == {"mlflow_run_id": run_id}
+    assert check_stores(["mlflow"], cfg, resuming=False, say=notes.append) == {"mlflow_run_id": None}
+    assert notes == []
+    client.delete_run(run_id)
+    assert check_stores(["mlflow"], cfg, resuming=True, say=notes.append) == {"mlflow_run_id": None}
+    assert notes == [f"note: the MLflow run {run_id} of this training is not in sqlite:///{run}/mlflow.db (deleted, "
+                     f"or another store): the resumed training logs into a new MLflow run"]
+    client.delete_experiment(experiment_id)
+    with pytest.raises(UserError, match=r"^the MLflow experiment 'tiny' in .* was deleted, .*: restore it \(mlflow "
+                                        r"experiments restore --experiment-id \d+\), set MLFLOW_EXPERIMENT_NAME to "
+                                        r"another name, or train.log_with=none$"):
+        check_stores(["mlflow"], cfg, resuming=True, say=notes.append)
+
+
+def test_a_tuned_comparison_checks_its_mlflow_store_before_the_first_trial(tmp_path, monkeypatch):
+    import yaml
+    from test_tune import CONFIG, _compare
+
+    monkeypatch.chdir(tmp_path)
+    with open("cfg.yaml", "w") as f:
+        yaml.safe_dump(CONFIG, f)
+    (tmp_path / "notes.txt").write_text("not a database\n")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/notes.txt")
+    argv = ["--config", "cfg.yaml", "--runs-dir", "runs", "--report-dir", "rep", "--ood-dataset", "none", "--tune",
+            "--heads", "softmax", "--seeds", "0", "--trials", "1"]
+    with pytest.raises(UserError) as err:
+        _compare(argv)
+    assert str(err.value) == (f"the comparison cannot log to the MLflow store sqlite:///{tmp_path}/notes.txt: "
+                              f"{tmp_path}/notes.txt is not an SQLite database; set MLFLOW_TRACKING_URI to another "
+                              f"store, or pass --no-mlflow")
+    assert sorted(os.listdir(tmp_path)) == ["cfg.yaml", "notes.txt"]  # no trial, no runs folder

@@ -6,14 +6,14 @@ import os
 
 import pytest
 import torch
-
-from configs import load_run_config
-from training.checkpoint import files as ck
-from training.optim import build_optimizer, build_scheduler, scaled_lr
-from models import create_classifier
-from common.errors import UserError
 from hooked_train import FaultHooks
 from test_train_helpers import NO_AUG, read_metrics, run_inprocess, tiny_cfg, weights
+
+from common.errors import UserError
+from configs import load_run_config
+from models import create_classifier
+from training.checkpoint import files as ck
+from training.optim import build_optimizer, build_scheduler, scaled_lr
 
 TRAIN_KEYS = {"kind", "step", "epoch", "loss", "lr", "img_per_s"}
 EVAL_KEYS = {"kind", "step", "epoch", "weights", "top1", "top5", "loss", "support_size", "n"}
@@ -40,7 +40,8 @@ def test_short_run_learns_and_writes_wellformed_run_dir(tmp_path):
     assert all(0 <= r["top5"] <= 1 and r["top1"] <= r["top5"] for r in evals)
     with open(os.path.join(run, "epochs.csv")) as f:
         epochs = list(csv.DictReader(f))
-    assert [int(e["epoch"]) for e in epochs] == list(range(1, 9)) and [int(e["step"]) for e in epochs] == list(range(8, 65, 8))
+    assert [int(e["epoch"]) for e in epochs] == list(range(1, 9)) and \
+        [int(e["step"]) for e in epochs] == list(range(8, 65, 8))
     summary = json.load(open(os.path.join(run, "summary.json")))
     assert summary["steps"] == 64 and summary["epochs"] == 8 and summary["final"]["raw"]["n"] == 100
     assert summary["final"]["raw"]["top1"] == evals[-2]["top1"]
@@ -147,7 +148,8 @@ def test_resume_refuses_other_config_and_truncated_files(tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_bf16_run_with_learned_alpha(tmp_path):
     run = str(tmp_path / "cuda")
-    cfg = tiny_cfg(run, "train.mixed_precision=bf16", "optim.epochs=2", "head.name=entmax_bisect", "head.learn_alpha=true")
+    cfg = tiny_cfg(run, "train.mixed_precision=bf16", "optim.epochs=2", "head.name=entmax_bisect",
+                   "head.learn_alpha=true")
     assert run_inprocess(cfg) == 0
     w = weights(run)
     assert "output_head.alpha_logit" in w and all(torch.isfinite(v).all() for v in w.values())
@@ -161,7 +163,8 @@ def test_one_seed_hash_vectorised_equals_scalar():
     from common.seeding import mix_seed, mix_seed_array
 
     positions = np.array([0, 1, 7, 2**40, -3], dtype=np.int64)
-    assert [int(v) for v in mix_seed_array(5, "aug", 3, last=positions)] == [mix_seed(5, "aug", 3, int(p)) for p in positions]
+    assert [int(v) for v in mix_seed_array(5, "aug", 3, last=positions)] == \
+        [mix_seed(5, "aug", 3, int(p)) for p in positions]
     seeds = {mix_seed(0, "step", s, m, r) for s in range(50) for m in range(2) for r in range(2)}
     assert len(seeds) == 200 and all(0 <= s < 2**63 for s in seeds)
     assert mix_seed("init") != mix_seed("loader") and mix_seed(1, 2) != mix_seed(2, 1)

@@ -4,9 +4,17 @@ exact eval counts on a split that does not divide evenly."""
 import subprocess
 import sys
 
-
-from test_train_helpers import NO_AUG, ROOT, TRAIN_PY, read_metrics, run_inprocess, subprocess_env, tiny_cfg, weights, write_cfg
-
+from test_train_helpers import (
+    NO_AUG,
+    ROOT,
+    TRAIN_PY,
+    read_metrics,
+    run_inprocess,
+    subprocess_env,
+    tiny_cfg,
+    weights,
+    write_cfg,
+)
 
 
 def test_two_processes_match_one_process(tmp_path):
@@ -25,7 +33,8 @@ def test_two_processes_match_one_process(tmp_path):
     w1, w2 = weights(str(tmp_path / "one")), weights(str(tmp_path / "two"))
     assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < 1e-5
     m1, m2 = read_metrics(str(tmp_path / "one")), read_metrics(str(tmp_path / "two"))
-    assert [r["step"] for r in m1 if r["kind"] == "train"] == [r["step"] for r in m2 if r["kind"] == "train"] == list(range(1, 9))
+    assert [r["step"] for r in m1 if r["kind"] == "train"] == [r["step"] for r in m2 if r["kind"] == "train"] == \
+        list(range(1, 9))
     e1 = [r for r in m1 if r["kind"] == "eval"]
     e2 = [r for r in m2 if r["kind"] == "eval"]
     assert [r["n"] for r in e2] == [r["n"] for r in e1] == [101, 101]  # exact counts, no padding

@@ -14,8 +14,8 @@ TINY = {
     "name": "tiny",
     "model": {"name": "resmlp_tiny"},
     "head": {"name": "softmax"},
-    "data": {"dataset": "builtin10", "image_size": 16, "builtin_train_size": 256, "builtin_val_size": 100, "batch_size": 32,
-             "eval_batch_size": 64, "num_workers": 0},
+    "data": {"dataset": "builtin10", "image_size": 16, "builtin_train_size": 256, "builtin_val_size": 100,
+             "batch_size": 32, "eval_batch_size": 64, "num_workers": 0},
     "optim": {"name": "lamb", "lr": 5e-3, "lr_base_batch": 32, "weight_decay": 0.05, "epochs": 2, "warmup_epochs": 0.5},
     "train": {"log_every": 1, "save_every": 5, "ema_decay": 0.9, "log_with": "none", "progress": False},
 }
@@ -134,3 +134,10 @@ def weights(run_dir, name="model.safetensors"):
     from safetensors.torch import load_file
 
     return load_file(os.path.join(run_dir, name))
+
+
+def test_a_slow_run_reads_seconds_per_image_not_zero_images_per_second():
+    from training.logging import format_throughput
+
+    assert format_throughput(1234.4) == "1234 img/s" and format_throughput(1.0) == "1 img/s"
+    assert format_throughput(0.25) == "4.0 s/img" and format_throughput(1 / 42.0) == "42.0 s/img"

@@ -11,12 +11,12 @@ optimizer, the schedule and the EMA.
 """
 import pytest
 import torch
-
-from training.train_step import NO_BAD_STEP, train_step
-from training.run import setup
-from models.mappings import threshold_path
 from sync_guard import HostSyncError, no_host_sync
 from test_train_helpers import tiny_cfg
+
+from models.mappings import threshold_path
+from training.run import setup
+from training.train_step import NO_BAD_STEP, train_step
 
 HEADS = [["head.name=softmax"], ["head.name=sparsemax"], ["head.name=entmax15"],
          ["head.name=entmax_bisect", "head.learn_alpha=true"], ["head.name=normmax"], ["head.name=sparse_softmax"],
@@ -31,7 +31,7 @@ def _setup(tmp_path, *overrides):
     cfg = tiny_cfg(str(tmp_path / "run"), "data.mixup=0.8", "data.cutmix=1.0", "model.drop_path=0.1",
                    "optim.clip_grad=1.0", "train.log_every=1000", "train.save_every=1000", *overrides)
     run = setup(cfg, resume=None, overwrite=False)
-    run.model.train()
+    run.learner.model.train()
     batches = [tuple(t.clone() for t in b) for _, b in zip(range(3), run.train_loader(0, 0))]  # on the device
     return run, batches
 
@@ -39,8 +39,8 @@ def _setup(tmp_path, *overrides):
 def _host_side_by_design(run):
     """The named exclusions: values that live on the host by design, so reading them is no GPU sync."""
     allow = []
-    counters = [g.get("step") for g in run.optimizer.param_groups]  # timm's LAMB: one per param group
-    counters += [state.get("step") for state in run.optimizer.state.values()]  # torch's Adam(W): one per param
+    counters = [g.get("step") for g in run.learner.optimizer.param_groups]  # timm's LAMB: one per param group
+    counters += [state.get("step") for state in run.learner.optimizer.state.values()]  # torch's Adam(W): one per param
     for step in counters:
         if torch.is_tensor(step) and step.device.type == "cpu":
             allow.append((step, "the optimizer's step counter, a host tensor by design (timm LAMB; torch optimizers "
@@ -58,20 +58,20 @@ def test_training_step_reads_nothing_from_the_device(tmp_path, head):
             train_step(run, iter(batches[1:2]))
             train_step(run, iter(batches[2:3]))
     assert run.state.step == 3
-    assert torch.isfinite(run.last_loss) and int(run.first_bad_step) == NO_BAD_STEP
-    assert all(torch.isfinite(p).all() for p in run.raw_model.parameters())
+    assert torch.isfinite(run.losses.last) and int(run.losses.first_bad_step) == NO_BAD_STEP
+    assert all(torch.isfinite(p).all() for p in run.learner.raw_model.parameters())
 
 
 def test_guard_catches_a_host_read_added_to_the_step(tmp_path):
     run, batches = _setup(tmp_path, "head.name=entmax15")
-    forward_loss = run.forward_loss
+    forward_loss = run.learner.forward_loss
 
     def with_a_log_read(images, targets):
         loss = forward_loss(images, targets)
         print(f"loss {loss.item():.3f}")  # the kind of line that slips into a training step
         return loss
 
-    run.forward_loss = with_a_log_read
+    run.learner.forward_loss = with_a_log_read
     with threshold_path("device"):
         train_step(run, iter(batches[:1]))
         with pytest.raises(HostSyncError, match="item|host"):
@@ -109,10 +109,10 @@ def test_distillation_probe_and_layer_decay_steps_read_nothing_from_the_device(t
     source = [f"train.teacher={weights}"] if distill else []
     source += [f"model.pretrained={weights}"] if "model.freeze=backbone" in extra else []
     run, batches = _setup(tmp_path, *extra, *source)
-    assert (run.distiller is not None) == distill
+    assert (run.learner.distiller is not None) == distill
     with threshold_path("device"):
         train_step(run, iter(batches[:1]))
         with no_host_sync(allow=_host_side_by_design(run)):
             train_step(run, iter(batches[1:2]))
             train_step(run, iter(batches[2:3]))
-    assert run.state.step == 3 and torch.isfinite(run.last_loss)
+    assert run.state.step == 3 and torch.isfinite(run.losses.last)

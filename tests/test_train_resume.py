@@ -12,12 +12,23 @@ import time
 
 import pytest
 import torch
+from test_train_helpers import (
+    ROOT,
+    gated_train_cmd,
+    hooked_train_cmd,
+    main_inprocess,
+    read_metrics,
+    run_inprocess,
+    subprocess_env,
+    tiny_cfg,
+    wait_for_file,
+    weights,
+    write_cfg,
+)
 
 from common import rundir
 from training.checkpoint import files as ck
 from training.checkpoint.state import read_trainer_state
-from test_train_helpers import (ROOT, gated_train_cmd, hooked_train_cmd, main_inprocess, read_metrics, run_inprocess,
-                                subprocess_env, tiny_cfg, wait_for_file, weights, write_cfg)
 
 # 3 epochs x 8 updates; checkpoints every 5 updates (mid-epoch) and at epoch ends.
 RECIPE = ["optim.epochs=3", "data.mixup=0.8", "data.cutmix=1.0", "data.label_smoothing=0.1", "model.drop_path=0.1",
@@ -88,7 +99,8 @@ def test_sigkill_mid_epoch_and_mid_save_then_resume_is_bit_identical(tmp_path, r
     assert died.returncode == -signal.SIGKILL, died.stderr[-2000:]
     assert "resumed from" in died.stdout
     partial = os.path.join(root, ".tmp-" + rundir.checkpoint_name(10))
-    assert os.path.isfile(os.path.join(partial, "model.safetensors")) and not os.path.exists(os.path.join(partial, rundir.MARKER))
+    assert os.path.isfile(os.path.join(partial, "model.safetensors")) and \
+        not os.path.exists(os.path.join(partial, rundir.MARKER))
     assert [s for s, _ in ck.list_checkpoints(root)] == [5, 8]
     assert ck.validation_error(os.path.join(root, rundir.checkpoint_name(8))) is None
     # a half-written step directory (e.g. copied by hand) must be skipped by --resume auto as well
@@ -100,7 +112,8 @@ def test_sigkill_mid_epoch_and_mid_save_then_resume_is_bit_identical(tmp_path, r
     # 3. resume again: ends bit-identical to the uninterrupted run, logs every step exactly once
     resumed = main_inprocess("--config", cfg_path, "--resume", "auto")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert "skipping" in resumed.stdout and "resumed from" in resumed.stdout and rundir.checkpoint_name(8) in resumed.stdout
+    assert "skipping" in resumed.stdout and "resumed from" in resumed.stdout and \
+        rundir.checkpoint_name(8) in resumed.stdout
     _assert_same_run(run, reference)
     assert not os.path.exists(partial)  # the stale temp dir was cleaned by a later save
     assert not os.path.exists(bogus)  # and the incomplete step directory by the pruning

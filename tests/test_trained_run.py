@@ -32,8 +32,8 @@ def run_dir(tmp_path_factory):
     trainer state records an earlier config (optim.lr 5e-3) with its own raw (0.3) and EMA (0.4) weights."""
     import models
     from training.checkpoint import files as ck
-    from training.resume_policy import resume_fingerprint
     from training.checkpoint.state import TrainerState
+    from training.resume_policy import resume_fingerprint
 
     root = tmp_path_factory.mktemp("trained") / "run"
     ckpt = root / rundir.CHECKPOINTS / rundir.checkpoint_name(3)
@@ -117,14 +117,15 @@ def test_the_flags_are_one_group_every_command_adds():
     """eval.py, predict.py, export.py and extract_features.py take the same flags for what to open."""
     import argparse
 
-    from inference.trained_run import add_run_arguments, open_from_args, parse_with_overrides
+    from configs.overrides import parse_command_line
+    from inference.trained_run import add_run_arguments, open_from_args
 
     p = argparse.ArgumentParser()
     add_run_arguments(p, data_flags=True)
-    args = parse_with_overrides(p, ["--checkpoint", "w", "--model", "m", "--batch-size", "7", "a.b=1", "--c.d", "2"],
-                                tool="python x.py")
+    args = parse_command_line(p, ["--checkpoint", "w", "--model", "m", "--batch-size", "7", "a.b=1", "--c.d", "2"],
+                              tool="python x.py")
     assert (args.checkpoint, args.model, args.batch_size, args.overrides) == ("w", "m", 7, ["a.b=1", "c.d=2"])
-    with pytest.raises(UserError, match="unrecognized argument '--frobnicate'; see python x.py --help"):
-        parse_with_overrides(p, ["--checkpoint", "w", "--frobnicate"], tool="python x.py")
+    with pytest.raises(UserError, match="unexpected argument '--frobnicate': options are listed by python x.py --help"):
+        parse_command_line(p, ["--checkpoint", "w", "--frobnicate"], tool="python x.py")
     assert callable(open_from_args)
     assert json.loads(json.dumps(vars(args)))  # plain values only

@@ -1,8 +1,8 @@
 """training/checkpoint/state.py: trainer_state.json is one versioned record, written through the checkpoint
 writer and read back field for field; another version, none, or a missing or unknown field is one line."""
 import json
-import re
 import os
+import re
 
 import pytest
 
@@ -10,6 +10,7 @@ from common import rundir
 from common.errors import UserError
 from training.checkpoint import files as ck
 from training.checkpoint.state import VERSION, TrainerState, read_trainer_state
+
 
 def _state():
     return TrainerState(step=7, epoch=1, batch=3, best_top1=0.5, best_step=4, skipped=1, recent_skips=[6],
@@ -41,7 +42,8 @@ def test_round_trip_through_the_checkpoint_writer(tmp_path):
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda d: d.update(version=VERSION + 1), f"is format version {VERSION + 1}; this train.py reads version {VERSION}"),
+    (lambda d: d.update(version=VERSION + 1),
+     f"is format version {VERSION + 1}; this train.py reads version {VERSION}"),
     (lambda d: d.pop("version"), "has no format version (written by an older train.py)"),
     (lambda d: d.pop("updates_in_epoch"), "missing updates_in_epoch"),
     (lambda d: d.update(global_batch=32), "unknown global_batch"),

@@ -1,13 +1,12 @@
-"""compare_heads --tune (comparison/tuning.py, scripts/tune_heads.py): the same trial budget per head,
-selection on the tune split only, resumable after SIGKILL, shared storage, the chosen settings in
-the report and the verdict runs. Cached features (tests/feature_folder.py) keep every trial to a
-fraction of a second."""
+"""compare_heads --tune (comparison/tuning.py, comparison/tune.py): the same number of complete trials
+per head, selection on the tune split only, the chosen settings in the report and the verdict runs,
+the report's counts Optuna's. Cached features (tests/feature_folder.py) keep every trial to a fraction
+of a second. Workers, SIGKILL and foreign trial folders: tests/test_tune_workers.py; storages:
+tests/test_tune_storage.py."""
 import json
 import os
-import signal
-import subprocess
+import re
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -62,15 +61,15 @@ def _compare(argv):
 def _studies(storage="sqlite:///runs/tune/studies.db"):
     import optuna
 
-    from comparison.tuning import open_storage
+    from comparison.tuning_storage import open_storage
 
     store = open_storage(storage)
     return {s.study_name: optuna.load_study(study_name=s.study_name, storage=store)
             for s in optuna.get_all_study_summaries(store)}
 
 
-def _finished(study):
-    return [t for t in study.get_trials() if t.state.name in ("COMPLETE", "PRUNED")]
+def _complete(study):
+    return [t for t in study.get_trials() if t.state.name == "COMPLETE"]
 
 
 # ------------------------------------------------------------------------------------ declarations
@@ -156,8 +155,9 @@ def test_same_budget_per_head_chosen_settings_in_report_and_runs(sandbox, feats,
     studies = _studies()
     assert sorted(studies) == ["cfg/softmax", "cfg/sparse_softmax"]
     report = open("rep/report.md").read()
+    summary = json.load(open("rep/tuning.json"))["variants"]
     for name, study in studies.items():
-        assert len(_finished(study)) == 3
+        assert len(_complete(study)) == 3
         best = study.best_trial
         assert "head.k" in best.params or name == "cfg/softmax"
         variant = name.split("/")[1]
@@ -169,6 +169,13 @@ def test_same_budget_per_head_chosen_settings_in_report_and_runs(sandbox, feats,
         assert yaml.safe_load(open(f"runs/tune/untuned/{variant}-s0/config.yaml"))["optim"]["lr"] == 1e-2
         trial_cfg = yaml.safe_load(open(os.path.join(best.user_attrs["tune.run_dir"], "config.yaml")))
         assert trial_cfg["train"]["eval_split"] == "tune" and trial_cfg["data"]["tune_fraction"] == 0.1
+        # the report's and tuning.json's counts are Optuna's own
+        states = [t.state.name for t in study.get_trials()]
+        row = re.search(rf"^\| {variant} \|.*\| (\d+) complete, (\d+) pruned(?:, (\d+) failed)?", report, re.M)
+        assert row and [int(g or 0) for g in row.groups()] == [states.count(s) for s in ("COMPLETE", "PRUNED", "FAIL")]
+        assert [t["state"] for t in summary[variant]["trials"]] == states
+    assert "3 complete trials (pruned and failed ones are extra" in report
+    assert "tuning each head" not in report  # the plain words do not suggest what was done
     assert os.path.isfile("rep/tuning_softmax_history.png") and os.path.isfile("rep/untuned/report.md")
     assert "Tuned against untuned verdicts" in report
     capsys.readouterr()
@@ -178,94 +185,111 @@ def test_same_budget_per_head_chosen_settings_in_report_and_runs(sandbox, feats,
     assert ": training" not in capsys.readouterr().out
 
 
-def _cli(argv, **kw):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, os.path.join(ROOT, "scripts", "compare_heads.py"), *argv], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True, **kw)
+class StandIn:
+    """A trainer for VariantStudy without train.py: it writes the epochs.csv rows train.py would,
+    scores falling with the trial number; `diverge`: the trial numbers that exit 3 (a non-finite loss)."""
 
+    def __init__(self, diverge=()):
+        self.calls, self.diverge = [], diverge
 
-def _wait_for(condition, proc, timeout=120):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        try:
-            if condition():
-                return True
-        except Exception:  # the storage is being created
-            pass
-        if proc.poll() is not None:
-            return False
-        time.sleep(0.05)
-    return False
+    def start(self, run_dir, overrides):
+        return os.path.isfile(os.path.join(run_dir, "epochs.csv"))
 
+    def train(self, overrides, run_dir, fresh):
+        import csv
 
-def test_sigkill_mid_study_then_rerun_finishes_exactly_the_budget(sandbox, feats):
-    argv = _args(feats, "--heads", "softmax", "--trials", "3", "--tune-only", "optim.epochs=6")
-
-    def mid_trial():  # a trial has trained an epoch of its 6 and is still running
-        study = _studies()["cfg/softmax"]
-        return len(_finished(study)) >= 1 and any(
-            t.state.name == "RUNNING" and os.path.isfile(os.path.join(t.user_attrs.get("tune.run_dir", "-"), "epochs.csv"))
-            for t in study.get_trials())
-
-    proc = _cli(argv)
-    caught = _wait_for(mid_trial, proc)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert caught, "the process finished before it could be killed mid-trial"
-    killed = [t for t in _studies()["cfg/softmax"].get_trials() if t.state.name == "RUNNING"]
-    assert len(killed) == 1
-    assert _compare(argv) == 0
-    trials = _studies()["cfg/softmax"].get_trials()
-    finished = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED")]
-    assert len(finished) == 3
-    assert [t.state.name for t in trials if t.number == killed[0].number] == ["FAIL"]
-    retry = [t for t in finished if t.user_attrs.get("tune.retry_of") == killed[0].number]
-    assert len(retry) == 1 and retry[0].params == killed[0].params  # re-run with the same settings ...
-    assert retry[0].user_attrs["tune.run_dir"] == killed[0].user_attrs["tune.run_dir"]  # ... resumed in its run
-    assert len({t.user_attrs["tune.run_dir"] for t in finished}) == 3
-
-
-def test_two_processes_share_one_journal_storage(sandbox, feats):
-    storage = "journal:" + os.path.join(str(sandbox), "tune.journal")
-    argv = _args(feats, "--heads", "sparsemax", "--trials", "8", "--tune-only", "--storage", storage,
-                 "--pruner", "none")
-    other = _cli(argv)
-    assert _wait_for(lambda: len(_finished(_studies(storage)["cfg/sparsemax"])) >= 1, other)
-    assert _compare(argv) == 0
-    assert other.wait(timeout=120) == 0
-    trials = _studies(storage)["cfg/sparsemax"].get_trials()
-    finished = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED")]
-    assert len(finished) == 8
-    assert len({t.user_attrs["tune.run_dir"] for t in finished}) == 8
-    assert len({t.user_attrs["tune.owner"]["pid"] for t in finished}) == 2  # both did some of the trials
-
-
-def test_the_budget_counts_pruned_and_diverged_trials(tmp_path):
-    """VariantStudy's loop with a stand-in for train.py (it writes the epochs.csv rows train.py would):
-    later trials score lower and are pruned past half the budget; a non-finite loss counts as top-1 0."""
-    import csv
-
-    from comparison.tuning import DIVERGED, EPOCHS, VariantStudy, open_storage, search_space
-
-    study = VariantStudy(storage=open_storage(f"sqlite:///{tmp_path}/s.db"), name="c/softmax", head="softmax",
-                         space=search_space("softmax", [], 10), overrides=["head.name=softmax"], trials=6, epochs=4,
-                         eval_every=1, pruner="median", seed=0, trials_dir=str(tmp_path / "trials"), say=lambda m: None)
-    calls = []
-
-    def train(overrides, run_dir):
         number = int(run_dir.rsplit("-", 1)[1])
         epoch = int(next(o for o in overrides if o.startswith("train.pause_after=")).split("=")[1])
-        calls.append((number, epoch))
-        if number == 5:
+        self.calls.append((number, epoch))
+        if number in self.diverge:
             return 3  # train.py's exit for a non-finite loss
         os.makedirs(run_dir, exist_ok=True)
         with open(os.path.join(run_dir, "epochs.csv"), "a", newline="") as f:
             csv.writer(f).writerows(([["epoch", "raw_top1"]] if epoch == 1 else []) + [[epoch, 0.9 - 0.1 * number]])
         return 0
 
-    assert study.optimize(train) == 6
+
+def _study(tmp_path, trials, db="s.db"):
+    from comparison.tuning import VariantStudy, search_space
+    from comparison.tuning_storage import open_storage
+
+    return VariantStudy(storage=open_storage(f"sqlite:///{tmp_path}/{db}"), name="c/softmax", head="softmax",
+                        space=search_space("softmax", [], 10), overrides=["head.name=softmax"], trials=trials,
+                        epochs=4, eval_every=1, pruner="median", seed=0, trials_dir=str(tmp_path / "trials" / db),
+                        say=lambda m: None)
+
+
+def test_the_budget_is_complete_trials_pruned_ones_extra_diverged_ones_scored_0(tmp_path):
+    """Later trials score lower and are pruned past half the budget; they do not count, so the study
+    runs on to 4 complete trials; a non-finite loss completes with top-1 0."""
+    from comparison.tuning import DIVERGED, EPOCHS
+
+    study, trainer = _study(tmp_path, trials=4), StandIn(diverge=(5,))
+    assert study.optimize(trainer) == 6
     trials = study.study.get_trials()
     assert [t.state.name for t in trials] == ["COMPLETE"] * 3 + ["PRUNED"] * 2 + ["COMPLETE"]
     assert [t.user_attrs[EPOCHS] for t in trials] == [4, 4, 4, 3, 3, 1]  # pruned at the first epoch past half
     assert trials[5].value == 0.0 and trials[5].user_attrs[DIVERGED]
-    assert study.optimize(train) == 0 and len(calls) == 12 + 6 + 1  # a finished study runs nothing more
+    assert study.optimize(trainer) == 0 and len(trainer.calls) == 12 + 6 + 1  # a finished study runs nothing more
+
+
+def test_a_trial_stopped_by_a_signal_is_queued_again_and_resumes_in_its_folder(tmp_path):
+    """train.py exits 143 (SIGTERM, checkpoint saved): optimize() fails the trial, which is queued again
+    before the process exits; the rerun resumes it in its folder and ends at the budget."""
+    from common.children import StoppedBySignal
+
+    study, trainer = _study(tmp_path, trials=2), StandIn()
+    train = trainer.train
+
+    def sigterm_in_trial_1s_epoch_2(overrides, run_dir, fresh):  # train.py's exit after saving, on SIGTERM
+        return 143 if len(trainer.calls) == 5 else train(overrides, run_dir, fresh)
+
+    trainer.train = sigterm_in_trial_1s_epoch_2
+    with pytest.raises(StoppedBySignal):
+        study.optimize(trainer)
+    trials = study.study.get_trials()
+    assert [t.state.name for t in trials] == ["COMPLETE", "FAIL", "WAITING"]
+    assert trials[2].params == trials[1].params and trials[2].user_attrs["tune.run_dir"].endswith("trial-0001")
+    trainer.train = train
+    assert study.optimize(trainer) == 1
+    trials = study.study.get_trials()
+    assert [t.state.name for t in trials] == ["COMPLETE", "FAIL", "COMPLETE"] and study.complete() == 2
+    assert trainer.calls[4:] == [(1, 1), (1, 2), (1, 3), (1, 4)]  # stopped in epoch 2; epoch 1 read back, not retrained
+
+
+def test_a_trial_started_past_the_taken_budget_gives_itself_back(tmp_path):
+    """Two workers asking at once: of two running trials, the later-numbered one yields when complete,
+    waiting and earlier running trials take the budget; it never trains."""
+    study = _study(tmp_path, trials=2)
+    first = study.study.ask()
+    study.study.tell(first, 0.5)
+    early, late = study.study.ask(), study.study.ask()
+    assert not study._surplus(early) and study._surplus(late)
+    trainer = StandIn()
+    study.trainer = trainer
+    with pytest.raises(Exception, match="budget of 2 is taken"):
+        study.objective(late)
+    assert trainer.calls == [] and late.user_attrs["tune.surplus"]
+
+
+def test_the_sampler_is_seeded_per_trial_number(tmp_path):
+    """Two storages, the same study: the same settings per trial number (whoever runs it); the numbers
+    draw different ones (two workers seeded alike would not)."""
+    a, b = _study(tmp_path, 3, "a.db"), _study(tmp_path, 3, "b.db")
+    drawn = [[tuple(o for o in s.trial_overrides(s.study.ask())[1] if o.startswith("optim.")) for _ in range(3)]
+             for s in (a, b)]
+    assert drawn[0] == drawn[1] and len(set(drawn[0])) == 3
+
+
+def test_a_tuned_comparisons_plain_words_say_what_was_tuned(monkeypatch):
+    from evaluation import summary
+
+    res = {"variant": "sparsemax", "baseline": "softmax", "learned": {},
+           "across": {"top1": {"n_seeds": 3, "significant": False}}}
+    assert "tuning each head" in summary.settle_line([res], rising=True)
+    token = summary.TUNED.set({"settings": ["optim.lr", "head.k"], "complete": {"softmax": 5, "sparsemax": 5}})
+    try:
+        line = summary.settle_line([res], rising=True)
+    finally:
+        summary.TUNED.reset(token)
+    assert "tuning each head" not in line and "tuned already: optim.lr, head.k; 5 complete trials per head" in line

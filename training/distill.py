@@ -37,7 +37,6 @@ from models import MODEL_NAMES, create_classifier
 from models.convert import convert_state_dict
 from models.heads import softmax
 from models.pretrained import renamed_state_dict, weights_patch_grid
-
 from training.finetune import hashed_weights
 
 
@@ -138,9 +137,11 @@ def teacher_line(cfg, distiller):
     tc = cfg.train
     weights = f", weights {tc.teacher_weights}" if tc.teacher_weights else ""
     digest = f", sha256 {tc.teacher_sha256[:12]}..." if tc.teacher_sha256 else ""
-    target = "its argmax as the label" if tc.distill == "hard" else f"its probabilities at temperature τ = {tc.distill_tau:g}"
-    return (f"teacher: {tc.teacher}{weights}{digest} ({type(distiller.teacher).__name__}, frozen); train.distill={tc.distill}: "
-            f"loss = {1 - tc.distill_alpha:g} × the head's loss + {tc.distill_alpha:g} × the loss towards {target}")
+    target = ("its argmax as the label" if tc.distill == "hard"
+              else f"its probabilities at temperature τ = {tc.distill_tau:g}")
+    return (f"teacher: {tc.teacher}{weights}{digest} ({type(distiller.teacher).__name__}, frozen); "
+            f"train.distill={tc.distill}: loss = {1 - tc.distill_alpha:g} × the head's loss + "
+            f"{tc.distill_alpha:g} × the loss towards {target}")
 
 
 def build_distiller(cfg, num_classes, accelerator):

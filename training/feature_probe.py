@@ -1,16 +1,16 @@
 """data.dataset=features in train.py and eval.py: the run's config fitted to the feature folder, and
 the linear probe (models/linear_probe.py) that trains on it.
 
-`resolve_features` (train.py, before the resume fingerprint): reads FEATURE_DIR/features.json,
+`resolve_features` (training/run.py's setup, before the resume fingerprint): reads FEATURE_DIR/features.json,
 records the folder's identity (data.features_source_sha256 and features_settings_sha256: frozen
 resume keys, in config.yaml and summary.json; a pinned one must match),
 refuses what cannot apply (model.pretrained, model.freeze=backbone: the backbone ran already, at
-extraction; train.distill: a teacher needs the images; Mixup/CutMix and pixel augmentations: data/features.py) and sets the model keys that
-decide the classifier's initial weights (model.name, norm, init_values, pool..., data.image_size)
-and data.calib_fraction to the source's, one line naming any the config had otherwise, so
-config.yaml says which architecture's features the probe reads.
+extraction; train.distill: a teacher needs the images; Mixup/CutMix and pixel augmentations:
+data/features.py) and sets the model keys that decide the classifier's initial weights (model.name,
+norm, init_values, pool..., data.image_size) and data.calib_fraction to the source's, one line
+naming any the config had otherwise, so config.yaml says which architecture's features the probe reads.
 
-`build_feature_probe` (train.py, under reseed(seed, "init") as for every model): the image path's
+`build_feature_probe` (training/run.py, under reseed(seed, "init") as for every model): the image path's
 classifier, initialised with the same draws, fitted to the source classifier the same way
 (models/linear_probe.py explains why); `build_eval_probe` (eval.py): a probe of the folder's
 dimension for a trained probe's weights.

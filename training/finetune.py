@@ -1,5 +1,5 @@
-"""model.pretrained: start a run from pretrained weights (train.py calls `resolve_pretrained`
-before anything is built, and `load_pretrained_weights` on the new model).
+"""model.pretrained: start a run from pretrained weights (training/run.py's `setup` calls
+`resolve_pretrained` before anything is built, and `load_pretrained_weights` on the new model).
 
 `resolve_pretrained` finds the weights file (a run or checkpoint directory's model.safetensors, or
 the file itself), reads it once and hashes the bytes it loads (a pinned model.pretrained_sha256
@@ -17,7 +17,6 @@ from common import rundir
 from common.errors import UserError
 from common.weights import read_hashed_state_dict
 from models.pretrained import fit_pretrained, weights_patch_grid
-
 
 
 @dataclass

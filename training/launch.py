@@ -11,7 +11,7 @@ import os
 LAUNCH_PRECISION_ENV = "ACCELERATE_MIXED_PRECISION"
 
 
-def single_process_warning(num_processes, env=None):
+def single_process_warning(num_processes, env=None, command="train.py"):
     """One warning line when `accelerate launch` was asked for several processes but this run got
     one; None otherwise. The launcher sets MASTER_PORT only when it was asked for more than one
     process, and WORLD_SIZE only when it actually started several."""
@@ -19,10 +19,10 @@ def single_process_warning(num_processes, env=None):
     asked_several = LAUNCH_PRECISION_ENV in env and "MASTER_PORT" in env and "WORLD_SIZE" not in env
     if num_processes > 1 or not asked_several:
         return None
-    return ("warning: accelerate launch was asked for several processes but started one (each epoch runs all "
-            "its steps here); on a CPU machine or a single GPU add --multi_gpu: accelerate launch --multi_gpu "
-            "--num_processes N train.py ... (python -m accelerate.commands.launch ... where the accelerate command is "
-            "not on PATH, e.g. under pyenv before `pyenv rehash`)")
+    return ("warning: accelerate launch was asked for several processes but started one (it does all the work "
+            "alone); on a CPU machine or a single GPU add --multi_gpu: accelerate launch --multi_gpu "
+            f"--num_processes N {command} ... (python -m accelerate.commands.launch ... where the accelerate command "
+            "is not on PATH, e.g. under pyenv before `pyenv rehash`)")
 
 
 def precision_line(configured, used, env=None):
@@ -53,8 +53,8 @@ def busy_cores_warning(device_type, threads, load=None, cores=None, env=None):
     if load <= cores:
         return None
     return (f"warning: the machine is already busy (load {load:.1f} on {cores} cores) and torch uses {threads} "
-            f"threads, which then compete with the other jobs (about 2x slower than one thread in the README's "
-            f"measurement, Training: CPU threads); start it with OMP_NUM_THREADS=1")
+            f"threads, which then compete with the other jobs (about 2x slower than one thread, as measured in "
+            f"docs/training.md, CPU threads); start it with OMP_NUM_THREADS=1")
 
 
 def launch_lines(*, num_processes, device, configured_precision, used_precision, backend, backend_why,

@@ -1,4 +1,4 @@
-"""Run-directory logs written by the main process: metrics.jsonl, epochs.csv, console lines.
+"""Run-directory logs written by the main process: metrics.jsonl, epochs.csv, console lines, the progress bar.
 
 Resume safety: `truncate_after(step)` drops every row logged after the checkpoint's step, so a
 resumed run re-logs those steps exactly once (no duplicated or missing step in metrics.jsonl).
@@ -15,9 +15,16 @@ from common import rundir
 from common.io import atomic_write_text, json_text, writing
 
 
-
 def _rewrite(path, lines):
     atomic_write_text(path, "".join(lines))
+
+
+def _row_at_or_before(line, step):
+    try:
+        row = json.loads(line)
+    except ValueError:  # a line cut by a kill mid-write
+        return False
+    return isinstance(row, dict) and row.get("step", 0) <= step
 
 
 class MetricsLog:
@@ -35,18 +42,14 @@ class MetricsLog:
             f.flush()
 
     def truncate_after(self, step):
+        """Drop the rows after `step` and the lines cut by a kill; the file is rewritten only when one goes."""
         if not self.enabled or not os.path.exists(self.path):
             return
-        keep = []
         with open(self.path) as f:
-            for line in f:
-                try:
-                    row = json.loads(line)
-                except ValueError:  # a line cut by a kill mid-write
-                    continue
-                if row.get("step", 0) <= step:
-                    keep.append(json_text(row) + "\n")
-        _rewrite(self.path, keep)
+            lines = f.readlines()
+        keep = [line if line.endswith("\n") else line + "\n" for line in lines if _row_at_or_before(line, step)]
+        if keep != lines:
+            _rewrite(self.path, keep)
 
 
 class EpochCSV:
@@ -80,9 +83,13 @@ class EpochCSV:
             os.remove(self.path)
 
     def truncate_after(self, step):
+        """Drop the rows after `step`; the file is rewritten only when one goes."""
         if not self.enabled:
             return
-        rows = [r for r in self.read() if int(r.get("step") or 0) <= step]
+        rows = self.read()
+        if all(int(r.get("step") or 0) <= step for r in rows):
+            return
+        rows = [r for r in rows if int(r.get("step") or 0) <= step]
         if not rows:
             self.reset()
             return
@@ -93,13 +100,24 @@ class EpochCSV:
         _rewrite(self.path, [buf.getvalue()])
 
 
+class ProgressBar(tqdm):
+    """tqdm with one addition: `restart_clock`."""
+
+    def restart_clock(self):
+        """Count the rate and the ETA from here on, at the same position (the training loop calls it
+        after its warm-up updates, whose compilation time would skew both)."""
+        n = self.n
+        self.reset(total=self.total)  # resets the position to 0 along with the clock
+        self.initial = self.n = self.last_print_n = n
+
+
 def progress_bar(total, initial=0, enabled=True, unit="step"):
     """The training bar on stdout, on a terminal only (tqdm's disable=None). Redirected to a file (a
     compare_heads log, a batch job), every console line written through `tqdm.write` would print the
     bar again after it (the final bar 2-3 times), and the \r updates are noise there; the epoch lines
     still report progress."""
-    return tqdm(total=total, initial=initial, unit=unit, disable=None if enabled else True,
-                dynamic_ncols=True, file=sys.stdout)
+    return ProgressBar(total=total, initial=initial, unit=unit, disable=None if enabled else True,
+                       dynamic_ncols=True, file=sys.stdout)
 
 
 def console(msg, enabled=True):
@@ -108,6 +126,13 @@ def console(msg, enabled=True):
         return
     tqdm.write(msg, file=sys.stdout)
     sys.stdout.flush()
+
+
+def format_throughput(images_per_s):
+    """'123 img/s', or '4.2 s/img' under 1 img/s (a slow run would otherwise read '0 img/s')."""
+    if images_per_s >= 1 or images_per_s <= 0:
+        return f"{images_per_s:.0f} img/s"
+    return f"{1 / images_per_s:.1f} s/img"
 
 
 def format_eval(metrics):

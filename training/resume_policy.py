@@ -10,8 +10,9 @@ derived from it:
   saves, how many checkpoints it keeps, how many loader workers or which eval batch size it uses,
   where the dataset lives, torch.compile, the non-finite policy). None of them changes what is
   trained.
-- FROZEN_KEYS (class FROZEN, and the two derived values): never (the checkpoint would mean something else: another model, head parameter set,
-  dataset/split, sampler order or optimizer type). Refused with one line; start a new run.
+- FROZEN_KEYS (class FROZEN, and the two derived values): never (the checkpoint would mean something
+  else: another model, head parameter set, dataset/split, sampler order or optimizer type). Refused
+  with one line; start a new run.
 - every other key (optim.lr, optim.epochs, weight decay, warmup, augmentation, EMA, precision, ...):
   refused with one line listing each change as `key=old -> new` and naming
   `--resume-with-changes`; with that flag the changes are returned so the caller applies them for
@@ -37,6 +38,7 @@ from common.errors import UserError
 from common.io import atomic_write_text
 from configs.loader import config_to_dict, read_yaml_file
 from configs.schema import FREE, FROZEN, OPTIMIZER, RESUME_CLASS
+from training.optim import build_scheduler
 
 # Values a checkpoint derives from the config and the launch (resume_fingerprint), not config keys.
 DERIVED_KEYS = ("run.num_classes", "run.global_batch")
@@ -45,8 +47,6 @@ DERIVED_KEYS = ("run.num_classes", "run.global_batch")
 def keys_of_class(resume_class):
     return frozenset(key for key, c in RESUME_CLASS.items() if c == resume_class)
 
-
-from training.optim import build_scheduler
 
 # Keys that may differ between the checkpoint and the resuming config without any flag.
 RESUME_ALLOWLIST = keys_of_class(FREE)
@@ -137,7 +137,7 @@ def format_changes(changes):
     return ", ".join(f"{c.key}={c.old!r} -> {c.new!r}" for c in changes)
 
 
-# The sha256 keys of what a run reads from outside itself (filled in by train.py): a change means the
+# The sha256 keys of what a run reads from outside itself (filled in by training/run.py's setup): a change means the
 # file (or feature folder) changed under the same path since the run started, said so in those words.
 SOURCE_HASH_KEYS = {
     "model.pretrained_sha256": "the file at model.pretrained changed",

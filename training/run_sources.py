@@ -5,7 +5,7 @@ train.teacher, train.teacher_weights, the feature folder of data.dataset=feature
 be elsewhere: a fine-tune into its own source run would be refused as a run already there, and
 with --overwrite would delete the very weights it has just hashed, so it could never resume and
 the source run is gone. `check_sources_outside_run` refuses that in one line, before the run
-directory is locked or anything in it is read or written; train.py calls it first.
+directory is locked or anything in it is read or written; training/run.py's `setup` calls it first.
 """
 import os
 

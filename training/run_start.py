@@ -1,4 +1,12 @@
-"""How a training run starts in its run directory (train.py's `setup` calls `prepare_run_dir`).
+"""How a training run starts in its run directory (training/run.py's `setup` calls `prepare_run_dir`).
+
+Check before you touch: every input, destination, store and dependency of a run is checked before its first
+destructive or costly step. A check that fails is one line (UserError: `error: ...`, exit 2) and leaves the run
+directory as it was: nothing is deleted, written or truncated (config.yaml, metrics.jsonl, epochs.csv, the
+trackers' runs) and nothing is trained until every check has passed. So the checks come first (the tracker
+packages are imported when the Accelerator is built; steps 1-5 below), then the changes (steps 6-7; a resume's
+truncation of its logs once the trackers have started: training/run.py). A new check goes before the changes,
+a new change after every check.
 
 The main process decides, under the run lock (common/runlock.py), before anything in the
 directory changes:
@@ -13,13 +21,14 @@ directory changes:
 4. starting fresh: a directory holding a run (training.checkpoint.files.run_artefacts: weights, logs,
    summary, checkpoints) is refused in one line naming what is there and the two ways on
    (`--resume auto`, `--overwrite`); `--resume auto` without a complete checkpoint refuses the
-   same way unless the directory holds no run; `--overwrite` lists what it deletes, checks that all
-   of it can be deleted (else one line, nothing deleted) and deletes it, symlinks themselves and
-   never their targets (common/removal.py);
-5. write config.yaml (a plain config, valid for --config), its history when resuming, and classes.json.
+   same way unless the directory holds no run;
+5. the trackers' stores opened (training.trackers.check_stores: an MLflow store it cannot use is one line);
+6. `--overwrite` lists what it deletes, checks that all of it can be deleted (else one line, nothing
+   deleted) and deletes it, symlinks themselves and never their targets (common/removal.py);
+7. write config.yaml (a plain config, valid for --config), its history when resuming, and classes.json.
 The other ranks receive the decision (one broadcast) or, after a refusal, exit with the same code
 without printing it again. The checkpoint's trainer_state.json is read once, here, and travels with
-the decision to `restore`.
+the decision to `restore`, and the trackers' (the MLflow run a resume goes on in) to `trackers.start`.
 """
 import os
 import sys
@@ -30,26 +39,26 @@ from common import rundir
 from common.errors import UserError
 from common.removal import remove_all
 from data.classes import class_mismatch, class_names, load_class_names, save_class_names
-
-from training.checkpoint import files as ck
 from training import resume_policy as rp
-from training.logging import console
+from training import trackers
+from training.checkpoint import files as ck
 from training.checkpoint.state import read_trainer_state
+from training.logging import console
 
 # What --overwrite deletes besides the run artefacts: the TensorBoard logs and config history of the old run.
 OVERWRITE_EXTRA = (rundir.TENSORBOARD, rundir.CONFIG_HISTORY)
 
 
-def prepare_run_dir(cfg, resume, overwrite, accept_changes, accelerator, lock, fp):
+def prepare_run_dir(cfg, resume, overwrite, accept_changes, accelerator, lock, fp, tracker_names=()):
     """The main process locks the run directory, decides how the run starts (`decide_start`) and
     writes config.yaml and classes.json; the other ranks receive its decision (or its refusal, and
     exit with the same code, silently). -> (checkpoint to resume from or None, its trainer state
-    (None with no checkpoint), accepted changes)."""
-    decision = {"ckpt": None, "saved": None, "changes": [], "error": None}
+    (None with no checkpoint), accepted changes, the trackers' start (training.trackers.check_stores))."""
+    decision = {"ckpt": None, "saved": None, "changes": [], "trackers": {}, "error": None}
     if accelerator.is_main_process:
         try:
-            decision["ckpt"], decision["saved"], decision["changes"] = decide_start(
-                cfg, resume, overwrite, accept_changes, lock, fp)
+            decision["ckpt"], decision["saved"], decision["changes"], decision["trackers"] = decide_start(
+                cfg, resume, overwrite, accept_changes, lock, fp, tracker_names)
         except UserError as err:
             if accelerator.num_processes == 1:
                 raise
@@ -59,14 +68,15 @@ def prepare_run_dir(cfg, resume, overwrite, accept_changes, accelerator, lock, f
         decision = broadcast_object_list([decision])[0]
         if decision["error"] is not None:
             raise SystemExit(decision["error"])
-    return decision["ckpt"], decision["saved"], decision["changes"]
+    return decision["ckpt"], decision["saved"], decision["changes"], decision["trackers"]
 
 
-def decide_start(cfg, resume, overwrite, accept_changes, lock, fp):
+def decide_start(cfg, resume, overwrite, accept_changes, lock, fp, tracker_names=()):
     """Main process, under the run lock: clean what killed saves left, resolve the checkpoint (invalid
-    ones skipped with a warning), refuse config changes or a destructive fresh start, and on a fresh
-    start with --overwrite delete the old run (listing it). Nothing in the directory is changed
-    before every check has passed. -> (checkpoint or None, its TrainerState or None, changes)."""
+    ones skipped with a warning), refuse config changes or a destructive fresh start, open the trackers'
+    stores, and on a fresh start with --overwrite delete the old run (listing it). Nothing in the directory
+    is changed before every check has passed (the module docstring). -> (checkpoint or None, its
+    TrainerState or None, changes, the trackers' start)."""
     run_dir = cfg.train.output_dir
     say = console
     if resume is not None and overwrite:
@@ -82,7 +92,8 @@ def decide_start(cfg, resume, overwrite, accept_changes, lock, fp):
         if saved.global_batch != fp["run.global_batch"] and not accept_changes:
             raise UserError(f"checkpoint {ckpt} was trained with a global batch of {saved.global_batch}, this "
                             f"launch has {fp['run.global_batch']} (batch_size x processes x grad_accum); keep it equal "
-                            f"to resume, or pass {rp.RESUME_FLAG} to go on with the new one (lr and schedule follow it)")
+                            f"to resume, or pass {rp.RESUME_FLAG} to go on with the new one (lr and schedule "
+                            f"follow it)")
         rp.updates_in_epoch(saved, fp["run.global_batch"])  # a changed global batch must restart at a whole update
         changes = rp.check_resume_changes(saved.config, fp, checkpoint=ckpt,
                                           accept_changes=accept_changes)
@@ -103,11 +114,13 @@ def decide_start(cfg, resume, overwrite, accept_changes, lock, fp):
                                 f"train.output_dir")
             raise UserError(f"{run_dir} already holds a run ({listing}): pass --resume auto to continue it, or "
                             f"--overwrite to delete it and start over (or set another train.output_dir)")
+    tracking = trackers.check_stores(tracker_names, cfg, resuming=ckpt is not None, say=say)  # the last check
+    if ckpt is None:
         delete_old_run(run_dir, present + [n for n in OVERWRITE_EXTRA
                                            if overwrite and os.path.lexists(os.path.join(run_dir, n))], say)
     rp.save_config_with_history(os.path.join(run_dir, rundir.CONFIG), cfg, history, keep_history=ckpt is not None)
     save_class_names(run_dir, names)
-    return ckpt, saved, changes
+    return ckpt, saved, changes, tracking
 
 
 def delete_old_run(run_dir, names, say):

@@ -1,22 +1,31 @@
 """Experiment trackers through Accelerate: `train.log_with` names them, Accelerate writes them.
 
 train.log_with: auto (TensorBoard when it is installed, else none) | none | one of
-configs.schema.TRACKER_NAMES | a list of them. Every tracker gets the resolved config as its parameters (dotted keys), the train loss, lr
-and throughput at every log step and the val metrics of every evaluation. A named tracker whose
-package is missing is one line naming the package (exit 2), never a silent skip.
+configs.schema.TRACKER_NAMES | a list of them. Every tracker gets the resolved config as its parameters (dotted
+keys), the train loss, lr and throughput at every log step, each epoch's row (`epoch/train_loss`, `epoch/lr`, ...)
+and the val metrics of every evaluation. A named tracker whose package is missing, or is installed but does not
+import, is one line naming the package (exit 2), never a silent skip or a traceback.
 
-Where they write: TensorBoard to RUN_DIR/tensorboard/<name>/; MLflow to MLFLOW_TRACKING_URI when set
-(a server, or a local store of a whole comparison: scripts/compare_heads.py sets one), else to the
-SQLite store RUN_DIR/mlflow.db (nothing to start: `mlflow ui --backend-store-uri sqlite:///RUN_DIR/mlflow.db`);
-its experiment is MLFLOW_EXPERIMENT_NAME or the run's name, its tags MLFLOW_TAGS (JSON), as
-Accelerate reads them. The MLflow run's id is kept in RUN_DIR/trackers.json, so a resumed training
-goes on logging into the same MLflow run. The others (wandb, aim, comet_ml, clearml, dvclive) take
-their own environment variables.
+Where they write: TensorBoard to RUN_DIR/tensorboard/<name>/, the config as the HParams tab's hyperparameters of
+that same run (not of a sub-run without metrics, as Accelerate's `store_init_configuration` writes them), with the
+epoch train loss and the val top-1 / loss as its metrics; a resumed run purges the steps logged after its
+checkpoint (SummaryWriter's purge_step), which it logs again. MLflow to MLFLOW_TRACKING_URI when set (a server,
+or any store MLflow takes), else to the SQLite store RUN_DIR/mlflow.db (nothing to start: `mlflow ui
+--backend-store-uri sqlite:///RUN_DIR/mlflow.db`); its experiment is MLFLOW_EXPERIMENT_NAME or the run's name, its
+tags MLFLOW_TAGS (JSON), as Accelerate reads them. The MLflow run's id is kept in RUN_DIR/trackers.json, so a
+resumed training goes on logging into the same MLflow run (a new one, said in a line, when the store no longer
+holds it). The others (wandb, aim, comet_ml, clearml, dvclive) take their own environment variables.
+
+Before the run touches anything (training/run_start.py), `check_stores` opens the MLflow store (a server with a
+short timeout): a store it cannot use is one line naming it and the ways out.
 """
+import contextlib
+import importlib
 import importlib.util
 import json
 import logging
 import os
+import re
 
 from common import rundir
 from common.errors import UserError
@@ -24,6 +33,13 @@ from common.io import read_json, write_json
 
 MLFLOW_DB = "mlflow.db"
 MLFLOW_URI_ENV = "MLFLOW_TRACKING_URI"
+MLFLOW_EXPERIMENT_ENV = "MLFLOW_EXPERIMENT_NAME"
+# How long the start waits for an MLflow server (MLflow's own client settings, for the check only): a server
+# that is down is one line within seconds, not MLflow's minutes of retries.
+SERVER_CHECK = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
+_SQLITE_HEADER = b"SQLite format 3\x00"
+EPOCH_PREFIX = "epoch/"  # each epoch's epochs.csv row, as tracker metrics
 
 
 def installed(name):
@@ -32,9 +48,26 @@ def installed(name):
     return importlib.util.find_spec(name) is not None  # each tracker's package has its name
 
 
+def import_error(name):
+    """Why the package of tracker `name` does not import (half-installed, a broken dependency), or None.
+    TensorBoard: what Accelerate imports, torch's writer, else tensorboardX."""
+    try:
+        if name == "tensorboard":
+            try:
+                importlib.import_module("torch.utils.tensorboard")
+            except ModuleNotFoundError:
+                importlib.import_module("tensorboardX")
+        else:
+            importlib.import_module(name)
+    except Exception as err:
+        return f"{type(err).__name__}: {_first_line(err)}"
+    return None
+
+
 def tracker_names(log_with):
     """train.log_with (a name or a list of names, checked against TRACKER_NAMES by the config
-    loader) -> the trackers to start; UserError (one line) for a missing package."""
+    loader) -> the trackers to start, each package imported; UserError (one line) for a missing
+    package or one that does not import."""
     given = [log_with] if isinstance(log_with, str) else list(log_with)
     names = []
     for name in given:
@@ -49,6 +82,11 @@ def tracker_names(log_with):
         if not installed(name):
             raise UserError(f"train.log_with={name} needs the {name} package, which is not installed: "
                             f"pip install {name}, or remove {name} from train.log_with")
+        why = import_error(name)
+        if why:
+            way_out = "set train.log_with=none" if len(given) == 1 else f"remove {name} from train.log_with"
+            raise UserError(f"train.log_with: the {name} package is installed but does not import ({why}): "
+                            f"reinstall it (pip install --force-reinstall {name}), or {way_out}")
     return names
 
 
@@ -80,6 +118,13 @@ def flat_params(tree, prefix=""):
     return out
 
 
+def epoch_metrics(row):
+    """An epochs.csv row as tracker metrics (`epoch/train_loss`, ...): its numbers but the epoch and the step
+    (the step is the log's step); the evaluation's numbers are logged as val_<weights>/<metric>."""
+    return {f"{EPOCH_PREFIX}{k}": v for k, v in row.items()
+            if k not in ("epoch", "step") and isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
 def _saved(run_dir):
     path = os.path.join(run_dir, rundir.TRACKERS)
     try:
@@ -88,25 +133,225 @@ def _saved(run_dir):
         return {}
 
 
-def start(accelerator, names, cfg, params, resuming):
-    """init_trackers for `names` (main process logs; the others do nothing), with the config as
-    parameters; a resumed run continues its MLflow run."""
+# ============================================================================ checking the MLflow store
+def mlflow_uri(run_dir):
+    """The store the run's MLflow tracker writes to: MLFLOW_TRACKING_URI, else RUN_DIR/mlflow.db."""
+    return os.environ.get(MLFLOW_URI_ENV) or "sqlite:///" + os.path.abspath(os.path.join(run_dir, MLFLOW_DB))
+
+
+def _first_line(err):
+    text = str(getattr(err, "orig", None) or err).strip()  # SQLAlchemy's errors: the driver's own words
+    errno = re.search(r"\[Errno -?\d+\] ([^'\"()\\]+)", text)  # requests' connection errors: the OS's words
+    if errno:
+        return errno.group(1).strip()
+    line = text.splitlines()[0] if text else type(err).__name__
+    return line if len(line) <= 200 else line[:197] + "..."
+
+
+def _nearest_existing(path):
+    path = os.path.abspath(path)
+    while not os.path.lexists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
+
+
+def _folder_problem(folder):
+    """Why files cannot be created in `folder` (MLflow makes the missing folders): the nearest existing one must
+    be a writable folder."""
+    found = _nearest_existing(folder)
+    if not os.path.isdir(found):
+        return f"{found} is a file, not a folder"
+    if not os.access(found, os.W_OK | os.X_OK):  # as the file system answers (a read-only mount, permissions)
+        return f"the folder {found} is read-only"
+    return None
+
+
+def _sqlite_problem(path):
+    """Why an SQLite store at `path` cannot be used, looked at without opening it (an SQLite file that
+    cannot be opened is retried by MLflow for minutes)."""
+    if os.path.isdir(path):
+        return f"{path} is a folder, not an SQLite database"
+    if os.path.lexists(path):
+        if not os.path.isfile(path):
+            return f"{path} is not a regular file"
+        with open(path, "rb") as f:
+            header = f.read(len(_SQLITE_HEADER))
+        if header and header != _SQLITE_HEADER:  # an empty file is a new database to SQLite
+            return f"{path} is not an SQLite database"
+        if not os.access(path, os.W_OK):
+            return f"{path} is read-only"
+    return _folder_problem(os.path.dirname(os.path.abspath(path)))
+
+
+def _local_path(uri):
+    """(kind, path) of a local store: ("sqlite", file), ("file", folder); (None, None) for a server or
+    another database."""
+    if uri.startswith("sqlite:"):
+        from sqlalchemy.engine.url import make_url
+
+        database = make_url(uri).database
+        return ("sqlite", None) if database in (None, "", ":memory:") else ("sqlite", database)
+    if uri.startswith("file:"):
+        from urllib.parse import unquote, urlparse
+
+        return "file", unquote(urlparse(uri).path)
+    if "://" not in uri and not uri.startswith(("databricks", "uc")):
+        return "file", uri  # a plain path: MLflow's file store
+    return None, None
+
+
+@contextlib.contextmanager
+def _short_server_timeouts():
+    saved = {k: os.environ.get(k) for k in SERVER_CHECK}
+    os.environ.update(SERVER_CHECK)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def open_mlflow_store(uri):
+    """-> (MlflowClient of `uri` or None, why it cannot be used or None). A local store is looked at first and
+    opened only when it exists (a new one is made by the run itself); a server is asked once, with a short
+    timeout."""
+    kind, path = _local_path(uri)
+    if kind == "sqlite" and path is not None:
+        problem = _sqlite_problem(path)
+        if problem or not os.path.exists(path):
+            return None, problem
+    elif kind == "file":
+        if os.path.lexists(path) and not os.path.isdir(path):
+            return None, f"{path} is a file, not an MLflow file store (a folder)"
+        problem = _folder_problem(path)
+        if problem or not os.path.exists(path):
+            return None, problem
+    quiet_mlflow()
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    try:
+        with _short_server_timeouts():
+            client.search_experiments(max_results=1)
+    except Exception as err:
+        verb = "cannot reach the MLflow server" if uri.startswith(("http:", "https:")) else "cannot open it"
+        return None, f"{verb} ({_first_line(err)})"
+    return client, None
+
+
+def check_stores(names, cfg, resuming, say):
+    """Main process, under the run lock, before anything in the run directory changes: open the MLflow store
+    (`open_mlflow_store`); a store it cannot use, or an experiment of the run's name that was deleted there, is
+    one line (UserError). -> {"mlflow_run_id": the MLflow run a resumed training goes on in, or None}."""
+    if "mlflow" not in names:
+        return {}
+    run_dir = cfg.train.output_dir
+    uri = mlflow_uri(run_dir)
+    drop = "train.log_with=none" if list(names) == ["mlflow"] else "remove mlflow from train.log_with"
+    default = not os.environ.get(MLFLOW_URI_ENV)
+    client, problem = open_mlflow_store(uri)
+    if problem:
+        move = f"move {os.path.join(run_dir, MLFLOW_DB)} away (a new store is made there), " if default else ""
+        raise UserError(f"train.log_with=mlflow cannot use the MLflow store {uri}: {problem}; {move}set "
+                        f"{MLFLOW_URI_ENV} to another store, or {drop}")
+    name = os.environ.get(MLFLOW_EXPERIMENT_ENV) or cfg.name
+    experiment = client.get_experiment_by_name(name) if client is not None else None  # None: a new local store
+    if experiment is not None and experiment.lifecycle_stage == "deleted":
+        raise UserError(f"the MLflow experiment '{name}' in {uri} was deleted, and MLflow keeps a deleted "
+                        f"experiment's name: restore it (mlflow experiments restore --experiment-id "
+                        f"{experiment.experiment_id}), set {MLFLOW_EXPERIMENT_ENV} to another name, or {drop}")
+    return {"mlflow_run_id": _resumed_run(client, run_dir, uri, say) if resuming else None}
+
+
+def _resumed_run(client, run_dir, uri, say):
+    """The MLflow run of trackers.json when the store (None: a new one) still holds it, else None, said in a line."""
+    run_id = _saved(run_dir).get("mlflow_run_id")
+    if not run_id:
+        return None
+    run = _get_run(client, run_id, uri) if client is not None else None
+    if run is None or run.info.lifecycle_stage == "deleted":
+        say(f"note: the MLflow run {run_id} of this training is not in {uri} (deleted, or another store): the "
+            f"resumed training logs into a new MLflow run")
+        return None
+    return run_id
+
+
+def _get_run(client, run_id, uri):
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_run(run_id)
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_DOES_NOT_EXIST":  # not found: the store was replaced, or the run purged
+            raise UserError(f"train.log_with=mlflow cannot read the MLflow run {run_id} of this training in "
+                            f"{uri} ({_first_line(err)})") from None
+        return None
+
+
+# ============================================================================ starting them
+def _use_mlflow_store(uri):
+    """Point MLflow's client at `uri` for this run, leaving MLFLOW_TRACKING_URI as the user set it (mlflow's
+    set_tracking_uri also exports it, which would send the next run of this process to this run's store)."""
+    import mlflow
+
+    before = os.environ.get(MLFLOW_URI_ENV)
+    mlflow.set_tracking_uri(uri)
+    if before is None:
+        os.environ.pop(MLFLOW_URI_ENV, None)
+    else:
+        os.environ[MLFLOW_URI_ENV] = before
+
+
+def hparams_metrics(cfg):
+    """The scalars the TensorBoard HParams tab shows beside the config: the epoch train loss, the val top-1 and
+    loss of each evaluated weights (tags as training/loop.py logs them)."""
+    weights = ["raw"] + (["ema"] if cfg.train.ema else [])
+    return [f"{EPOCH_PREFIX}train_loss"] + [f"val_{w}/{m}" for w in weights for m in ("top1", "loss")]
+
+
+def write_tensorboard_hparams(writer, params, metrics):
+    """The config as the hyperparameters of the writer's own run, with `metrics` (scalar tags of that run) as
+    the HParams tab's metrics: the summaries SummaryWriter.add_hparams writes, without its sub-run."""
+    try:
+        from torch.utils.tensorboard.summary import hparams
+    except ModuleNotFoundError:
+        from tensorboardX.summary import hparams
+    for summary in hparams(params, dict.fromkeys(metrics, 0.0)):
+        writer.file_writer.add_summary(summary)
+    writer.flush()
+
+
+def _has_events(folder):
+    return os.path.isdir(folder) and any(n.startswith("events.out.tfevents") for n in os.listdir(folder))
+
+
+def start(accelerator, names, cfg, params, resumed_step=None, mlflow_run_id=None):
+    """init_trackers for `names` (main process logs; the others do nothing), with the config as parameters.
+    `resumed_step`: the checkpoint's step when resuming (TensorBoard purges the later steps, logged again);
+    `mlflow_run_id`: the MLflow run to go on in (check_stores)."""
     if not names:
         return
     run_dir = cfg.train.output_dir
+    tb_run = os.path.join(tensorboard_dir(run_dir), cfg.name)
+    tb_fresh = not (resumed_step is not None and _has_events(tb_run))  # hparams: once per TensorBoard run
     init_kwargs = {}
     if "mlflow" in names:
-        os.environ.setdefault(MLFLOW_URI_ENV, "sqlite:///" + os.path.abspath(os.path.join(run_dir, MLFLOW_DB)))
         quiet_mlflow()
-        mlflow_kwargs = {"run_name": cfg.name}
-        run_id = _saved(run_dir).get("mlflow_run_id") if resuming else None
-        if run_id:
-            mlflow_kwargs["run_id"] = run_id
-        init_kwargs["mlflow"] = mlflow_kwargs
-    if resuming and init_kwargs.get("mlflow", {}).get("run_id"):
-        params = None  # logged when the run started; MLflow refuses a parameter logged twice with another value
-    accelerator.init_trackers(cfg.name, config=params, init_kwargs=init_kwargs)
+        _use_mlflow_store(mlflow_uri(run_dir))
+        init_kwargs["mlflow"] = {"run_name": cfg.name, **({"run_id": mlflow_run_id} if mlflow_run_id else {})}
+    if "tensorboard" in names and resumed_step is not None:
+        init_kwargs["tensorboard"] = {"purge_step": resumed_step + 1}
+    accelerator.init_trackers(cfg.name, config=None, init_kwargs=init_kwargs)
+    for tracker in accelerator.trackers:
+        if tracker.name == "tensorboard":
+            if tb_fresh and accelerator.is_main_process:
+                write_tensorboard_hparams(tracker.writer, params, hparams_metrics(cfg))
+        elif not (tracker.name == "mlflow" and mlflow_run_id):  # MLflow refuses a parameter logged twice
+            tracker.store_init_configuration(params)
     if "mlflow" in names and accelerator.is_main_process:
         run = accelerator.get_tracker("mlflow", unwrap=True)
-        write_json({"mlflow_run_id": run.info.run_id, MLFLOW_URI_ENV: os.environ[MLFLOW_URI_ENV]},
+        write_json({"mlflow_run_id": run.info.run_id, MLFLOW_URI_ENV: mlflow_uri(run_dir)},
                    os.path.join(run_dir, rundir.TRACKERS))

@@ -1,22 +1,22 @@
 """One optimizer update of a training run (`train_step`) and what a non-finite loss does to it.
 
 GPU-first: the step reads nothing from the device. Its loss, its finiteness and the first
-non-finite update stay on the device (`run.last_loss`, `run.epoch_loss`, `run.first_bad_step`);
-`stop_if_nonfinite` reads them, and train.py calls it at log steps, saves and epoch ends only.
+non-finite update stay on the device (`run.losses`: training/run.py's DeviceLosses);
+`stop_if_nonfinite` reads them, and training/loop.py calls it at log steps, saves and epoch ends only.
 train.nonfinite=skip must decide before each optimizer step, so it reads one flag per update (the
 one documented host read). Every random draw of a step comes from RNGs reseeded from (seed, step,
 micro-batch, rank), so a resumed run replays it exactly.
 """
 import torch
 
-from training.checkpoint import files as ck
 from training import resume_policy as rp
+from training.checkpoint import files as ck
 from training.logging import console
 from training.rng import reseed
 
 # train.max_skipped_fraction is measured over the last SKIP_WINDOW updates (train.nonfinite=skip).
 SKIP_WINDOW = 100
-NO_BAD_STEP = -1  # run.first_bad_step while every update so far had a finite loss
+NO_BAD_STEP = -1  # run.losses.first_bad_step while every update so far had a finite loss
 
 
 class NonFiniteLoss(Exception):
@@ -27,38 +27,38 @@ class NonFiniteLoss(Exception):
 def train_step(run, batches, hooks=None):
     """One optimizer update over train.grad_accum micro-batches, with no host read (but under
     train.nonfinite=skip, see the module docstring): the loss and its finiteness stay on the device."""
-    cfg, state, accelerator = run.cfg, run.state, run.accelerator
+    cfg, state, accelerator, learner, losses = run.cfg, run.state, run.accelerator, run.learner, run.losses
     accum, step = cfg.train.grad_accum, state.step
-    run.scheduler.step_update(step + state.schedule_offset)  # lr of this update: warmup + cosine indexed by update
-    losses = []
+    learner.scheduler.step_update(step + state.schedule_offset)  # lr of this update: warmup + cosine indexed by update
+    micro_losses = []
     for micro in range(accum):
         reseed(cfg.train.seed, "step", step, micro, run.rank)
         images, targets = next(batches)
         if run.mixup is not None:
             images, targets = run.mixup(images, targets)
-        with accelerator.accumulate(run.model):
-            loss = run.forward_loss(images, targets)
+        with accelerator.accumulate(learner.model):
+            loss = learner.forward_loss(images, targets)
             if hooks is not None:
                 loss = hooks.on_loss(step, loss)
-            losses.append(loss.detach())
+            micro_losses.append(loss.detach())
             accelerator.backward(loss)  # on every rank, finite or not: DDP's all-reduce needs them all
             if accelerator.sync_gradients:
-                loss = torch.stack(losses).mean()
+                loss = torch.stack(micro_losses).mean()
                 finite = torch.isfinite(loss)
                 if cfg.train.nonfinite == "skip" and not finite_on_every_rank(run, finite):  # the one host read
                     finite = torch.zeros_like(finite)  # skipped on every rank: no rank counts it in the epoch's sums
-                    run.optimizer.zero_grad(set_to_none=True)
+                    learner.optimizer.zero_grad(set_to_none=True)
                     count_skipped_update(run, step)
                 else:
                     if cfg.optim.clip_grad:
-                        accelerator.clip_grad_norm_(run.model.parameters(), cfg.optim.clip_grad)
-                    run.optimizer.step()
-                    run.optimizer.zero_grad(set_to_none=True)
-                    if run.ema is not None:
-                        run.ema.update(run.raw_model, step=step + 1)
-    run.last_loss = loss
-    run.epoch_loss += torch.stack([torch.where(finite, loss, 0.0).double(), finite.double()])
-    run.first_bad_step = torch.where(finite | (run.first_bad_step != NO_BAD_STEP), run.first_bad_step, step)
+                        accelerator.clip_grad_norm_(learner.model.parameters(), cfg.optim.clip_grad)
+                    learner.optimizer.step()
+                    learner.optimizer.zero_grad(set_to_none=True)
+                    if learner.ema is not None:
+                        learner.ema.update(learner.raw_model, step=step + 1)
+    losses.last = loss
+    losses.epoch += torch.stack([torch.where(finite, loss, 0.0).double(), finite.double()])
+    losses.first_bad_step = torch.where(finite | (losses.first_bad_step != NO_BAD_STEP), losses.first_bad_step, step)
     state.step += 1
     state.batch += accum
     state.images += run.global_batch
@@ -105,7 +105,7 @@ def stop_if_nonfinite(run):
     had a non-finite loss on any rank. Reads the device: call at log steps, saves and epoch ends only."""
     if run.cfg.train.nonfinite != "stop":
         return
-    bad = run.first_bad_step.reshape(1)
+    bad = run.losses.first_bad_step.reshape(1)
     if run.world > 1:
         bad = run.accelerator.gather(bad)
     bad = [b for b in bad.tolist() if b != NO_BAD_STEP]

@@ -53,14 +53,20 @@ import torch
 from safetensors import safe_open
 
 from common import rundir
-from common.io import EXIT_WRITE_FAILED  # noqa: F401 - re-exported: the exit code of a failed save
-from common.io import WriteError, json_file_text, remove_stale_temp, through_file, write_error, write_file
 from common.errors import UserError
-from common.removal import remove_quietly as remove_tree_quietly
+from common.io import (
+    EXIT_WRITE_FAILED,  # noqa: F401 - re-exported: the exit code of a failed save
+    WriteError,
+    json_file_text,
+    remove_stale_temp,
+    through_file,
+    write_error,
+    write_file,
+)
 from common.removal import removal_blockers, remove
-from common.weights import first_line, read_torch, save_safetensors, safetensors_writer, tensors_nbytes
-
+from common.removal import remove_quietly as remove_tree_quietly
 from common.runlock import held_by_this_process
+from common.weights import first_line, read_torch, safetensors_writer, save_safetensors, tensors_nbytes
 from training.checkpoint.state import TrainerState, read_quietly
 
 _NAME = re.compile(r"^step_(\d+)$")
@@ -173,7 +179,8 @@ def write_rank_files(tmp, rank, rng_state):
 def write_main_files(tmp, *, model_state, ema_state, optimizer_state, scheduler_state, scaler_state, trainer_state):
     """Main process: weights, optimizer/scheduler/scaler, the TrainerState."""
     if not isinstance(trainer_state, TrainerState):
-        raise TypeError(f"trainer_state must be an training.checkpoint.state.TrainerState, got {type(trainer_state).__name__}")
+        raise TypeError(f"trainer_state must be an training.checkpoint.state.TrainerState, "
+                        f"got {type(trainer_state).__name__}")
     record = trainer_state.to_dict()
     payloads = [(rundir.WEIGHTS, safetensors_writer(model_state), model_state)]
     if ema_state is not None:
@@ -332,7 +339,7 @@ def _structural_error(path, name):
         elif name.endswith(".json"):
             with open(p) as f:
                 json.load(f)
-    except Exception as err:  # noqa: BLE001 - any parse failure means a damaged file
+    except Exception as err:
         return f"checkpoint file {p} is unreadable ({first_line(err)})"
     return None
 
@@ -437,8 +444,10 @@ def resolve_resume(resume, run_dir, warn=print):
         raise UserError(f"--resume {path}: no such checkpoint; {existing_checkpoints_line(run_dir)}")
     if os.path.isfile(path):
         path = os.path.dirname(path)
-    if not os.path.isfile(os.path.join(path, rundir.TRAINER_STATE)) and not os.path.isfile(os.path.join(path, rundir.MARKER)):
-        root = path if os.path.basename(path.rstrip("/")) == rundir.CHECKPOINTS else os.path.join(path, rundir.CHECKPOINTS)
+    if not os.path.isfile(os.path.join(path, rundir.TRAINER_STATE)) and \
+            not os.path.isfile(os.path.join(path, rundir.MARKER)):
+        root = (path if os.path.basename(path.rstrip("/")) == rundir.CHECKPOINTS
+                else os.path.join(path, rundir.CHECKPOINTS))
         found = find_latest(os.path.dirname(root.rstrip("/")), warn) if os.path.isdir(root) else None
         if found is None:
             raise UserError(f"--resume {resume}: not a checkpoint directory and no valid checkpoint inside")

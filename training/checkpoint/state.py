@@ -1,7 +1,8 @@
 """A checkpoint's trainer state (CHECKPOINT/trainer_state.json): one typed record, written and read here.
 
-`TrainerState` is train.py's saved counters (`Counters`, which training/run.py's RunState
-extends with what is not saved) plus what the checkpoint says about the launch that wrote it:
+`TrainerState` is the training loop's saved counters (`Counters`, which training/run.py's RunState
+extends with what is not saved) plus what the checkpoint says about the launch that wrote it
+(training/checkpoint/save.py writes it, restore.py applies it on resume):
 
 - `config`: the resume fingerprint (training/resume_policy.py `resume_fingerprint`): the whole resolved
   config as dotted keys, with `run.num_classes` and `run.global_batch`;
@@ -38,7 +39,7 @@ class Counters:
     recent_skips: list = field(default_factory=list)  # steps skipped within the last SKIP_WINDOW updates
     train_time_s: float = 0.0
     images: int = 0
-    warmup_s: float = 0.0  # session warm-up time (train.py WARMUP_UPDATES), excluded from img/s
+    warmup_s: float = 0.0  # session warm-up time (training/loop.py WARMUP_UPDATES), excluded from img/s
     warmup_images: int = 0
     last_eval: dict = field(default_factory=dict)
     # the lr schedule is indexed at step + schedule_offset: a resume with a changed global batch

@@ -1,0 +1,171 @@
+"""compare_heads' command line: its options, the checks of their combinations, and the overrides
+--features adds to every run. Overrides go through configs.overrides, the one dialect of every command."""
+import argparse
+import shlex
+import sys
+
+from common.errors import UserError
+from comparison.paths import COMMAND
+from configs.overrides import parse_command_line, split_command_line
+from models.registry import HEAD_NAMES
+
+FEATURE_IDENTITY_KEYS = ("features_source_sha256", "features_settings_sha256")  # data.* keys, data/features.py
+TUNE_OPTIONS = ("--trials", "--pruner", "--storage", "--tune-only")  # meaningful with --tune only
+SETTLE_OPTIONS = ("--max-seeds", "--looks", "--settle-metric")  # meaningful with --until-settled only
+
+
+def build_parser(description=None):
+    epilog = ("Overrides: key.sub=value or --key.sub VALUE (value parsed as YAML) override the config\n"
+              "of every run. They may go anywhere on the line, before or after the options,\n"
+              "e.g. --heads softmax sparsemax --seeds 0 1 optim.epochs=1")
+    p = argparse.ArgumentParser(description=description, epilog=epilog,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True, help="base training config (YAML)")
+    p.add_argument("--heads", nargs="+", default=["softmax", "sparsemax", "entmax15"],
+                   help=f"output heads to compare: {' '.join(HEAD_NAMES)}")
+    p.add_argument("--norms", nargs="+", default=None, help="also vary model.norm (affine layernorm batchnorm)")
+    p.add_argument("--alphas", nargs="+", type=float, default=None,
+                   help="alpha values for entmax_bisect (one variant each)")
+    p.add_argument("--learn-alpha", action="store_true", help="entmax_bisect variants learn alpha")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0])
+    p.add_argument("--baseline", default=None,
+                   help="head (or variant without its norm suffix) every other variant is compared with "
+                        "(default: softmax when compared, else the first head)")
+    p.add_argument("--ood-dataset", default="auto", metavar="auto|NAME|none",
+                   help="OOD set for eval.py's OOD detection: auto = the built-in data's own "
+                        "(builtin10 -> builtin10_ood), none for other datasets; none = skip")
+    p.add_argument("--ood-root", default=None, metavar="DIR", help="data root of the OOD set")
+    p.add_argument("--features", default=None, metavar="DIR",
+                   help="compare heads on cached features (scripts/extract_features.py --output DIR): a linear "
+                        "head per run, data.dataset=features data.root=DIR")
+    p.add_argument("--runs-dir", default=None, help="where the runs go (default runs/compare/<config name>)")
+    p.add_argument("--report-dir", default=None,
+                   help="report folder (default reports/<config name>, or RUNS_DIR/report with --runs-dir)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write the report into a report folder that holds the report of another runs folder")
+    p.add_argument("--ema", action="store_true", help="evaluate the EMA weights instead of the raw ones")
+    p.add_argument("--launcher", default=None,
+                   help='command prefix for train.py and eval.py, e.g. "accelerate launch --num_processes 2"')
+    p.add_argument("--jobs", type=int, default=1, help="runs at once (each pinned to its GPUs or CPU threads)")
+    p.add_argument("--margin", action="append", default=[], metavar="METRIC=DELTA",
+                   help="equivalence margin of a metric in its units (points for top1 and ece), e.g. --margin "
+                        "top1=0.5; repeat it for several metrics (default: the metric table's margins, "
+                        "evaluation/statistics.py); the report's equivalence and non-inferiority verdicts use it")
+    p.add_argument("--no-mlflow", action="store_true",
+                   help="do not log the comparison to MLflow (default when mlflow is installed: one experiment, "
+                        "in MLFLOW_TRACKING_URI or RUNS_DIR/mlflow.db; comparison/tracking.py)")
+    tune = p.add_argument_group("tuning (--tune: each variant tuned with Optuna on the tune split, then compared; "
+                                "comparison/tune.py)")
+    tune.add_argument("--tune", action="store_true",
+                      help="tune optim.lr, optim.weight_decay and each head's own settings per variant, the same "
+                           "--trials each, on data.tune_fraction of train; then train the best settings over --seeds "
+                           "and compare them, and the untuned settings, on val")
+    tune.add_argument("--trials", type=int, default=20,
+                      help="complete trials per variant (pruned and failed ones are extra, and reported)")
+    tune.add_argument("--pruner", default="median", choices=("median", "hyperband", "none"),
+                      help="stops trials behind on the per-epoch tune curve (none: every trial trains its budget)")
+    tune.add_argument("--storage", default=None, metavar="URL",
+                      help="Optuna storage shared by every process tuning this comparison: sqlite:///PATH, any "
+                           "SQLAlchemy URL (postgresql://...), or journal:PATH (a file on a shared filesystem); "
+                           "default sqlite:///RUNS_DIR/tune/studies.db")
+    tune.add_argument("--tune-only", action="store_true",
+                      help="run the trials, then stop (SLURM array tasks; the verdict runs come after)")
+    settle = p.add_argument_group("seeds until settled (--until-settled: seeds added in looks until each head's "
+                                  "question against the reference is settled; comparison/settle.py)")
+    settle.add_argument("--until-settled", action="store_true",
+                        help="train seeds 0, 1, ... in looks; after each look a head that is superior, inferior or "
+                             "equivalent within the margin (group-sequential design, evaluation/sequential.py) gets "
+                             "no more seeds, the others the next look's; replaces --seeds")
+    settle.add_argument("--max-seeds", type=int, default=None, metavar="N",
+                        help="the design's last look (default 12; the looks 3 5 8 12 ... up to N); with --looks, or "
+                             "a design already recorded, this run stops after the last look <= N")
+    settle.add_argument("--looks", type=int, nargs="+", default=None, metavar="N",
+                        help="the seed counts of the looks, declared up front, e.g. --looks 3 5 8 12")
+    settle.add_argument("--settle-metric", default="top1", choices=("top1", "ece", "loss"),
+                        help="the metric that decides, against its --margin (default top1, margin 0.5 pt)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true", help="list what would run, run nothing")
+    mode.add_argument("--emit-slurm", metavar="FILE", default=None,
+                      help="write a SLURM array job script (one task per run) instead of running")
+    mode.add_argument("--report-only", action="store_true",
+                      help="train and evaluate nothing: report the finished runs, name the missing ones")
+    return p
+
+
+def parse_args(argv=None, description=None):
+    """The checked arguments; args.overrides holds the command line's overrides, then --features' own.
+    `description`: --help's first paragraph (the entry point's docstring says it)."""
+    p = build_parser(description)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_command_line(p, argv, tool=COMMAND)
+    options, overrides = split_command_line(p, argv)[0], args.overrides
+    check_modes(args, options)
+    from evaluation.equivalence import parse_margins  # before anything is planned: a typo is one line at once
+
+    args.margins = parse_margins(args.margin)
+    args.overrides = overrides + feature_overrides(args.features, overrides)
+    return args
+
+
+def check_modes(args, options):
+    """Refuse the combinations that cannot mean anything (before any run is planned)."""
+    if args.jobs < 1:
+        raise UserError(f"--jobs must be at least 1, got {args.jobs}")
+    if args.jobs > 1 and (args.emit_slurm or args.report_only):  # (--dry-run: its cost line counts the slots)
+        raise UserError("--jobs runs local trainings; it does not combine with --emit-slurm or --report-only")
+    if args.emit_slurm and args.launcher:
+        raise UserError("--launcher does not apply to --emit-slurm: each array task launches through "
+                        "scripts/slurm_train.sh (accelerate launch per node); set GPUS_PER_NODE instead")
+    if args.trials < 1:
+        raise UserError(f"--trials must be at least 1, got {args.trials}")
+    given = [a for a in TUNE_OPTIONS if any(o.split("=")[0] == a for o in options)]
+    if given and not args.tune:
+        raise UserError(f"{given[0]} applies to --tune; add --tune")
+    check_settle(args, options)
+    if args.storage is not None:  # before the config is read: a mistyped storage is one line at once
+        from comparison.tuning_storage import check_url
+
+        check_url(args.storage)
+
+
+def check_settle(args, options):
+    """--until-settled's flags: what they need and what they cannot combine with."""
+    given = [a for a in SETTLE_OPTIONS if any(o.split("=")[0] == a for o in options)]
+    if given and not args.until_settled:
+        raise UserError(f"{given[0]} applies to --until-settled; add --until-settled")
+    if not args.until_settled:
+        return
+    if args.tune:
+        raise UserError("--until-settled does not combine with --tune yet: --tune's verdict runs are planned over "
+                        "fixed --seeds (comparison/tune.py); tune first, or compare the untuned heads until settled")
+    if any(o.split("=")[0] == "--seeds" for o in options):
+        raise UserError("--until-settled chooses the seeds (0, 1, ... up to each look); drop --seeds, and give "
+                        "--max-seeds N or --looks N ... instead")
+    if args.max_seeds is not None and args.max_seeds < 2:
+        raise UserError(f"--max-seeds must be at least 2 (a look needs 2 seeds for a seed-to-seed s.d.), got "
+                        f"{args.max_seeds}")
+    if args.looks and args.max_seeds is not None and args.max_seeds > args.looks[-1]:
+        raise UserError(f"--max-seeds {args.max_seeds} lies past the last of --looks ({args.looks[-1]}); the design "
+                        f"ends at its last look")
+
+
+def feature_overrides(features, overrides):
+    """The overrides --features DIR adds to every run (checked: DIR must be a feature folder)."""
+    if features is None:
+        return []
+    from data.features import identity as feature_identity
+    from data.features import read_meta
+
+    keys = ("data.dataset", "data.root", *(f"data.{k}" for k in FEATURE_IDENTITY_KEYS))
+    clash = [o for o in overrides if o.split("=", 1)[0] in keys]
+    if clash:
+        raise UserError(f"--features sets {', '.join(keys)}; drop the override '{clash[0]}'")
+    # the folder's identity pins every run (train.py refuses other features) and enters each run's
+    # request: runs trained on features since re-extracted at DIR are refused, never mixed in
+    identity = dict(zip(FEATURE_IDENTITY_KEYS, feature_identity(read_meta(features))))
+    return ["data.dataset=features", f"data.root={features}", *(f"data.{k}='{v}'" for k, v in identity.items())]
+
+
+def command_line(argv):
+    """The command as a user would retype it (the report and the SLURM script name it)."""
+    return COMMAND + " " + " ".join(shlex.quote(a) for a in argv)

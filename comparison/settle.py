@@ -1,0 +1,415 @@
+"""--until-settled: which seeds each variant needs now, from the sequential design's decisions.
+
+Each head is compared with its reference (the baseline of its norm) on one metric (--settle-metric,
+top-1 by default) against its margin (--margin, else the metric table's), by the group-sequential
+design of evaluation/sequential.py: looks at n_1 < … < n_K seeds (--looks, or a default schedule up
+to --max-seeds), α = 5% per head. After each look a head whose question is settled (superior,
+inferior or equivalent; or the last look reached) keeps its seeds; the others get the next look's;
+a reference gets as many as the most of its heads. Seeds are 0, 1, … in order, so a look at n seeds
+reads seeds 0..n−1 of both, wherever and whenever they were trained.
+
+The design is fixed before the data are read: RUNS_DIR/sequential_design.json records it (its
+fingerprint and boundaries, Design.to_dict) at the first run and every rerun checks it
+(Design.from_dict): once a look has been taken a changed design (margin, metric, looks, a larger
+--max-seeds) is refused, since boundaries chosen after seeing the data no longer bound the error
+rates; before any look it is replaced, and said so. A --max-seeds below the design's last look only
+stops this invocation at the last look it allows; a rerun continues the same design.
+"""
+import copy
+import math
+import os
+
+import numpy as np
+
+from common import rundir
+from common.errors import UserError
+from common.io import read_json, write_json
+from comparison.plan import plan_runs
+
+DESIGN_FILE = "sequential_design.json"  # in RUNS_DIR: the design the comparison was started with
+DEFAULT_MAX_SEEDS = 12  # evaluation/sequential.DEFAULT_LOOKS' last
+_GROWTH = 1.5  # the default schedule past 12 seeds: each look ~1.5× the previous
+SIMULATED_PATHS = 2000  # the expected seeds' plug-in simulation (cost line): s.e. ≲ 0.2 seed
+
+
+# ---- the design -------------------------------------------------------------------------------------
+def default_looks(max_seeds):
+    """3, 5, 8, 12, 18, 27, … below max_seeds, then max_seeds (a look too close before it dropped)."""
+    from evaluation.sequential import DEFAULT_LOOKS
+
+    looks = list(DEFAULT_LOOKS)
+    while looks[-1] < max_seeds:
+        looks.append(int(round(looks[-1] * _GROWTH)))
+    below = [n for n in looks if n < max_seeds]
+    if below and max_seeds < 1.25 * below[-1]:
+        below.pop()
+    return tuple(below + [max_seeds])
+
+
+def settle_margin(args):
+    """(metric, δ in its written units) the design uses."""
+    from evaluation.equivalence import default_margins
+
+    metric = args.settle_metric
+    margin = args.margins.get(metric, default_margins().get(metric))
+    if margin is None:
+        raise UserError(f"--settle-metric {metric} has no default margin; give one with --margin {metric}=DELTA")
+    return metric, float(margin)
+
+
+def make_design(metric, margin, looks):
+    """The Design of `looks` on `metric` at margin δ (its written units), at the comparison's α."""
+    from evaluation.equivalence import ALPHA, margin_as_difference
+    from evaluation.sequential import Design
+    from evaluation.statistics import METRIC_TABLE
+
+    try:
+        return Design(margin=margin_as_difference(metric, margin), looks=tuple(looks), alpha=ALPHA,
+                      higher_is_better=METRIC_TABLE[metric].higher_is_better)
+    except ValueError as err:
+        raise UserError(f"--looks {' '.join(map(str, looks))}: {err}") from None
+
+
+def design_record(metric, margin, design):
+    """The JSON of RUNS_DIR/sequential_design.json."""
+    return {"metric": metric, "margin": margin, "design": design.to_dict()}
+
+
+def read_design(runs_dir):
+    """(metric, margin, Design) recorded in the runs folder, None when none is; UserError when the
+    record is unreadable, edited, or its boundaries changed since."""
+    from evaluation.sequential import Design
+
+    path = os.path.join(runs_dir, DESIGN_FILE)
+    if not os.path.isfile(path):
+        return None
+    try:
+        data = read_json(path)
+        return data["metric"], float(data["margin"]), Design.from_dict(data["design"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise UserError(f"{path}: {err}; the design a comparison was started with cannot change: use another "
+                        f"--runs-dir for another design") from None
+
+
+def _changes(old, new):
+    """'margin 0.5 -> 1, looks 3 5 8 -> 3 5 8 12' between two (metric, margin, Design)."""
+    (m0, d0, a), (m1, d1, b) = old, new
+    pairs = [("metric", m0, m1), ("margin", f"{d0:g}", f"{d1:g}"),
+             ("looks", " ".join(map(str, a.looks)), " ".join(map(str, b.looks)))]
+    pairs += [(k, getattr(a, k), getattr(b, k)) for k in ("alpha", "method", "mc_paths", "mc_seed")]
+    return ", ".join(f"{k} {x} -> {y}" for k, x, y in pairs if x != y)
+
+
+def resolve_design(args, runs_dir, looks_taken):
+    """(metric, margin, Design, cap): the design of this comparison and the seeds this invocation may
+    reach (the last look ≤ --max-seeds). `looks_taken(first_look)`: whether any pair has that many
+    paired seeds finished (a look was taken). Records a new design unless --dry-run / --report-only."""
+    metric, margin = settle_margin(args)
+    recorded = read_design(runs_dir)
+    if args.looks:
+        looks = tuple(args.looks)
+    elif recorded and (args.max_seeds is None or args.max_seeds <= recorded[2].looks[-1]):
+        looks = recorded[2].looks  # a smaller --max-seeds: a cap on this invocation, same design
+    else:
+        looks = default_looks(args.max_seeds or DEFAULT_MAX_SEEDS)
+    asked = (metric, margin, make_design(metric, margin, looks))
+    cap = _cap(args.max_seeds, asked[2])
+    path = os.path.join(runs_dir, DESIGN_FILE)
+    if recorded and (recorded[0], recorded[2].fingerprint()) != (metric, asked[2].fingerprint()):
+        if looks_taken(recorded[2].looks[0]):
+            raise UserError(f"the sequential design recorded in {path} has taken its first look, and this command "
+                            f"asks for another ({_changes(recorded, asked)}): {_why_fixed(recorded[2], asked[2])}; "
+                            f"rerun with the recorded design ({_flags(recorded)}) or use another --runs-dir")
+        kept = args.dry_run or args.report_only
+        print(f"the design recorded in {path} took no look yet: {'would be ' if kept else ''}replaced "
+              f"({_changes(recorded, asked)})")
+        recorded = None
+    if recorded is None and not (args.dry_run or args.report_only):
+        write_json(design_record(*asked), path)
+    return metric, margin, asked[2], cap
+
+
+def _cap(max_seeds, design):
+    """The last look ≤ --max-seeds (the design's last without it)."""
+    allowed = [n for n in design.looks if max_seeds is None or n <= max_seeds]
+    if not allowed:
+        raise UserError(f"--max-seeds {max_seeds} is below the design's first look ({design.looks[0]} seeds): "
+                        f"nothing would be decided")
+    return allowed[-1]
+
+
+def _why_fixed(old, new):
+    """Why a design may not change after a look, for the change asked."""
+    if old.looks[-1] != new.looks[-1]:
+        return (f"the O'Brien–Fleming boundaries spend α by the fraction n/{old.looks[-1]} of the seeds, so a "
+                f"design up to {new.looks[-1]} seeds would have used other boundaries at the looks already taken, "
+                f"and continuing past the planned last look gives a head more chances to cross: its error "
+                f"rates would no longer hold")
+    return "a design chosen after seeing the data no longer bounds its error rates"
+
+
+def _flags(record):
+    metric, margin, design = record
+    return f"--settle-metric {metric} --margin {metric}={margin:g} --looks {' '.join(map(str, design.looks))}"
+
+
+# ---- the per-seed differences ----------------------------------------------------------------------
+def with_seeds(args, seeds):
+    """A copy of the arguments with `seeds` (plan_runs reads args.seeds)."""
+    out = copy.copy(args)
+    out.seeds = list(seeds)
+    return out
+
+
+def full_plan(args, seeds):
+    """plan_runs for seeds 0..seeds−1 of every variant: the runs any look could ask for."""
+    return plan_runs(with_seeds(args, range(seeds)))
+
+
+class SeedValues:
+    """The settling metric of each finished run (read from its per-example records, as the report's
+    across-trainings differences are), cached per run folder for the looks of one invocation."""
+
+    def __init__(self, metric, commands):
+        self.metric, self.commands, self._cache = metric, commands, {}
+
+    def finished(self, run_dir):
+        return all(self.commands.status(run_dir))
+
+    def value(self, run_dir):
+        """(metric value, labels) of a finished run."""
+        if run_dir not in self._cache:
+            from evaluation.examples import load_examples
+            from evaluation.paired import per_example
+            from evaluation.statistics import metric_on_rows
+
+            path = rundir.examples_path(os.path.join(run_dir, self.commands.eval_file))
+            records = {k: v.numpy() for k, v in load_examples(path)[0].items()}
+            values, n = per_example(records), len(records["label"])
+            value = metric_on_rows(values, self.metric, np.arange(n)[None], np.zeros(n, dtype=np.int64))[0]
+            self._cache[run_dir] = float(value), np.asarray(records["label"])
+        return self._cache[run_dir]
+
+    def differences(self, head_dirs, ref_dirs):
+        """Per-seed differences head − reference over the seeds 0, 1, … both have finished (in order,
+        up to the first missing one)."""
+        out = []
+        for head_dir, ref_dir in zip(head_dirs, ref_dirs):
+            if not (self.finished(head_dir) and self.finished(ref_dir)):
+                break
+            (a, labels_a), (b, labels_b) = self.value(head_dir), self.value(ref_dir)
+            if labels_a.shape != labels_b.shape or not np.array_equal(labels_a, labels_b):
+                raise UserError(f"{head_dir} and {ref_dir} were not evaluated on the same examples in the same "
+                                f"order; evaluate both on the same split")
+            out.append(a - b)
+        return np.array(out, dtype=np.float64)
+
+
+def run_dirs(plan):
+    """{variant: [run_dir of seed 0, 1, …]} of a full plan."""
+    out = {}
+    for name, seed, run_dir, _ in plan:
+        out.setdefault(name, {})[seed] = run_dir
+    return {name: [seeds[s] for s in sorted(seeds)] for name, seeds in out.items()}
+
+
+def paired_differences(pairs, dirs, values, cap):
+    """{head: its differences with its reference over the first paired seeds (at most `cap`)}."""
+    return {head: values.differences(dirs[head][:cap], dirs[ref][:cap]) for head, ref in pairs}
+
+
+# ---- the planner ------------------------------------------------------------------------------------
+def decide(pairs, differences, design):
+    """{head: evaluation.sequential.Decision} after the differences so far."""
+    from evaluation.sequential import sequential_decision
+
+    return {head: sequential_decision(differences[head], design) for head, _ in pairs}
+
+
+def targets(pairs, decisions, paired, design, cap):
+    """{variant: seeds it needs now}. A head whose decision stopped keeps the seeds the decision used
+    (it gets no new seeds); one not stopped gets the next look after its `paired` seeds, unless that
+    look lies past `cap`, where it stays at its last look; a reference needs the most of its heads."""
+    out = {}
+    for head, _ in pairs:
+        decision = decisions[head]
+        ahead = design.next_look(paired[head])
+        if decision.stop or ahead is None or ahead > cap:
+            out[head] = decision.interval.n if decision.interval.look else min(paired[head], cap)
+        else:
+            out[head] = ahead
+    for head, ref in pairs:
+        out[ref] = max(out.get(ref, 0), out[head])
+    return out
+
+
+def look_plan(plan, wanted):
+    """The entries of a full plan the targets ask for (seed < the variant's target)."""
+    return [entry for entry in plan if entry[1] < wanted.get(entry[0], 0)]
+
+
+# ---- the words --------------------------------------------------------------------------------------
+def interval_words(metric, interval):
+    """'95% repeated CI [−2.1, +0.4] pt' (∞ ends when the look cannot stop yet)."""
+    from evaluation.equivalence import format_difference, margin_units
+
+    def end(x):
+        return ("+∞" if x > 0 else "−∞") if math.isinf(x) else format_difference(metric, x)
+
+    unit = margin_units(metric)
+    return (f"{100 * interval.level:g}% repeated CI [{end(interval.low)}, {end(interval.high)}]"
+            + (f" {unit}" if unit else ""))
+
+
+_WHY = {"superior": "excludes 0 on the better side", "inferior": "excludes 0 on the worse side",
+        "equivalent": "lies inside the margin", "non-inferior": "has its worse end inside the margin",
+        "undecided": "reaches past the margin and includes 0"}
+
+
+def state(decision, design, cap):
+    """'settled', 'last look', 'capped' (not settled at the last look --max-seeds allows), 'continues',
+    or 'no look' (fewer seeds than the first look)."""
+    if not decision.interval.look:
+        return "no look"
+    if decision.stop:
+        return "settled" if decision.interval.look < len(design.looks) else "last look"
+    ahead = design.next_look(decision.interval.n)
+    return "capped" if ahead is None or ahead > cap else "continues"
+
+
+def describe(head, ref, decision, design, metric, cap):
+    """One sentence: where a head's question stands, at which look and why."""
+    from evaluation.equivalence import margin_text
+
+    k, n, looks = decision.interval.look, decision.interval.n, len(design.looks)
+    where = state(decision, design, cap)
+    if where == "no look":
+        return f"{head} vs {ref}: no look yet ({n} of the first look's {design.looks[0]} seeds finished)"
+    reading = (f"{decision.verdict}: the {interval_words(metric, decision.interval)} "
+               f"{_WHY[decision.verdict]} ({margin_text(metric, design.margin)})")
+    if where == "settled":
+        return f"{head} vs {ref}: settled at look {k} of {looks} ({n} seeds), {reading}"
+    if where == "last look":
+        return f"{head} vs {ref}: the last look ({k} of {looks}, {n} seeds) reached, {reading}"
+    if where == "capped":
+        return (f"{head} vs {ref}: not settled at look {k} of {looks} ({n} seeds, the last look --max-seeds "
+                f"{cap} allows): {interval_words(metric, decision.interval)}; rerun with a larger --max-seeds (up to "
+                f"{design.looks[-1]}) to continue")
+    return (f"{head} vs {ref}: not settled at look {k} of {looks} ({n} seeds; "
+            f"{interval_words(metric, decision.interval)}{_cannot_stop(decision.interval)}), continues to "
+            f"{design.next_look(n)} seeds")
+
+
+def _cannot_stop(interval):
+    """Why an interval is infinite: the O'Brien–Fleming spending leaves that look no α."""
+    return ": this look spends no α, so it cannot stop" if math.isinf(interval.low) else ""
+
+
+def outcome(head, ref, decision, design, metric, cap):
+    """The summary.json entry of one head."""
+    return {"variant": head, "baseline": ref, "state": state(decision, design, cap), "stopped": decision.stop,
+            "look": decision.interval.look, "looks": len(design.looks), "seeds": decision.interval.n,
+            "verdict": decision.verdict, "interval": [decision.interval.low, decision.interval.high],
+            "interval_level": decision.interval.level,
+            "reason": describe(head, ref, decision, design, metric, cap)}
+
+
+# ---- what is left to run (the cost line's seeds) -----------------------------------------------------
+def simulated_seeds(pairs, differences, decisions, design, cap, paths=SIMULATED_PATHS, seed=0):
+    """{variant: (paths,) seeds each would end with}, {head: whether simulated}: a head stopped keeps
+    its seeds; one with ≥ 2 differences continues with draws from N(their mean, their s.d.) after its
+    own (plug-in: the differences so far taken as the truth) through the design up to `cap`; one with
+    fewer goes to `cap` (not known). A reference: per path, the most of its heads."""
+    from evaluation.sequential import walk
+
+    rng = np.random.default_rng(seed)
+    out, simulated = {}, {}
+    for head, _ in pairs:
+        d, decision = differences[head][:cap], decisions[head]
+        simulated[head] = decision.stop or d.size >= 2
+        if decision.stop:
+            out[head] = np.full(paths, decision.interval.n)
+        elif d.size >= 2:
+            rest = rng.normal(d.mean(), d.std(ddof=1), size=(paths, cap - d.size))
+            out[head] = walk(np.concatenate([np.tile(d, (paths, 1)), rest], axis=1), design)["n_used"]
+        else:
+            out[head] = np.full(paths, cap)
+    for head, ref in pairs:
+        out[ref] = np.maximum(out.get(ref, 0), out[head])
+    return out, simulated
+
+
+# ---- one comparison's looks -------------------------------------------------------------------------
+class Looks:
+    """The looks of one --until-settled comparison: its design (checked against the recorded one), the
+    runs any look up to the cap could ask for (`full`), and after each look what the decisions ask."""
+
+    def __init__(self, args, runs_dir, commands, pairs):
+        self.args, self.runs_dir, self.commands, self.pairs = args, runs_dir, commands, pairs
+        self.values = SeedValues(settle_margin(args)[0], commands)
+        self.metric, self.margin, self.design, self.cap = resolve_design(args, runs_dir, self._looks_taken)
+        self.full = full_plan(args, self.cap)[0]
+        self.dirs = run_dirs(self.full)
+
+    def _looks_taken(self, first):
+        dirs = run_dirs(full_plan(self.args, first)[0])
+        return any(all(self.values.finished(d) for d in dirs[head] + dirs[ref]) for head, ref in self.pairs)
+
+    def now(self):
+        """(the plan the decisions ask for now, the run folders of it still missing)."""
+        self.differences = paired_differences(self.pairs, self.dirs, self.values, self.cap)
+        self.decisions = decide(self.pairs, self.differences, self.design)
+        paired = {head: len(d) for head, d in self.differences.items()}
+        self.wanted = targets(self.pairs, self.decisions, paired, self.design, self.cap)
+        plan = look_plan(self.full, self.wanted)
+        return plan, {run_dir for _, _, run_dir, _ in plan if not self.values.finished(run_dir)}
+
+    def finished_seeds(self):
+        """{variant: set of its seeds (< cap) finished}."""
+        return {name: {s for s, d in enumerate(dirs) if self.values.finished(d)} for name, dirs in self.dirs.items()}
+
+    def lines(self):
+        """One sentence per head: where its question stands."""
+        return [describe(head, ref, self.decisions[head], self.design, self.metric, self.cap)
+                for head, ref in self.pairs]
+
+    def say(self):
+        """The looks' state on the terminal."""
+        from evaluation.statistics import METRIC_TABLE
+
+        print(f"until settled ({METRIC_TABLE[self.metric].label}, looks {' '.join(map(str, self.design.looks))}"
+              + (f", this run up to {self.cap} seeds" if self.cap < self.design.looks[-1] else "") + "):")
+        for line in self.lines():
+            print(f"- {line}", flush=True)
+
+    def header(self, plan, missing):
+        """'look at 5 seeds: 6 run(s) to train and evaluate (sparsemax seeds 3-4, ...)'."""
+        seeds = {}
+        for name, seed, run_dir, _ in plan:
+            if run_dir in missing:
+                seeds.setdefault(name, []).append(seed)
+        what = ", ".join(f"{name} seed{'s' if len(s) > 1 else ''} {_span(s)}" for name, s in seeds.items())
+        return f"look at {max(self.wanted.values())} seeds: {len(missing)} run(s) to train and evaluate ({what})"
+
+    def why_done(self):
+        """Why no head needs more seeds, in words."""
+        states = {state(self.decisions[h], self.design, self.cap) for h, _ in self.pairs}
+        if states <= {"settled", "last look"}:
+            return "every head is settled or at the design's last look"
+        return f"the heads not settled are at the last look --max-seeds {self.cap} allows"
+
+    def document(self):
+        """summary.json's "sequential": the design, the seeds this run allowed, and each head's outcome."""
+        from evaluation.equivalence import margin_units
+
+        return {"metric": self.metric, "margin": self.margin, "units": margin_units(self.metric) or "own",
+                "design_file": os.path.join(self.runs_dir, DESIGN_FILE), "max_seeds_now": self.cap,
+                "design": self.design.to_dict(),
+                "comparisons": [outcome(head, ref, self.decisions[head], self.design, self.metric, self.cap)
+                                for head, ref in self.pairs]}
+
+
+def _span(seeds):
+    seeds = sorted(seeds)
+    return str(seeds[0]) if len(seeds) == 1 else f"{seeds[0]}-{seeds[-1]}" \
+        if seeds == list(range(seeds[0], seeds[-1] + 1)) else " ".join(map(str, seeds))

@@ -1,0 +1,217 @@
+"""compare_heads --tune: every variant tuned with the same budget on the tune split, then the tuned
+and the untuned settings compared on the held-out split (comparison/command.py calls `main` for --tune).
+
+    RUNS_DIR/tune/studies.db                   the Optuna storage (default; --storage URL for another:
+                                               comparison/tuning_storage.py)
+    RUNS_DIR/tune/trials/<variant>/trial-N/    one training run per trial (comparison/tuning.py), its
+                                               request recorded (comparison/ledger.py)
+    RUNS_DIR/tune/tuned/<variant>-s<seed>/     the verdict runs: each variant's best settings, --seeds
+    RUNS_DIR/tune/untuned/<variant>-s<seed>/   the same runs with the config's own settings
+    REPORT_DIR/report.md                       the tuned comparison, then the tuning (settings, scores,
+                                               plots) and how its verdicts differ from the untuned ones
+    REPORT_DIR/untuned/report.md               the untuned comparison
+    REPORT_DIR/tuning.json, tuning_<variant>_history.png, tuning_<variant>_importance.png
+
+The splits: trials train on train minus calib minus tune and select on tune (data.tune_fraction,
+default TUNE_FRACTION when the config holds none out); both verdict arms train on the same data, so
+they differ in their settings only, and eval.py reports them on val, which no trial read.
+A trial's directory is its own: the request it records (its settings and the config they resolve
+to) must match the trial run there, else it is refused in one line; it resumes from its checkpoint,
+or restarts from scratch (train.py --overwrite) when it has none (killed before its first save).
+Modes: --tune-only stops after the studies (SLURM array tasks); --dry-run says where each study
+stands; --report-only reports what is finished; --emit-slurm writes the verdict runs of both arms
+as one array job once every study is finished.
+"""
+import contextlib
+import os
+import subprocess
+import time
+
+from common import rundir
+from common.children import ChildProcesses
+from common.errors import UserError
+from common.io import ensure_folder, write_json, writing
+from comparison import tracking, tuning
+from comparison.execution import runner
+from comparison.ledger import check_request, request_of
+from comparison.modes import compare_plan
+from comparison.plan import config_stem, default_runs_dir, plan_runs, variant_overrides, variants
+from comparison.report import report_dir_of
+from comparison.tuning_summary import say_studies, tuned_words, tuning_summary
+from comparison.worker_slots import InProcess, WorkerSlot
+
+TUNE_FRACTION = 0.1  # of train (after the calib split), when the config holds out no tune split
+SAMPLER_SEED = 0
+
+
+def tune_overrides(args, base_cfg):
+    """The overrides every trial and both verdict arms add (the tune hold-out, evaluated per epoch)."""
+    keys = {o.split("=", 1)[0] for o in args.overrides}
+    if "train.eval_split" in keys:
+        raise UserError("--tune evaluates every run's epochs on the tune split (train.eval_split=tune); drop the "
+                        "train.eval_split override")
+    fraction = base_cfg.data.tune_fraction if base_cfg.data.tune_fraction > 0 else TUNE_FRACTION
+    return tuning.tune_overrides(fraction)
+
+
+def open_studies(args, base_cfg, tune_dir):
+    """{variant name: comparison.tuning.VariantStudy} in plan order."""
+    import data
+    from comparison import tuning_storage
+
+    storage = tuning_storage.open_storage(args.storage or tuning_storage.default_storage(tune_dir))
+    stem = config_stem(args)
+    num_classes = data.num_classes(base_cfg.data)
+    studies = {}
+    for name, _, norm, head, alpha in variants(args):
+        overrides = args.overrides + variant_overrides(args, head, alpha, norm)
+        studies[name] = tuning.VariantStudy(
+            storage=storage, name=f"{stem}/{name}", head=head, space=tuning.search_space(head, overrides, num_classes),
+            overrides=overrides, trials=args.trials, epochs=base_cfg.optim.epochs,
+            eval_every=base_cfg.train.eval_every, pruner=args.pruner, seed=SAMPLER_SEED,
+            trials_dir=os.path.join(tune_dir, "trials", name), weights="ema" if args.ema else "raw")
+    return studies
+
+
+def trial_folder(config, run_dir, overrides):
+    """Before a trial reads or trains anything in `run_dir`: refuse a folder of other settings (its
+    recorded request: comparison/ledger.py) and record this trial's; -> whether it has a complete
+    checkpoint to resume from (else the trial starts from scratch)."""
+    from training.checkpoint.files import find_latest, run_artefacts
+
+    request = os.path.join(run_dir, rundir.COMPARE_REQUEST)
+    with writing(request):  # a folder that cannot be created: one line, exit 74
+        ensure_folder(run_dir)
+    if run_artefacts(run_dir) and not os.path.isfile(request):
+        raise UserError(f"{run_dir} holds a run that no trial recorded (no {rundir.COMPARE_REQUEST}); delete it or "
+                        f"use another --runs-dir")
+    check_request(run_dir, request_of(config, overrides))
+    return find_latest(run_dir, warn=lambda message: None) is not None
+
+
+class TrialTrainer:
+    """How a trial's intervals train: train.py through the comparison's runner (in process, else one job
+    worker, else the --launcher command), its output in the trial's RUN_DIR/compare.log."""
+
+    def __init__(self, args, commands, children):
+        self.commands, self.children = commands, children
+        run = runner(args, children)
+        self.in_process = run if isinstance(run, InProcess) else None
+        self.worker = WorkerSlot(children, dict(os.environ)) if self.in_process is None and not args.launcher \
+            else None
+
+    def start(self, run_dir, overrides):
+        return trial_folder(self.commands.config, run_dir, overrides)
+
+    def train(self, overrides, run_dir, fresh):
+        """train.py up to the interval `overrides` name; `fresh`: from scratch (--overwrite deletes what a
+        run killed before its first checkpoint left), else --resume auto. -> its exit status."""
+        cmd = self.commands.train(overrides)
+        if fresh:
+            assert cmd[-2:] == ["--resume", "auto"], cmd
+            cmd = cmd[:-2] + ["--overwrite"]
+        log = os.path.join(run_dir, rundir.COMPARE_LOG)
+        if self.worker is not None:
+            return self.worker.run(cmd, log)
+        with open(log, "a") as out:
+            if self.in_process is None:
+                return self.children.run(cmd, stdout=out, stderr=subprocess.STDOUT)
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+                return self.in_process.run(cmd)
+
+    def close(self):
+        if self.worker is not None:
+            self.worker.close()
+
+
+def main(args, argv, base_cfg, commands):
+    runs_dir = default_runs_dir(args)
+    tune_dir = os.path.join(runs_dir, "tune")
+    report_dir = report_dir_of(args, runs_dir, config_stem(args))
+    tracking.check_mlflow_store(args, runs_dir)  # before any trial: the store the verdicts are logged into
+    args.overrides = args.overrides + tune_overrides(args, base_cfg)
+    studies = open_studies(args, base_cfg, tune_dir)
+    say_studies(studies)
+    if args.dry_run or args.report_only or args.emit_slurm:
+        unfinished = [n for n, s in studies.items() if s.complete() < args.trials]
+        if args.dry_run and unfinished:
+            print(f"would run the trials of {', '.join(unfinished)}, then the verdict runs")
+            return 0
+        if args.emit_slurm and unfinished:
+            raise UserError(f"--emit-slurm with --tune writes the verdict runs, which need finished studies; "
+                            f"{', '.join(unfinished)} have fewer than --trials {args.trials} complete trials (tune "
+                            f"first: see the cluster recipe in docs/tuning.md)")
+        return verdicts(args, argv, commands, studies, tune_dir, report_dir, None, 0.0)
+    start, cpu = time.perf_counter(), time.process_time()
+    with ChildProcesses() as children:  # signals go on to train.py, which saves; the trial is queued again
+        trainer = TrialTrainer(args, commands, children)
+        ran = 0
+        try:
+            for study in studies.values():
+                ran += study.optimize(trainer, stopped=lambda: children.stopped)
+                children.check_stopped("stopped between trials")
+        finally:
+            trainer.close()
+        wall = time.perf_counter() - start
+        cpu = time.process_time() - cpu + _children_cpu()
+        print(f"tuning: {args.trials} complete trial(s) per variant for {len(studies)} variant(s); this process "
+              f"ran {ran} trial(s) in {wall:.0f}s wall, {cpu:.0f}s CPU")
+        if args.tune_only:
+            return 0
+        return verdicts(args, argv, commands, studies, tune_dir, report_dir, runner(args, children),
+                        {"wall_s": wall, "cpu_s": cpu, "trials": ran} if ran else None)
+
+
+def _children_cpu():
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def verdicts(args, argv, commands, studies, tune_dir, report_dir, children, timing):
+    """Both arms' verdict runs (or their SLURM array / the reports of what is finished) and the report.
+    `children`: the runner both arms share (None: each arm opens its own)."""
+    from evaluation import tuning_report
+
+    best = {name: study.best() for name, study in studies.items()}
+    missing = [name for name, trial in best.items() if trial is None]
+    if missing and not args.report_only:
+        raise UserError(f"no complete trial for {', '.join(missing)} yet; run the trials first (the same command "
+                        f"without --dry-run / --emit-slurm)")
+    chosen = {name: tuning.as_overrides(t.params) for name, t in best.items() if t is not None}
+    tuned_plan, tuned_dir = plan_runs(args, os.path.join(tune_dir, "tuned"), chosen)
+    tuned_plan = [p for p in tuned_plan if p[0] in chosen]
+    untuned_plan, untuned_dir = plan_runs(args, os.path.join(tune_dir, "untuned"))
+    if args.emit_slurm or args.dry_run:  # one array job (or listing) for both arms
+        compare_plan(args, argv, tuned_plan + untuned_plan, tuned_dir, commands, report_dir=report_dir)
+        return 0
+    with plain_words_of_tuned(studies), tracking.deferred():  # both arms logged once the report is complete
+        tuned = compare_plan(args, argv, tuned_plan, tuned_dir, commands, report_dir=report_dir, children=children,
+                             title_note=" (tuned settings)")
+    with tracking.deferred():
+        untuned = compare_plan(args, argv, untuned_plan, untuned_dir, commands,
+                               report_dir=os.path.join(report_dir, "untuned"), children=children,
+                               title_note=" (untuned: the config's settings)")
+    summary = tuning_summary(studies, best, timing)
+    write_json(summary, os.path.join(report_dir, "tuning.json"))
+    lines = tuning_report.tuning_section(summary, tuned[1], untuned[1], report_dir, untuned_report=os.path.join(
+        "untuned", os.path.basename(untuned[0])), pruner=args.pruner)
+    tuning_report.append_section(tuned[0], lines)
+    print("\n".join(line for line in lines if line.startswith("- ")))
+    tracking.log_tuned_comparison(args, commands, os.path.dirname(tune_dir),
+                                  {"tuned": tuned_plan, "untuned": untuned_plan}, report_dir)
+    print(f"report: {tuned[0]} (tuned, with the tuning section); {untuned[0]} (untuned)")
+    return 0
+
+
+@contextlib.contextmanager
+def plain_words_of_tuned(studies):
+    """The tuned arm's plain-words summary says what was tuned, not to tune (evaluation/summary.py)."""
+    from evaluation import summary
+
+    token = summary.TUNED.set(tuned_words(studies))
+    try:
+        yield
+    finally:
+        summary.TUNED.reset(token)

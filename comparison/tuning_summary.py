@@ -1,0 +1,64 @@
+"""What --tune shows of its studies: a line per study on the terminal, the plain data of the report's
+tuning section (evaluation/tuning_report.py plots and words it; REPORT_DIR/tuning.json), and what the
+tuned comparison's plain words say was tuned (evaluation/summary.py's TUNED)."""
+import json
+
+from comparison import tuning
+
+
+def say_studies(studies):
+    for name, study in studies.items():
+        counts = study.counts()
+        space = ", ".join(f"{k} {r.text()}" for k, r in study.space.items()) or "nothing to tune"
+        print(f"[tune {name}] {counts.get('COMPLETE', 0)}/{study.trials} complete trial(s) "
+              f"({', '.join(f'{v} {k.lower()}' for k, v in sorted(counts.items())) or 'none yet'}); searching {space}")
+
+
+def trial_note(trial, retried):
+    """Why a trial failed, where it is known: given back (past the budget) or retried (its process was lost)."""
+    if trial.user_attrs.get(tuning.SURPLUS):
+        return "surplus"
+    return "retried" if trial.number in retried else None
+
+
+def tuning_summary(studies, best, timing):
+    """What the report shows of each study (plain data: evaluation/tuning_report.py plots it)."""
+    from comparison.tuning_storage import retry_history
+
+    out = {"timing": timing or None, "variants": {}}
+    for name, study in studies.items():
+        frozen = study.study.get_trials(deepcopy=False)
+        retried = {n for t in frozen for n in retry_history(t)}
+        trials = [{"number": t.number, "state": t.state.name, "value": t.value, "params": t.params,
+                   "epochs": t.user_attrs.get(tuning.EPOCHS), "diverged": bool(t.user_attrs.get(tuning.DIVERGED)),
+                   "run_dir": t.user_attrs.get(tuning.RUN_DIR), "retry_of": (retry_history(t) or [None])[0],
+                   "note": trial_note(t, retried)} for t in frozen]
+        out["variants"][name] = {
+            "study": study.name, "space": {k: r.text() for k, r in study.space.items()}, "trials": trials,
+            "budget": study.trials, "budget_epochs": study.epochs, "best": None if best[name] is None else {
+                "number": best[name].number, "value": best[name].value, "params": best[name].params},
+            "importance": importance(study)}
+    return json.loads(json.dumps(out))
+
+
+def tuned_words(studies):
+    """evaluation/summary.py's TUNED: the settings tuned (across the variants) and each one's complete trials."""
+    keys = []
+    for study in studies.values():
+        keys += [k for k in study.space if k not in keys]
+    return {"settings": keys or ["nothing tunable"], "complete": {n: s.complete() for n, s in studies.items()}}
+
+
+def importance(study):
+    """Optuna's parameter importances (fANOVA) of the study, or None where it cannot say (it needs
+    two tuned settings and complete trials that differ)."""
+    import optuna
+
+    complete = [t for t in study.study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
+    if len(study.space) < 2 or len(complete) < 2:
+        return None
+    try:
+        return {k: float(v) for k, v in optuna.importance.get_param_importances(study.study, evaluator=(
+            optuna.importance.FanovaImportanceEvaluator(seed=0))).items()}
+    except (ValueError, RuntimeError):
+        return None
