@@ -8,5 +8,6 @@
 - slurm (+ slurm_array.sh): the SLURM array job;  report, tracking, progress: the report, MLflow, the progress line;
 - settle: --until-settled's looks (evaluation/sequential.py decides);  cost: the plan's estimated time;
   paths: the repository's and the worker script's paths;
-- tune, tuning, tuning_summary: --tune's studies, their verdict runs and what the report shows of them.
+- tune, tuning, tuning_storage, tuning_summary: --tune's studies (Optuna's optimize() on its storages), their
+  verdict runs and what the report shows of them.
 """

@@ -108,8 +108,8 @@ def sets_line(variants, baseline_names):
     coverage = f"{100 * (1 - float(SET_EPSILON)):g}%"
     own = ", ".join(f"{v} {_cell(runs, key + '_size', 'f2')} (coverage {_cell(runs, key + '_coverage', 'pct')})"
                     for v, runs in sparse)
-    theirs = ", ".join(f"{v} + LAC {_cell(runs, lac + '_size', 'f2')} (coverage {_cell(runs, lac + '_coverage', 'pct')})"
-                       for v, runs in base)
+    theirs = ", ".join(f"{v} + LAC {_cell(runs, lac + '_size', 'f2')} "
+                       f"(coverage {_cell(runs, lac + '_coverage', 'pct')})" for v, runs in base)
     return (f"prediction sets at {coverage} coverage (ε = {SET_EPSILON}; mean classes per set, ± s.d. over "
             f"seeds): the sparse heads' own supports give {own}" + (f"; against {theirs}" if base else ""))
 

@@ -38,11 +38,11 @@ import warnings
 
 import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
-import export_timm  # (scripts/export_timm.py, beside this one)
-import sidecar_format  # (scripts/sidecar_format.py: the sidecar's one definition, shared with onnx_predict.py)
 import torch
 import torch.nn as nn
 
+import export_timm  # (scripts/export_timm.py, beside this one)
+import sidecar_format  # (scripts/sidecar_format.py: the sidecar's one definition, shared with onnx_predict.py)
 from common import rundir
 from common.cli import run_cli
 from common.errors import UserError

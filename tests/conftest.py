@@ -22,6 +22,7 @@ import torch
 torch.set_num_threads(1)
 
 import pytest
+
 from session_dir import make_session_dir
 
 # The longest test files first (measured: most start several real processes or train tiny runs), so

@@ -11,10 +11,10 @@ import subprocess
 import sys
 
 import pytest
-from session_dir import built_once
 
 from common import rundir
 from common.children import ChildProcesses
+from session_dir import built_once
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "compare_heads.py")
@@ -182,7 +182,6 @@ def test_missing_eval_is_redone_without_retraining(tmp_path, monkeypatch, capsys
 def test_runs_with_other_settings_are_refused(tmp_path):
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
     import compare_heads
-
     from common.errors import UserError
     from comparison.ledger import check_request
     from comparison.plan import plan_runs
@@ -214,7 +213,6 @@ def test_runs_with_other_settings_are_refused(tmp_path):
 def test_plan_names_variants_and_overrides():
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
     import compare_heads
-
     from comparison.plan import plan_runs
 
     args = compare_heads.parse_args(["--config", "x.yaml", "--heads", "softmax", "entmax_bisect",

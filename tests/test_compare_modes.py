@@ -18,7 +18,6 @@ from test_compare import ROOT, TINY_CONFIG, _child_run, tiny_comparison
 
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import compare_heads  # noqa: E402
-
 from common import rundir  # noqa: E402
 from common.children import ChildProcesses  # noqa: E402
 from common.errors import UserError  # noqa: E402

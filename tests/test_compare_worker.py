@@ -21,13 +21,13 @@ import time
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_compare import TINY_CONFIG, tiny_run_dir
-from test_train_helpers import ROOT, subprocess_env
 
 from common import rundir
 from common.children import ChildProcesses
 from comparison import worker, worker_slots
 from comparison.worker_slots import WorkerSlot, can_run
+from test_compare import TINY_CONFIG, tiny_run_dir
+from test_train_helpers import ROOT, subprocess_env
 from training.checkpoint import files as ck
 
 TRAIN, EVAL = os.path.join(ROOT, "train.py"), os.path.join(ROOT, "eval.py")

@@ -18,7 +18,6 @@ import sys
 
 import pytest
 import yaml
-from test_train_helpers import ROOT, reset_accelerate_state, run_inprocess, subprocess_env, tiny_cfg
 
 import configs
 from common import rundir
@@ -26,6 +25,7 @@ from common.errors import UserError
 from configs import config_from_dict, load_config, load_run_config
 from configs.loader import suggest_key
 from configs.schema import CHOICES, RANGES, schema_fields
+from test_train_helpers import ROOT, reset_accelerate_state, run_inprocess, subprocess_env, tiny_cfg
 
 
 def _write(path, data):
@@ -242,7 +242,6 @@ def test_help_config_with_a_config_prints_it_resolved(tmp_path, capsys):
 def test_compare_heads_help_lists_the_head_names(capsys, monkeypatch):
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
     import compare_heads
-
     from models.heads import HEAD_NAMES
 
     monkeypatch.setenv("COLUMNS", "400")  # argparse wraps to the terminal width

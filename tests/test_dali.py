@@ -501,7 +501,6 @@ def test_train_py_resume_mid_epoch_bit_identical(mixed, tmp_path):
     import shutil
 
     from test_train_helpers import run_inprocess, tiny_cfg, weights
-
     from training.checkpoint.state import read_trainer_state
 
     recipe = ["data.dataset=imagefolder", f"data.root={mixed}", "data.backend=dali", "data.num_workers=1",

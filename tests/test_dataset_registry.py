@@ -8,7 +8,6 @@ from dataclasses import replace
 
 import pytest
 import torch
-from project_files import copy_project
 
 import data
 from common.errors import UserError
@@ -16,6 +15,7 @@ from configs.schema import CHOICES, DataConfig
 from data import registry
 from data.arrays import ArrayDataset
 from evaluation import ood_report
+from project_files import copy_project
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

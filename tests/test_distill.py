@@ -11,9 +11,9 @@ import os
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from test_train_helpers import NO_AUG, reset_accelerate_state, run_inprocess, tiny_cfg
 
 from common.errors import UserError
+from test_train_helpers import NO_AUG, reset_accelerate_state, run_inprocess, tiny_cfg
 
 FAST = ["optim.epochs=1", "train.ema=false", "train.save_every=1000", *NO_AUG]
 

@@ -8,10 +8,10 @@ import os
 import numpy as np
 import pytest
 from PIL import Image
-from test_train_helpers import read_metrics, reset_accelerate_state, run_inprocess, tiny_cfg
 
 from common import rundir
 from common.errors import UserError
+from test_train_helpers import read_metrics, reset_accelerate_state, run_inprocess, tiny_cfg
 from training.checkpoint import files as ck
 
 

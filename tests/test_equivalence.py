@@ -7,11 +7,11 @@ import math
 import numpy as np
 import pytest
 from scipy import stats
-from synthetic_comparison import QUICKSTART_LIKE, synthetic_variants
 
 from common.errors import UserError
 from evaluation import comparison, equivalence, summary
 from evaluation.statistics import METRIC_TABLE
+from synthetic_comparison import QUICKSTART_LIKE, synthetic_variants
 
 ALPHA = 0.05
 CURVE = [(1, 0.5), (2, 0.8)]

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+
 from test_compare import ROOT, tiny_run_dir
 from test_train_helpers import reset_accelerate_state
 
@@ -167,13 +168,13 @@ def test_training_eval_and_eval_py_agree_on_the_same_weights(tmp_path):
     so their metrics agree (counts exactly, means to float64 rounding), for raw and EMA weights;
     the per-example records file holds the same numbers, row for row."""
     from safetensors.torch import load_file
-    from test_train_helpers import run_inprocess, tiny_cfg
 
     import eval as eval_entry
     from common.rundir import examples_path
     from data import build_dataset, build_eval_loader
     from evaluation.examples import load_examples
     from models import create_classifier
+    from test_train_helpers import run_inprocess, tiny_cfg
 
     run = str(tmp_path / "bf16")
     cfg = tiny_cfg(run, "train.mixed_precision=bf16", "optim.epochs=1", "head.name=sparsemax",

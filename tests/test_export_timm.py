@@ -13,12 +13,12 @@ import torch
 import yaml
 from PIL import Image
 from safetensors.torch import save_file
-from test_train_helpers import ROOT
 
 from configs.loader import config_from_dict, config_to_dict
 from data.classes import save_class_names
 from data.imagefolder import find_classes
 from models import create_classifier
+from test_train_helpers import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import export

@@ -10,9 +10,9 @@ import os
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from test_train_helpers import NO_AUG, ROOT, reset_accelerate_state, run_inprocess, tiny_cfg
 
 from common.errors import UserError
+from test_train_helpers import NO_AUG, ROOT, reset_accelerate_state, run_inprocess, tiny_cfg
 
 FAST = ["optim.epochs=2", "train.ema=false", "train.save_every=1000"]
 PROBE_DATA = ["data.dataset=builtin100", "data.builtin_train_size=192", "data.builtin_val_size=64"]
@@ -292,7 +292,6 @@ def test_eval_reads_the_ood_features(tmp_path, source, features):
 # ----------------------------------------------------------------------------- compare_heads --features
 def test_compare_heads_runs_the_plan_on_cached_features(tmp_path, features):
     import compare_heads
-
     import configs
 
     cfg = tmp_path / "cmp.yaml"
@@ -328,10 +327,9 @@ def test_compare_heads_refuses_bad_feature_arguments(tmp_path, features):
 
 def test_ranks_share_the_shards_and_together_write_the_one_process_folder(tmp_path, source, features):
     """accelerate launch: rank r writes shards i % world == r; the union is the 1-process extraction."""
-    import extract_features
-
     import configs
     import data
+    import extract_features
 
     class Rank:
         def __init__(self, rank, world):

@@ -12,9 +12,9 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file, save_file
-from test_train_helpers import reset_accelerate_state, run_inprocess, tiny_cfg
 
 from common.errors import UserError
+from test_train_helpers import reset_accelerate_state, run_inprocess, tiny_cfg
 
 FAST = ["optim.epochs=1", "train.ema=false", "train.save_every=1000"]
 

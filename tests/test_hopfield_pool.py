@@ -7,7 +7,6 @@ import pytest
 import torch
 import torch.fx
 import torch.nn as nn
-from sync_guard import no_host_sync
 
 from common.errors import UserError
 from configs.schema import HeadConfig, ModelConfig
@@ -16,6 +15,7 @@ from models.heads import HEAD_NAMES
 from models.hopfield_pool import POOL_MAPPINGS, HopfieldPooling
 from models.mappings import threshold_path
 from models.resmlp import NORMS, create_resmlp
+from sync_guard import no_host_sync
 
 entmax_pkg = pytest.importorskip("entmax")  # the independent reference for the sparse mappings
 K_OF = {"ksubset": 4}  # model.pool_k of the mappings that need one (tests/test_ksubset.py tests ksubset itself)

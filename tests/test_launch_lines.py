@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from test_train_helpers import ROOT, TRAIN_PY, subprocess_env, tiny_cfg, write_cfg
 
 from data import explain_backend
+from test_train_helpers import ROOT, TRAIN_PY, subprocess_env, tiny_cfg, write_cfg
 from training.launch import busy_cores_warning, launch_lines, precision_line, single_process_warning
 
 # What `accelerate launch --num_processes 2` without --multi_gpu leaves a single process (simple launcher).

@@ -12,11 +12,11 @@ import sys
 import time
 
 import pytest
-from test_compare import TINY_CONFIG
-from test_train_helpers import ROOT, subprocess_env, wait_for_file
 
 from common import rundir
 from common.children import EXIT_TIMEOUT, ChildProcesses, StoppedBySignal
+from test_compare import TINY_CONFIG
+from test_train_helpers import ROOT, subprocess_env, wait_for_file
 from training.checkpoint import files as ck
 
 SCRIPT = os.path.join(ROOT, "scripts", "compare_heads.py")

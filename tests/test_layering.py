@@ -6,6 +6,7 @@ import ast
 import os
 
 import pytest
+
 from project_files import python_files, tracked_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -7,7 +7,6 @@ mask indexing in the heads fails these tests), the last ones run the heads under
 """
 import pytest
 import torch
-from sync_guard import BLOCKED_OPS, HostSyncError, no_host_sync
 
 from models import head_targets, thresholds_device
 from models.heads import (
@@ -23,6 +22,7 @@ from models.heads import (
 )
 from models.ksubset import ksubset, ksubset_loss
 from models.mappings import threshold_path
+from sync_guard import BLOCKED_OPS, HostSyncError, no_host_sync
 
 NEG_INF = float("-inf")
 

@@ -13,12 +13,12 @@ import textwrap
 
 import pytest
 import torch
-from test_export import make_run
-from test_run_files import tmpfs  # noqa: F401  (the read-only filesystem fixture)
-from test_train_helpers import ROOT, reset_accelerate_state
 
 from common import io as common_io
 from common.cli import run_cli
+from test_export import make_run
+from test_run_files import tmpfs  # noqa: F401  (the read-only filesystem fixture)
+from test_train_helpers import ROOT, reset_accelerate_state
 
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py

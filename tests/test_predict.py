@@ -10,8 +10,9 @@ import subprocess
 import sys
 
 import pytest
-from markdown_docs import docs_text
 from PIL import Image
+
+from markdown_docs import docs_text
 from test_compare import ROOT, tiny_comparison, tiny_run_dir
 
 PREDICT = os.path.join(ROOT, "predict.py")

@@ -10,9 +10,8 @@ import subprocess
 import sys
 import time
 
-from test_train_helpers import ROOT, main_inprocess, read_metrics, subprocess_env, tiny_cfg, write_cfg
-
 from common import rundir
+from test_train_helpers import ROOT, main_inprocess, read_metrics, subprocess_env, tiny_cfg, write_cfg
 from training.checkpoint import files as ck
 from training.checkpoint.state import read_trainer_state
 

@@ -14,7 +14,6 @@ import uuid
 
 import pytest
 import torch
-from test_train_helpers import ROOT, reset_accelerate_state, run_inprocess, tiny_cfg, write_cfg
 
 from common import io as common_io
 from common import rundir
@@ -24,6 +23,7 @@ from common.removal import removal_blockers, remove, remove_all
 from common.runlock import RunLock
 from evaluation import report
 from evaluation.metrics import RECORD_FIELDS
+from test_train_helpers import ROOT, reset_accelerate_state, run_inprocess, tiny_cfg, write_cfg
 from training.checkpoint import files as ck
 from training.checkpoint.state import TrainerState
 from training.run_start import delete_old_run

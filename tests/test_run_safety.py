@@ -13,6 +13,11 @@ import subprocess
 import pytest
 import torch
 import yaml
+
+from common import io as common_io
+from common import rundir
+from common.errors import UserError
+from configs import load_config, load_run_config
 from test_train_helpers import (
     ROOT,
     gated_train_cmd,
@@ -26,11 +31,6 @@ from test_train_helpers import (
     weights,
     write_cfg,
 )
-
-from common import io as common_io
-from common import rundir
-from common.errors import UserError
-from configs import load_config, load_run_config
 from training import resume_policy as rp
 from training.checkpoint import files as ck
 from training.checkpoint.state import read_trainer_state

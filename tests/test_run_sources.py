@@ -22,14 +22,14 @@ import sys
 import pytest
 import torch
 import yaml
-from markdown_docs import docs_text
 from PIL import Image
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
-from test_train_helpers import ROOT, reset_accelerate_state
 
 from common.cli import run_cli
 from common.errors import UserError
+from markdown_docs import docs_text
+from test_train_helpers import ROOT, reset_accelerate_state
 
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py

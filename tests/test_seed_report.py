@@ -5,9 +5,9 @@ import os
 import matplotlib
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
-from synthetic_comparison import QUICKSTART_LIKE, synthetic_variants
 
 from evaluation import comparison, plots, sanity, statistics
+from synthetic_comparison import QUICKSTART_LIKE, synthetic_variants
 
 MINUS = "\u2212"
 PAIRS = [("sparsemax", "softmax"), ("entmax15", "softmax")]

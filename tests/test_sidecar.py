@@ -18,13 +18,13 @@ import torch
 import yaml
 from PIL import Image
 from safetensors.torch import save_file
-from test_data_sources import write_cifar
-from test_train_helpers import ROOT, reset_accelerate_state, subprocess_env
 
 import data
 from configs.loader import config_from_dict, config_to_dict
 from data.classes import save_class_names
 from models import create_classifier
+from test_data_sources import write_cifar
+from test_train_helpers import ROOT, reset_accelerate_state, subprocess_env
 
 pytest.importorskip("onnxruntime")
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
@@ -283,7 +283,6 @@ def test_the_export_writes_no_sidecar_its_consumer_would_refuse(tmp_path):
 def test_the_sidecars_class_rule_is_the_projects():
     """sidecar_format.py restates data/classes.py's rule (it imports nothing of the project): the same words."""
     import sidecar_format
-
     from data.classes import class_list_problem
 
     for names in ([], ["a", "b"], ["a", " ", "b"], ["a", "b", "a"], ["x", "y", "y", "x"], [""]):

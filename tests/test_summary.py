@@ -1,9 +1,8 @@
 """The plain-words summary (evaluation/summary.py) is derived from the comparison's numbers: fed
 synthetic comparisons (a clear win, no difference, too few seeds), it says what the verdicts and
 the table say, quoting the table's own cells."""
-from synthetic_comparison import synthetic_variants
-
 from evaluation import comparison, summary
+from synthetic_comparison import synthetic_variants
 
 CURVE = [(1, 0.5), (2, 0.8)]
 SMALL = dict(n_val=300, n_cal=200, n_ood=50)

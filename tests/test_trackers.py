@@ -12,6 +12,10 @@ import subprocess
 import sys
 
 import pytest
+
+from common.cli import run_cli
+from common.errors import UserError
+from configs.loader import config_from_dict
 from test_train_helpers import (
     TRAIN_PY,
     main_inprocess,
@@ -21,10 +25,6 @@ from test_train_helpers import (
     tiny_cfg,
     write_cfg,
 )
-
-from common.cli import run_cli
-from common.errors import UserError
-from configs.loader import config_from_dict
 
 mlflow = pytest.importorskip("mlflow")
 from mlflow.tracking import MlflowClient  # noqa: E402
@@ -312,6 +312,7 @@ def test_a_tuned_comparison_logs_into_its_own_store_once_its_report_is_complete(
     """Both arms' verdict runs in the comparison's store and experiment (told apart by their arm tag), and the
     report run's artifacts the final report folder: report.md with its tuning section, tuning.json, the plots."""
     import yaml
+
     from feature_folder import write_feature_folder
     from test_tune import CONFIG, _compare  # tests/test_tune.py's tiny settings: cached features
 
@@ -372,6 +373,7 @@ def test_a_resume_goes_on_in_its_mlflow_run_while_the_store_holds_it(tmp_path, m
 
 def test_a_tuned_comparison_checks_its_mlflow_store_before_the_first_trial(tmp_path, monkeypatch):
     import yaml
+
     from test_tune import CONFIG, _compare
 
     monkeypatch.chdir(tmp_path)

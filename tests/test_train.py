@@ -6,12 +6,12 @@ import os
 
 import pytest
 import torch
-from hooked_train import FaultHooks
-from test_train_helpers import NO_AUG, read_metrics, run_inprocess, tiny_cfg, weights
 
 from common.errors import UserError
 from configs import load_run_config
+from hooked_train import FaultHooks
 from models import create_classifier
+from test_train_helpers import NO_AUG, read_metrics, run_inprocess, tiny_cfg, weights
 from training.checkpoint import files as ck
 from training.optim import build_optimizer, build_scheduler, scaled_lr
 

@@ -11,10 +11,10 @@ optimizer, the schedule and the EMA.
 """
 import pytest
 import torch
-from sync_guard import HostSyncError, no_host_sync
-from test_train_helpers import tiny_cfg
 
 from models.mappings import threshold_path
+from sync_guard import HostSyncError, no_host_sync
+from test_train_helpers import tiny_cfg
 from training.run import setup
 from training.train_step import NO_BAD_STEP, train_step
 

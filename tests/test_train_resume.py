@@ -12,6 +12,8 @@ import time
 
 import pytest
 import torch
+
+from common import rundir
 from test_train_helpers import (
     ROOT,
     gated_train_cmd,
@@ -25,8 +27,6 @@ from test_train_helpers import (
     weights,
     write_cfg,
 )
-
-from common import rundir
 from training.checkpoint import files as ck
 from training.checkpoint.state import read_trainer_state
 

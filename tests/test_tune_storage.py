@@ -38,7 +38,6 @@ def _tree(root):
 def _refused(storage, capsys):
     """-> the one line compare_heads --tune --storage `storage` exits 2 with, having changed nothing."""
     import compare_heads
-
     from common.cli import run_cli
 
     before = _tree(".")

@@ -134,7 +134,6 @@ def test_trial_folders_of_another_study_or_settings_are_refused_in_one_line(sand
     """A study deleted with its trial folders kept, rerun with another weight decay: its trial-0000
     holds scores of other settings; nothing is adopted, nothing trained, the study gains no trial."""
     import compare_heads
-
     from common.cli import run_cli
 
     argv = _args(feats, "--heads", "softmax", "--trials", "2", "--tune-only")

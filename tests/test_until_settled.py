@@ -10,18 +10,18 @@ import json
 import os
 import shutil
 
-import compare_heads  # scripts/ is on sys.path (tests/conftest.py)
 import numpy as np
 import pytest
 import torch
-from test_compare import TINY_CONFIG, _child_run, tiny_comparison
 
+import compare_heads  # scripts/ is on sys.path (tests/conftest.py)
 from common import rundir
 from common.children import ChildProcesses
 from common.errors import UserError
 from comparison import settle
 from evaluation.examples import save_examples
 from evaluation.sequential import Decision, Design, Interval
+from test_compare import TINY_CONFIG, _child_run, tiny_comparison
 
 HEADS = ("softmax", "sparsemax", "entmax15")
 N = 101  # the tiny comparison's validation set

@@ -12,13 +12,13 @@ import shutil
 
 import pytest
 from PIL import Image
-from test_compare import tiny_run_dir
-from test_train_helpers import reset_accelerate_state
 
 from common import rundir
 from common.errors import UserError
 from inference.trained_run import open_run
 from inference.weights_record import ACCEPT_FLAG, recorded_sha256
+from test_compare import tiny_run_dir
+from test_train_helpers import reset_accelerate_state
 
 LAST = rundir.checkpoint_name(6)  # the tiny run's last epoch end (2 epochs of 3 updates)
 
