@@ -91,6 +91,12 @@ def as_overrides(params):
     return [f"{key}={yaml_value(value)}" for key, value in sorted(params.items())]
 
 
+def shown_settings(params):
+    """A trial's settings as a person reads them: floats to 4 significant digits (the overrides a trial
+    trains with keep every digit, as_overrides)."""
+    return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(params.items()))
+
+
 def make_pruner(name, epochs):
     import optuna
 
@@ -229,7 +235,7 @@ class VariantStudy:
         """optimize()'s callback: one line per trial run here."""
         if frozen.user_attrs.get(SURPLUS):
             return
-        shown = ", ".join(f"{k}={yaml_value(v)}" for k, v in sorted(frozen.params.items())) or "no tunable setting"
+        shown = shown_settings(frozen.params) or "no tunable setting"
         self.say(f"[tune {self.name}] trial {frozen.number} ({self.complete()}/{self.trials} complete): {shown}: "
                  f"{outcome(frozen, self.epochs)}")
 

@@ -11,12 +11,20 @@ What Optuna lacks, added here (one line each):
 - JournalStorage has no heartbeat: JournalHeartbeatStorage adds RDBStorage's (a trial system attribute).
 - The heartbeat sees a lost worker GRACE_S late: a trial whose process on this host is gone is retried at once.
 - optimize() fails a trial stopped by a signal and Optuna retries stale trials only: `retry` queues it again.
-- Processes creating the RDB schema at once race (IntegrityError on alembic_version): the open is retried.
+- Processes creating the RDB schema at once race (IntegrityError on alembic_version, 'table already exists'):
+  a SQLite study is opened under an flock (in the temporary folder), and the open is retried.
 """
 import contextlib
+import hashlib
 import os
+import tempfile
 import time
 import warnings
+
+try:
+    import fcntl  # POSIX: the lock around a new SQLite study's schema
+except ImportError:  # Windows: the retries alone
+    fcntl = None
 
 import optuna
 from optuna.storages._heartbeat import BaseHeartbeat  # what RDBStorage implements; Optuna exports no other
@@ -106,7 +114,27 @@ def open_storage(url):
         _check_folder(url, os.path.dirname(path), create=True)
         if os.path.isfile(path) and not _writable(path):
             raise UserError(f"--storage {url}: {path} is read-only; make it writable or give another file")
-    return _rdb(url)
+    with _schema_lock(path):
+        return _rdb(url)
+
+
+@contextlib.contextmanager
+def _schema_lock(path):
+    """One process at a time opens a new SQLite study file: RDBStorage creates (or migrates) its schema on
+    open, and several workers started at once raced there ('table already exists', IntegrityError on
+    alembic_version). An flock on a file in the temporary folder named by the path's hash, so nothing
+    is added beside the study (SQLite is for one host: a shared filesystem takes journal:PATH); other
+    databases rely on the retries in _rdb."""
+    if path is None or fcntl is None:
+        yield
+        return
+    name = hashlib.sha256(os.path.realpath(path).encode()).hexdigest()[:16]
+    with open(os.path.join(tempfile.gettempdir(), f"optuna-schema-{name}.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _rdb(url):
@@ -117,17 +145,28 @@ def _rdb(url):
     for attempt in range(OPEN_TRIES):
         try:
             with quiet():
-                    return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S,
+                return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S,
                                                   grace_period=GRACE_S, **{_callback_keyword(): RETRY})
-        except sqlalchemy.exc.IntegrityError:  # another process created the schema at this moment: it is there now
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError) as err:
+            # another process created the schema at this moment (it is there now), or held the file a moment
+            if isinstance(err, sqlalchemy.exc.OperationalError) and not _schema_race(err):
+                raise UserError(f"--storage {shown}: {_first_line(err)}; {_fix(url)}") from None
             if attempt == OPEN_TRIES - 1:
                 raise UserError(f"--storage {shown}: the schema could not be created (other processes kept "
                                 f"creating it); run again") from None
             time.sleep(0.2 * (attempt + 1))
         except Exception as err:  # SQLAlchemy's and the drivers' (missing driver, refused connection, not a database)
-            fix = "give another file, or move this one away" if url.startswith("sqlite") else \
-                "check the URL, that the server accepts connections and that its Python driver is installed"
-            raise UserError(f"--storage {shown}: {_first_line(err)}; {fix}") from None
+            raise UserError(f"--storage {shown}: {_first_line(err)}; {_fix(url)}") from None
+
+
+def _schema_race(err):
+    text = str(err).lower()
+    return "already exists" in text or "database is locked" in text
+
+
+def _fix(url):
+    return "give another file, or move this one away" if url.startswith("sqlite") else \
+        "check the URL, that the server accepts connections and that its Python driver is installed"
 
 
 def _callback_keyword():

@@ -143,3 +143,11 @@ def test_the_journal_has_optunas_heartbeat_and_retries_a_silent_trial(tmp_path, 
                                ).trials
     assert [t.state.name for t in trials] == ["COMPLETE", "FAIL", "WAITING"]
     assert trials[2].params == {"x": lost.params["x"]} and trials[2].system_attrs["failed_trial"] == 1
+
+
+def test_trial_lines_show_settings_to_four_significant_digits():
+    from comparison.tuning import as_overrides, shown_settings
+
+    params = {"optim.lr": 0.0024407638958535128, "optim.weight_decay": 0.05, "head.k": 3}
+    assert shown_settings(params) == "head.k=3, optim.lr=0.002441, optim.weight_decay=0.05"
+    assert "optim.lr=0.0024407638958535128" in as_overrides(params)  # the trial itself keeps every digit
