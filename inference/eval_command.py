@@ -27,7 +27,7 @@ from inference.trained_run import add_run_arguments, open_from_args
 CALIB_SOURCES = ("auto", "calib", "val-half", "none")
 
 
-def parse_args(argv=None, doc=""):
+def parse_args(argv, doc):
     """The checked command line; `doc`: the entry point's docstring (its first two paragraphs are --help's)."""
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0], epilog=doc.split("\n\n")[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -37,7 +37,7 @@ LIST_SEP = ";"  # between class names inside one CSV cell (JSONL has real lists)
 PROB_DIGITS = 6  # significant digits of a listed probability (float32 holds about 7)
 
 
-def parse_args(argv=None, doc=""):
+def parse_args(argv, doc):
     """The checked command line; `doc`: the entry point's docstring (its first two paragraphs are --help's)."""
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0], epilog=doc.split("\n\n")[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
