@@ -41,19 +41,22 @@ in-distribution (evaluation/ood_eval.py). Writes JSON (--output), a CSV row and 
 (evaluation/examples.py: label, pred, p_y, max prob, support size, FY loss) beside it, and prints a
 table.
 """
-from common.startup import say_loading  # standard library only
-
-say_loading("eval.py")  # before the imports' seconds, so the command does not look hung
 from common.cli import run_cli
-from inference import eval_command
+from common.startup import say_loading
+from inference import arguments  # (argparse only: a mistyped flag is answered before torch loads)
 
 
 def parse_args(argv=None):
-    return eval_command.parse_args(argv, __doc__)
+    return arguments.parse_eval_args(argv, __doc__)
 
 
 def main(argv=None):
-    return eval_command.main(parse_args(argv))
+    args = parse_args(argv)
+    arguments.check_run_path(args.checkpoint)
+    say_loading("eval.py")  # before the imports' seconds, so the command does not look hung
+    from inference import eval_command
+
+    return eval_command.main(args)
 
 
 if __name__ == "__main__":

@@ -22,19 +22,23 @@ Batches of --batch-size on the device (bf16 on CUDA, float32 on CPU: --precision
 on a terminal, and multi-GPU through Accelerate (the image list is split by process and gathered
 back in order).
 """
-from common.startup import say_loading  # standard library only
-
-say_loading("predict.py")  # before the imports' seconds, so the command does not look hung
 from common.cli import run_cli
-from inference import predict_command
+from common.startup import say_loading
+from inference import arguments  # (argparse only: a mistyped flag is answered before torch loads)
 
 
 def parse_args(argv=None):
-    return predict_command.parse_args(argv, __doc__)
+    return arguments.parse_predict_args(argv, __doc__)
 
 
 def main(argv=None):
-    return predict_command.main(parse_args(argv))
+    args = parse_args(argv)
+    arguments.check_predict_args(args)
+    arguments.check_run_path(args.checkpoint)
+    say_loading("predict.py")  # before the imports' seconds, so the command does not look hung
+    from inference import predict_command
+
+    return predict_command.main(args)
 
 
 if __name__ == "__main__":

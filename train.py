@@ -63,14 +63,11 @@ passes None and only checks for None.
 """
 import argparse
 
-from common.startup import say_loading  # (standard library only)
-
-say_loading("train.py")
-import configs
+import configs  # (neither torch nor timm: the command line and the config are checked before they load)
 from common.cli import run_cli
+from common.startup import say_loading
 from configs.overrides import parse_command_line
 from training import resume_policy as rp
-from training.loop import train
 
 
 def parse_args(argv=None):
@@ -104,6 +101,9 @@ def main(argv=None, hooks=None):
         print(configs.config_help(args.config, args.overrides))
         return 0
     cfg = configs.load_config(args.config, args.overrides)
+    say_loading("train.py")
+    from training.loop import train
+
     return train(cfg, resume=args.resume, overwrite=args.overwrite, hooks=hooks,
                  accept_changes=args.resume_with_changes)
 

@@ -1,6 +1,7 @@
 """compare_heads' command line: its options, the checks of their combinations, and the overrides
 --features adds to every run. Overrides go through configs.overrides, the one dialect of every command."""
 import argparse
+import os
 import shlex
 import sys
 
@@ -105,6 +106,17 @@ def parse_args(argv=None, description=None):
     args.margins = parse_margins(args.margin)
     args.overrides = overrides + feature_overrides(args.features, overrides)
     return args
+
+
+def resolved_config(args):
+    """The config the comparison starts from, resolved with the command line's overrides, and the
+    variants checked: a bad config, override, --heads or --alphas is one line here, before torch
+    loads and before anything runs."""
+    import configs
+    from comparison.plan import variants
+
+    variants(args)
+    return configs.load_config(os.path.abspath(args.config), args.overrides)
 
 
 def check_modes(args, options):

@@ -27,7 +27,7 @@ from common.errors import UserError
 from common.intervals import parse_interval
 from common.io import atomic_write_text
 from common.suggest import closest, suggest_value
-from models.hopfield_pool import check_pool_k
+from models.mapping_table import check_pool_k
 from models.registry import HPARAMS, check_settings
 
 from .finetune_checks import check_finetune_settings

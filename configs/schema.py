@@ -24,12 +24,11 @@ from typing import Optional, Tuple, Union, get_type_hints
 
 from common.intervals import parse_interval
 from common.search_space import parse_search
-from data.names import BACKENDS
+from data.names import BACKENDS, INTERPOLATIONS, TRAIN_CROPS
 from data.registry import dataset_names, describe_datasets
-from data.transforms import INTERPOLATIONS, TRAIN_CROPS
-from models.hopfield_pool import POOL_MAPPINGS, POOLS
+from models.mapping_table import POOL_MAPPINGS
+from models.names import MODEL_NAMES, NORMS, POOLS
 from models.registry import HEAD_NAMES, HPARAMS
-from models.resmlp import MODEL_NAMES, NORMS
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 # Accelerate's tracker names (each needs the package of the same name; training/trackers.py)

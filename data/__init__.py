@@ -17,21 +17,35 @@ semantics at every world size (with one process the 3 views of an image share a 
 the "union over ranks == 1-process batch" property. ImageFolder skips (skip_corrupt) are counted
 in `dataset.skipped` and logged as warnings on the "data" logger.
 """
-from timm.data import Mixup
+import importlib
 
 from common.errors import UserError
 
-from .classes import class_names
-from .dali_loader import explain_backend, resolve_backend
-from .datasets import build_dataset, calib_indices, num_classes, split_positions
-from .feature_loaders import FeatureEvalLoader, FeatureTrainLoader
-from .loaders import EvalLoader, TrainLoader
 from .registry import DATASETS, dataset_names, dataset_spec, is_features
 
+# Importing the package imports neither torch nor timm (the config schema reads the registry before
+# torch loads); these names load their module on first use (PEP 562).
+_EXPORTS = {
+    "class_names": "classes", "explain_backend": "dali_loader", "resolve_backend": "dali_loader",
+    "build_dataset": "datasets", "calib_indices": "datasets", "num_classes": "datasets", "split_positions": "datasets",
+    "FeatureEvalLoader": "feature_loaders", "FeatureTrainLoader": "feature_loaders",
+    "EvalLoader": "loaders", "TrainLoader": "loaders",
+}
+
+
+def __getattr__(name):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{module}", __name__), name)
 
 def build_train_loader(dataset, cfg, *, seed, epoch, rank, world_size, start_batch=0, device="cpu"):
     """One epoch of training batches for one rank (TrainLoader, or DaliTrainLoader for data.backend
     dali/auto; FeatureTrainLoader for cached features); the same sample order either way, exact under resume."""
+    from .dali_loader import resolve_backend
+    from .feature_loaders import FeatureTrainLoader
+    from .loaders import TrainLoader
+
     kind = TrainLoader
     if is_features(cfg):
         kind = FeatureTrainLoader
@@ -43,6 +57,10 @@ def build_train_loader(dataset, cfg, *, seed, epoch, rank, world_size, start_bat
 
 def build_eval_loader(dataset, cfg, *, rank, world_size, device="cpu"):
     """Deterministic eval batches; rank r gets r::world_size, no padding (EvalLoader or DaliEvalLoader)."""
+    from .dali_loader import resolve_backend
+    from .feature_loaders import FeatureEvalLoader
+    from .loaders import EvalLoader
+
     kind = EvalLoader
     if is_features(cfg):
         kind = FeatureEvalLoader
@@ -63,6 +81,8 @@ def build_mixup(cfg, num_classes):
         check_feature_config(cfg)  # refuses Mixup/CutMix in one line
     if cfg.batch_size % 2:
         raise UserError(f"Mixup/CutMix needs an even data.batch_size, got {cfg.batch_size}")
+    from timm.data import Mixup
+
     return Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, prob=cfg.mixup_prob,
                  switch_prob=cfg.mixup_switch_prob, mode="batch", label_smoothing=cfg.label_smoothing,
                  num_classes=num_classes)

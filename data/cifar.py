@@ -21,14 +21,9 @@ import torchvision
 from common.errors import UserError
 
 from .arrays import ArrayDataset
+from .names import CIFAR
 
-SPECS = {
-    "cifar10": dict(title="CIFAR-10", folder="cifar-10-batches-py", archive="cifar-10-python.tar.gz",
-                    train=[f"data_batch_{i}" for i in range(1, 6)], val=["test_batch"], label_key=b"labels",
-                    tv_class="CIFAR10"),
-    "cifar100": dict(title="CIFAR-100", folder="cifar-100-python", archive="cifar-100-python.tar.gz",
-                     train=["train"], val=["test"], label_key=b"fine_labels", tv_class="CIFAR100"),
-}
+SPECS = CIFAR  # the archives' layout (data/names.py)
 
 # Label index -> name, as in the archives' batches.meta / meta files (label_names, fine_label_names).
 CLASS_NAMES = {

@@ -14,8 +14,9 @@ import torch
 from common.seeding import mix_seed
 
 from .arrays import ArrayDataset
+from .names import FAR_OOD_KINDS
 
-KINDS = ("noise", "blobs")
+KINDS = FAR_OOD_KINDS
 BLOBS = 4
 _STREAM = {"train": 1, "val": 2}
 

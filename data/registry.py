@@ -19,7 +19,10 @@ Adding a dataset: write its module with
         `subset(indices)` and `transform` (an `ArrayDataset`, data/arrays.py, when in_memory);
         `split` is one of its `splits`; the calib split, when not stored, is held out of train;
     class names: a function data_cfg -> [label index -> name];
-then add one `register(DatasetSpec(...))` below. An out-of-distribution set is declared the same way
+then add `toy = DeferredModule("data.toy")` and one `register(DatasetSpec(...))` below, naming the
+module's functions as `_call(toy, "build_split")` or in a lambda: the declarations are read without
+torch (the config loader checks data.dataset before torch loads), so the module is imported when a
+split is first read, not here. An out-of-distribution set is declared the same way
 and named as another's `ood` (OOD evaluation reads only its val split and ignores its labels, so
 its class names may be its partner's, as builtin10_ood's are).
 The schema's choices and help, the loaders, DALI, OOD and --help-config follow with no other edit;
@@ -37,9 +40,14 @@ from functools import partial
 from typing import Callable, Dict, List, Optional, Tuple
 
 from common.errors import UserError
+from common.lazy import DeferredModule
 
-from . import builtin, cifar, far_ood, features, imagefolder, shards
-from .names import CROP_RECIPES, SPLITS
+from .names import CIFAR, CROP_RECIPES, FAR_OOD_KINDS, SPLITS
+
+# The readers, imported on first use: the declarations below are read without torch (the config
+# loader checks data.dataset before torch loads).
+builtin, cifar, far_ood, features, imagefolder, shards = (
+    DeferredModule(f"data.{name}") for name in ("builtin", "cifar", "far_ood", "features", "imagefolder", "shards"))
 
 
 @dataclass(frozen=True)
@@ -124,8 +132,13 @@ def describe_datasets() -> str:
 
 
 # ------------------------------------------------------------------------------- the declarations
+def _call(module, function, **bound):
+    """module.function(*args, **bound), looked up at the call: a deferred module loads when a set is read."""
+    return lambda *args: getattr(module, function)(*args, **bound)
+
+
 def _builtin(num_classes, family):
-    return dict(build=partial(builtin.build_split, num_classes=num_classes, family=family),
+    return dict(build=_call(builtin, "build_split", num_classes=num_classes, family=family),
                 classes=lambda data_cfg: builtin.class_names(num_classes), in_memory=True, files=False)
 
 
@@ -136,20 +149,24 @@ register(DatasetSpec("builtin10_ood", "builtin10's OOD set: 10 other outlines, s
                      **_builtin(10, "ood")))
 register(DatasetSpec("builtin100_ood", "builtin100's OOD set: the other outlines in 10 hues",
                      **_builtin(100, "ood")))
-for _kind in far_ood.KINDS:  # far OOD sets for any dataset and image size (data/far_ood.py)
+for _kind in FAR_OOD_KINDS:  # far OOD sets for any dataset and image size (data/far_ood.py)
     register(DatasetSpec(f"{_kind}_ood", f"far OOD: generated {_kind} images (offline, any image size)",
-                         partial(far_ood.build_split, kind=_kind), partial(lambda data_cfg, k: [k], k=_kind),
+                         _call(far_ood, "build_split", kind=_kind),
+                         partial(lambda data_cfg, k: [k], k=_kind),
                          in_memory=True, files=False))
-for _name in cifar.SPECS:
-    register(DatasetSpec(_name, f"{cifar.SPECS[_name]['title']} (ROOT/{cifar.SPECS[_name]['folder']})",
-                         partial(cifar.build_split, name=_name), partial(cifar.class_names, name=_name),
+for _name in CIFAR:
+    register(DatasetSpec(_name, f"{CIFAR[_name]['title']} (ROOT/{CIFAR[_name]['folder']})",
+                         _call(cifar, "build_split", name=_name), _call(cifar, "class_names", name=_name),
                          in_memory=True))
-register(DatasetSpec("imagefolder", "ROOT/train|val/<class>/*", imagefolder.build_split,
+register(DatasetSpec("imagefolder", "ROOT/train|val/<class>/*",
+                     _call(imagefolder, "build_split"),
                      lambda data_cfg: imagefolder.find_classes(data_cfg.root), train_crop="rrc", dali=True))
-register(DatasetSpec("shards", "tar shards of scripts/make_shards.py", shards.build_split,
+register(DatasetSpec("shards", "tar shards of scripts/make_shards.py",
+                     _call(shards, "build_split"),
                      lambda data_cfg: shards.class_names(data_cfg.root), train_crop="rrc", dali=True))
 register(DatasetSpec("features", "cached features of scripts/extract_features.py (a linear head on them)",
-                     features.build_split, lambda data_cfg: features.class_names(data_cfg.root),
+                     _call(features, "build_split"),
+                     lambda data_cfg: features.class_names(data_cfg.root),
                      splits=SPLITS, features=True))
 check_ood_partners()
 

@@ -28,11 +28,8 @@ from torchvision import transforms as T
 
 from common.errors import UserError
 
-from .names import CROP_RECIPES
+from .names import CROP_RECIPES, INTERPOLATIONS, TRAIN_CROPS  # noqa: F401  (re-exported)
 from .registry import dataset_spec
-
-INTERPOLATIONS = ("bicubic", "bilinear", "nearest", "random")
-TRAIN_CROPS = ("auto",) + CROP_RECIPES
 
 
 def train_crop_mode(cfg):

@@ -71,9 +71,8 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import numpy as np
-import torch
 
-from evaluation.metrics import ECE_BINS
+ECE_BINS = 15  # equal-width confidence bins of every ECE (evaluation/metrics.py computes it)
 
 
 @dataclass(frozen=True)
@@ -266,6 +265,8 @@ def binomial_half_tail(k, n):
         return 1.0
     if k < 0:
         return 0.0
+    import torch  # (here, not at the top: the command line's margins are checked with this module before torch loads)
+
     j = torch.arange(k + 1, dtype=torch.float64)
     log_pmf = (math.lgamma(n + 1) - torch.lgamma(j + 1) - torch.lgamma(n - j + 1)) - n * math.log(2.0)
     return float(torch.logsumexp(log_pmf, dim=0).exp().clamp(max=1.0))

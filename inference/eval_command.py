@@ -1,5 +1,4 @@
 """Evaluate a trained run (the command `eval.py`, whose docstring is the user's description)."""
-import argparse
 import copy
 import os
 import sys
@@ -12,49 +11,14 @@ from common import rundir
 from common.errors import UserError
 from common.io import prepare_output, write_json
 from common.runlock import writing_into
-from common.suggest import choice_metavar, one_of
-from configs.overrides import parse_command_line
 from data.classes import check_class_names
-from data.names import SPLITS
 from evaluation import conformal, ood_eval, ood_report, pool_support, report, selective_report
 from evaluation import metrics as M
 from evaluation.calibration_file import conformal_path, save_thresholds
 from evaluation.evaluate import evaluate
 from evaluation.examples import save_examples
 from inference.processes import inference_accelerator
-from inference.trained_run import add_run_arguments, open_from_args
-
-CALIB_SOURCES = ("auto", "calib", "val-half", "none")
-
-
-def parse_args(argv, doc):
-    """The checked command line; `doc`: the entry point's docstring (its first two paragraphs are --help's)."""
-    p = argparse.ArgumentParser(description=doc.split("\n\n")[0], epilog=doc.split("\n\n")[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_run_arguments(p, data_flags=True, batch_help="per-process eval batch size")
-    p.add_argument("--split", default="val", action=one_of(SPLITS), metavar=choice_metavar(SPLITS))
-    p.add_argument("--calib", default="auto", action=one_of(CALIB_SOURCES),
-                   metavar=choice_metavar(CALIB_SOURCES),
-                   help="prediction-set calibration data: auto = the calib split when the run held one "
-                        "out (data.calib_fraction > 0), else half of the evaluated split; none = skip")
-    p.add_argument("--eps", type=float, nargs="+", default=None, help="miscoverage levels (default 0.1 0.05)")
-    p.add_argument("--ood-dataset", metavar="NAME", default=None,
-                   help="out-of-distribution set for OOD detection (a data.dataset name, e.g. builtin10_ood, "
-                        "imagefolder with --ood-root; auto = the built-in data's own OOD set)")
-    p.add_argument("--ood-root", metavar="DIR", default=None,
-                   help="data root of the OOD set (default: the run's data.root)")
-    p.add_argument("--ood-temperature", default=None, metavar="T",
-                   help="temperature of the energy OOD score T*logsumexp(z/T) (default 1)")
-    p.add_argument("--ood-memory", default=None, metavar="all|none|N",
-                   help="feature memory of the OOD scores: the training split's penultimate features (all, "
-                        "a seeded subsample of N, or none: no feature scores); stored in the run directory "
-                        "(default all)")
-    p.add_argument("--output", help="metrics JSON path (a CSV row and STEM.examples.safetensors are "
-                                    "written beside it)")
-    p.add_argument("--quiet", action="store_true", help="no table on the terminal")
-    p.add_argument("--allow-class-mismatch", action="store_true",
-                   help="evaluate although the dataset's class names differ from the run's classes.json")
-    return parse_command_line(p, argv, tool="python eval.py")
+from inference.trained_run import open_from_args
 
 
 def _split_half(n, seed=0):

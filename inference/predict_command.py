@@ -1,6 +1,5 @@
 """Predict the classes of new images with a trained run (the command `predict.py`, whose docstring is
 the user's description)."""
-import argparse
 import csv
 import io
 import json
@@ -18,60 +17,20 @@ from common.errors import UserError
 from common.io import atomic_write_text, json_text, prepare_output
 from common.runlock import writing_into
 from common.seeding import mix_seed
-from common.suggest import choice_metavar, one_of
-from configs.overrides import parse_command_line
 from data.classes import check_class_names, class_list_problem
 from data.samplers import eval_batches
 from data.unlabeled import ImageBatches, list_images
 from evaluation import conformal
 from evaluation.calibration_file import conformal_path, load_thresholds
 from evaluation.gather import gather_chunks
+from inference.arguments import check_predict_args
 from inference.processes import inference_accelerator
-from inference.trained_run import add_run_arguments, open_from_args
+from inference.trained_run import open_from_args
 from models.heads import SPARSE_HEAD_NAMES
 from training.logging import console, progress_bar
 
-OUTPUT_FORMATS = (".csv", ".jsonl")
-PRECISIONS = ("auto", "bf16", "fp32")
 LIST_SEP = ";"  # between class names inside one CSV cell (JSONL has real lists)
 PROB_DIGITS = 6  # significant digits of a listed probability (float32 holds about 7)
-
-
-def parse_args(argv, doc):
-    """The checked command line; `doc`: the entry point's docstring (its first two paragraphs are --help's)."""
-    p = argparse.ArgumentParser(description=doc.split("\n\n")[0], epilog=doc.split("\n\n")[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_run_arguments(p)
-    p.add_argument("--images", required=True, metavar="DIR|GLOB|LIST",
-                   help="a folder (recursive), a quoted glob ('photos/*.jpg', ** for subfolders) or a text "
-                        "file with one image path per line")
-    p.add_argument("--output", required=True, metavar="PREDS.csv|PREDS.jsonl", help="where the predictions go")
-    p.add_argument("--topk", type=int, default=5, help="classes listed per image (default 5, at most all)")
-    p.add_argument("--batch-size", type=int, help="images per batch and process (default data.eval_batch_size)")
-    p.add_argument("--num-workers", type=int, help="decoding worker processes (default data.num_workers)")
-    p.add_argument("--precision", default="auto", action=one_of(PRECISIONS),
-                   metavar=choice_metavar(PRECISIONS),
-                   help="forward precision: auto = bf16 on CUDA, fp32 on CPU (fp32 gives eval.py's numbers)")
-    p.add_argument("--classes", metavar="FILE",
-                   help="class names: a classes.json ({\"classes\": [...]}) or one name per line (default: the "
-                        "run's classes.json)")
-    p.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
-    return parse_command_line(p, argv, tool="python predict.py")
-
-
-def check_args(args):
-    ext = os.path.splitext(args.output)[1].lower()
-    if ext not in OUTPUT_FORMATS:
-        raise UserError(f"--output {args.output}: the extension picks the format, one of {', '.join(OUTPUT_FORMATS)}")
-    if os.path.exists(args.output) and not args.overwrite:
-        raise UserError(f"--output {args.output} exists; pass --overwrite to replace it, or choose another name")
-    if args.topk < 1:
-        raise UserError(f"--topk must be at least 1, got {args.topk}")
-    for flag in ("batch_size", "num_workers"):
-        value = getattr(args, flag)
-        if value is not None and value < (1 if flag == "batch_size" else 0):
-            raise UserError(f"--{flag.replace('_', '-')} must be {'positive' if flag == 'batch_size' else '>= 0'}, "
-                            f"got {value}")
 
 
 # ============================================================================ model and classes
@@ -271,7 +230,7 @@ def write_predictions(rows, output, topk, sparse, thresholds):
 # ============================================================================ main
 def main(args):
     """Run the command on parsed arguments (parse_args); -> exit status."""
-    check_args(args)
+    check_predict_args(args)
     prepare_output(args.output)  # before the forward pass: a path through a file or a read-only folder is one line now
     run = open_from_args(args)
     cfg, kind = run.cfg, run.weights_kind

@@ -37,8 +37,9 @@ from configs.loader import config_to_dict
 from configs.overrides import apply_overrides
 from data.classes import load_class_names
 from data.transforms import build_eval_transform, eval_transform
+from inference.arguments import DATA_FLAGS, check_run_path
 from inference.run_status import missing_weights_error
-from inference.weights_record import ACCEPT_FLAG, check_weights_record
+from inference.weights_record import check_weights_record
 from models.convert import convert_state_dict
 from models.pretrained import CLASSIFIER_PREFIX, renamed_state_dict, weights_patch_grid
 from models.resmlp import VARIANTS
@@ -137,8 +138,7 @@ def open_run(path, *, config=None, model=None, head=None, img_size=None, ema=Fal
 
 def _open(path, config, model, head, img_size, ema, overrides):
     """Which of the three `path` is, and its TrainedRun (open_run's arguments, its flag aside)."""
-    if not os.path.exists(path):
-        raise UserError(f"checkpoint not found: {path} (give a train.py run directory or a weights file)")
+    check_run_path(path)
     flags = _flag_overrides(model, head, img_size) + list(overrides)
     if is_checkpoint_dir(path):
         return _open_checkpoint_dir(path, config, ema, flags)
@@ -221,39 +221,6 @@ def model_from_state_dict(cfg, state_dict, weights, num_classes):
 
 
 # ------------------------------------------------------------------------------------------ the flags
-def add_run_arguments(parser, *, positional=False, data_flags=False, batch_help="per-process batch size"):
-    """The flags that say what to open, as one argparse group: --checkpoint (or a positional
-    RUN_DIR|WEIGHTS), --config, --model, --head, --img-size, --ema, --accept-changed-weights; with
-    data_flags also --dataset, --data-root and --batch-size (overrides of data.dataset, data.root,
-    data.eval_batch_size)."""
-    g = parser.add_argument_group("what to open")
-    what = "train.py run directory, one of its checkpoints (RUN/checkpoints/step_N), or a .safetensors/.pth " \
-           "weights file (with --config or --model)"
-    if positional:
-        g.add_argument("checkpoint", metavar="RUN_DIR|WEIGHTS", help=what)
-    else:
-        g.add_argument("--checkpoint", required=True, metavar="RUN_DIR_OR_WEIGHTS", help=what)
-    g.add_argument("--config", help="YAML config (needed for a weights file unless --model is given; "
-                                    "replaces a run directory's config.yaml)")
-    g.add_argument("--model", help="model name for a weights file without --config (e.g. resmlp_s12)")
-    g.add_argument("--head", help="output head for a weights file without --config (default softmax)")
-    g.add_argument("--img-size", type=int, help="model/data image size (default: the model variant's own, "
-                                                "32 for the CIFAR-size models, 224 otherwise)")
-    g.add_argument("--ema", action="store_true", help="the run's EMA weights (model_ema.safetensors)")
-    g.add_argument(ACCEPT_FLAG, action="store_true",
-                   help="use weights whose sha256 differs from the one the run recorded for them (its "
-                        "checkpoint's COMPLETE.json), with a warning; without it such a file is refused")
-    if data_flags:
-        g.add_argument("--dataset", help="override data.dataset")
-        g.add_argument("--data-root", help="override data.root")
-        g.add_argument("--batch-size", type=int, help=f"{batch_help} (data.eval_batch_size)")
-    return g
-
-
-# the data flags of add_run_arguments(data_flags=True): (argparse dest, config key)
-DATA_FLAGS = (("dataset", "data.dataset"), ("data_root", "data.root"), ("batch_size", "data.eval_batch_size"))
-
-
 def open_from_args(args) -> TrainedRun:
     """open_run from add_run_arguments' flags, with --dataset/--data-root/--batch-size and the
     collected overrides when the command has them."""

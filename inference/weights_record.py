@@ -28,10 +28,10 @@ from typing import Optional
 
 from common import rundir
 from common.errors import UserError
+from inference.arguments import ACCEPT_FLAG
 from training.checkpoint.files import list_checkpoints
 from training.logging import EpochCSV
 
-ACCEPT_FLAG = "--accept-changed-weights"
 EXPORTED = (rundir.WEIGHTS, rundir.EMA_WEIGHTS)  # what a run exports beside its checkpoints
 
 

@@ -1,21 +1,27 @@
-"""Models: the ResMLP family (models/resmlp.py) and the swappable output heads (models/heads.py)."""
-import timm
+"""Models: the ResMLP family (models/resmlp.py) and the swappable output heads (models/heads.py).
 
-from .convert import convert_state_dict, load_pretrained
-from .heads import (
-    HEAD_NAMES,
-    OutputHead,
-    entmax15,
-    entmax15_loss,
-    entmax_bisect,
-    entmax_bisect_loss,
-    softmax,
-    softmax_loss,
-    sparsemax,
-    sparsemax_loss,
-)
-from .registry import HPARAMS
-from .resmlp import MODEL_NAMES, Affine, ResMLP, create_resmlp  # importing registers resmlp_* with timm
+Importing the package imports neither torch nor timm: the declarations (models/registry.py,
+models/names.py, models/head_checks.py) are read by the config loader, which answers a mistake
+before torch loads. The names below load their module on first use (PEP 562); importing
+models.resmlp registers the resmlp_* variants with timm."""
+import importlib
+
+_EXPORTS = {
+    "convert_state_dict": "convert", "load_pretrained": "convert",
+    "OutputHead": "heads",
+    "softmax": "mappings", "sparsemax": "mappings", "entmax15": "mappings", "entmax_bisect": "mappings",
+    "softmax_loss": "losses", "sparsemax_loss": "losses", "entmax15_loss": "losses", "entmax_bisect_loss": "losses",
+    "HEAD_NAMES": "registry", "HPARAMS": "registry",
+    "MODEL_NAMES": "names",
+    "Affine": "resmlp", "ResMLP": "resmlp", "create_resmlp": "resmlp",
+}
+
+
+def __getattr__(name):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{module}", __name__), name)
 
 
 def create_classifier(model_cfg, head_cfg, num_classes, *, img_size):
@@ -28,6 +34,12 @@ def create_classifier(model_cfg, head_cfg, num_classes, *, img_size):
     With a head flagged cosine_classifier (am_softmax), `model.head` is a CosineLinear (scale * cosine,
     no bias). The head's settings are the config's head section (models/registry.py names them).
     """
+    import timm
+
+    from . import resmlp  # noqa: F401  (registers resmlp_* with timm)
+    from .heads import OutputHead
+    from .registry import HPARAMS
+
     # model_cfg.name was checked by the config loader (schema choices); timm.create_model reaches
     # create_resmlp, which names the valid variants for a direct caller
     model = timm.create_model(
@@ -48,6 +60,4 @@ def create_classifier(model_cfg, head_cfg, num_classes, *, img_size):
     return model
 
 
-__all__ = ["create_classifier", "convert_state_dict", "load_pretrained", "HEAD_NAMES", "OutputHead", "HPARAMS",
-           "MODEL_NAMES", "Affine", "ResMLP", "create_resmlp", "softmax", "sparsemax", "entmax15", "entmax_bisect",
-           "softmax_loss", "sparsemax_loss", "entmax15_loss", "entmax_bisect_loss"]
+__all__ = ["create_classifier", *_EXPORTS]

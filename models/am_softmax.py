@@ -28,8 +28,8 @@ from timm.layers import register_notrace_function
 from torch import Tensor, nn
 
 from common.errors import UserError
-from common.intervals import RangeCheck
 
+from .head_checks import check_margin, check_scale
 from .head_targets import (
     RowGradientLoss,
     check_loss_args,
@@ -40,11 +40,6 @@ from .head_targets import (
     masked_dot,
     reduce_rows,
 )
-
-check_scale = RangeCheck("head.scale", float, "(0, inf)", "the paper uses 30")
-
-
-check_margin = RangeCheck("head.margin", float, "[0, inf)", "the paper uses 0.35")
 
 
 def scaled_cosine(x: Tensor, weight: Tensor, scale: float) -> Tensor:

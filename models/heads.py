@@ -34,9 +34,12 @@ from .registry import (
     check_settings,
     head_spec,
     learned_alpha_logit,
+    load_implementations,
 )
 from .taylor_softmax import taylor_softmax, taylor_softmax_loss
 from .topk_softmax import topk_softmax, topk_softmax_loss
+
+load_implementations()  # the head calls them inside compiled code: no module left to load there
 
 
 class OutputHead(nn.Module):

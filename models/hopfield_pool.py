@@ -35,9 +35,10 @@ from torch import Tensor, nn
 
 from common.errors import UserError
 
-from .mapping_table import MAPPINGS, POOL_MAPPINGS
+from .mapping_table import MAPPINGS, POOL_MAPPINGS, check_pool_k, load_implementations
+from .names import POOLS
 
-POOLS = ("avg", "hopfield")
+load_implementations()  # the pooling calls them inside compiled and scripted code
 
 
 @torch.jit.ignore
@@ -75,22 +76,6 @@ def check_pool(pool: str, mapping: str, heads: int, dim: int, beta: Optional[flo
         raise UserError(f"pooling heads must divide the {dim} channels, got {heads}")
     if beta is not None and not (math.isfinite(beta) and beta >= 0):
         raise UserError(f"model.pool_beta must be a finite number >= 0 (or null for 1/sqrt(d/heads)), got {beta}")
-
-
-def check_pool_k(mapping: str, k: Optional[int], num_patches: Optional[int] = None) -> None:
-    """model.pool_k belongs to the mappings that need a k (ksubset): required there, refused elsewhere."""
-    needs_k = "k" in MAPPINGS[mapping].needs
-    if not needs_k:
-        if k is not None:
-            takers = [name for name, spec in MAPPINGS.items() if spec.pool and "k" in spec.needs]
-            raise UserError(f"model.pool_k={k} is read by model.pool_mapping {' or '.join(takers)} only (got "
-                            f"'{mapping}'); set model.pool_mapping={takers[0]} or drop model.pool_k")
-        return
-    if k is None or isinstance(k, bool) or not isinstance(k, int) or k < 1 or (num_patches is not None
-                                                                                and k > num_patches):
-        limit = f"in 1..{num_patches} (the number of patches)" if num_patches is not None else ">= 1"
-        raise UserError(f"model.pool_mapping={mapping} retrieves exactly model.pool_k patches: set model.pool_k "
-                        f"to an integer {limit}, got {k!r}")
 
 
 class HopfieldPooling(nn.Module):

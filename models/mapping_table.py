@@ -11,12 +11,14 @@ sum to k rather than 1 (the pooling divides by k).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
-import torch
+from common.errors import UserError
+from common.lazy import DeferredModule, load_deferred
 
-from .ksubset import ksubset
-from .mappings import default_n_iter, entmax15, entmax_bisect, softmax, sparsemax
+# the implementations, imported on first use: this table is read without torch (the config loader)
+ksubset = DeferredModule("models.ksubset")
+mappings = DeferredModule("models.mappings")
 
 
 @dataclass(frozen=True)
@@ -30,16 +32,6 @@ class MappingSpec:
     sums_to_k: bool = False
 
 
-def entmax_bisect_steps(z, settings):
-    """Bisection steps for alpha-entmax: a learned alpha is a tensor in (1, 2) by construction
-    (1 + sigmoid), so beta > 1 and the short count suffices; the device path cannot read a tensor
-    alpha to know that and would otherwise take the long count meant for alpha > 2. None: the
-    mapping's own choice (a float alpha, read on the host)."""
-    if not settings.get("learn_alpha"):
-        return None
-    return default_n_iter(torch.float64 if z.dtype == torch.float64 else torch.float32, beta=1.0)
-
-
 MAPPINGS: Dict[str, MappingSpec] = {}
 
 
@@ -49,19 +41,43 @@ def _declare(spec: MappingSpec) -> None:
     MAPPINGS[spec.name] = spec
 
 
-_declare(MappingSpec("softmax", lambda x, dim, s: softmax(x, dim), sparse=False, pool=True,
+_declare(MappingSpec("softmax", lambda x, dim, s: mappings.softmax(x, dim), sparse=False, pool=True,
                      doc="softmax (dense retrieval)"))
-_declare(MappingSpec("sparsemax", lambda x, dim, s: sparsemax(x, dim), sparse=True, pool=True,
+_declare(MappingSpec("sparsemax", lambda x, dim, s: mappings.sparsemax(x, dim), sparse=True, pool=True,
                      doc="sparsemax, the Euclidean projection onto the simplex"))
-_declare(MappingSpec("entmax15", lambda x, dim, s: entmax15(x, dim), sparse=True, pool=True,
+_declare(MappingSpec("entmax15", lambda x, dim, s: mappings.entmax15(x, dim), sparse=True, pool=True,
                      doc="1.5-entmax"))
 _declare(MappingSpec("entmax_bisect",
-                     lambda x, dim, s: entmax_bisect(x, s["alpha"], dim, n_iter=entmax_bisect_steps(x, s)),
+                     lambda x, dim, s: mappings.entmax_bisect(x, s["alpha"], dim,
+                                                              n_iter=mappings.entmax_bisect_steps(x, s)),
                      sparse=True, pool=True, doc="alpha-entmax, alpha fixed or learned", needs=("alpha",)))
-_declare(MappingSpec("ksubset", lambda x, dim, s: ksubset(x, s["k"], dim), sparse=True, pool=True,
+_declare(MappingSpec("ksubset", lambda x, dim, s: ksubset.ksubset(x, s["k"], dim), sparse=True, pool=True,
                      doc="k-subset SparseMAP: weights in [0, 1] summing to k (structured retrieval)",
                      needs=("k",), sums_to_k=True))
 
 POOL_MAPPINGS = tuple(name for name, spec in MAPPINGS.items() if spec.pool)
 
-__all__ = ["MappingSpec", "MAPPINGS", "POOL_MAPPINGS", "entmax_bisect_steps"]
+
+
+def check_pool_k(mapping: str, k: Optional[int], num_patches: Optional[int] = None) -> None:
+    """model.pool_k belongs to the mappings that need a k (ksubset): required there, refused elsewhere."""
+    needs_k = "k" in MAPPINGS[mapping].needs
+    if not needs_k:
+        if k is not None:
+            takers = [name for name, spec in MAPPINGS.items() if spec.pool and "k" in spec.needs]
+            raise UserError(f"model.pool_k={k} is read by model.pool_mapping {' or '.join(takers)} only (got "
+                            f"'{mapping}'); set model.pool_mapping={takers[0]} or drop model.pool_k")
+        return
+    if k is None or isinstance(k, bool) or not isinstance(k, int) or k < 1 or (num_patches is not None
+                                                                                and k > num_patches):
+        limit = f"in 1..{num_patches} (the number of patches)" if num_patches is not None else ">= 1"
+        raise UserError(f"model.pool_mapping={mapping} retrieves exactly model.pool_k patches: set model.pool_k "
+                        f"to an integer {limit}, got {k!r}")
+
+
+def load_implementations() -> None:
+    """Import the mappings now: torch.compile must not meet a module that is still to load."""
+    load_deferred(globals())
+
+
+__all__ = ["load_implementations", "MappingSpec", "MAPPINGS", "POOL_MAPPINGS", "check_pool_k"]

@@ -42,6 +42,7 @@ from torch import Tensor
 from common.errors import UserError
 
 from . import thresholds_cpu, thresholds_device
+from .head_checks import ALPHA_OF  # noqa: F401  (re-exported: the losses read it here)
 from .rows import compute_dtype, from_rows, to_rows
 from .threshold_common import FLOOR, tsallis_mass
 from .thresholds_device import default_n_iter
@@ -53,9 +54,6 @@ from .thresholds_device import default_n_iter
 SOFTMAX_BELOW = 1e-3
 ALPHA_BELOW_ONE = "entmax alpha must be >= 1 (1 = softmax, 2 = sparsemax, > 2 sparser), got {}"
 
-# The alpha of the entmax family's fixed members (one source: the losses, the registry and the
-# dispatch of a float alpha below read it from here).
-ALPHA_OF = {"softmax": 1.0, "entmax15": 1.5, "sparsemax": 2.0}
 
 THRESHOLD_PATHS = ("auto", "device", "cpu")
 _threshold_path = "auto"
@@ -480,5 +478,15 @@ def entmax_bisect(x: Tensor, alpha: Union[float, Tensor] = 1.5, dim: int = -1,
     return EntmaxBisectFunction.apply(x, alpha, dim, n_iter)
 
 
-__all__ = ["softmax", "sparsemax", "entmax15", "entmax_bisect", "default_n_iter",
+def entmax_bisect_steps(z, settings):
+    """Bisection steps for alpha-entmax: a learned alpha is a tensor in (1, 2) by construction
+    (1 + sigmoid), so beta > 1 and the short count suffices; the device path cannot read a tensor
+    alpha to know that and would otherwise take the long count meant for alpha > 2. None: the
+    mapping's own choice (a float alpha, read on the host)."""
+    if not settings.get("learn_alpha"):
+        return None
+    return default_n_iter(torch.float64 if z.dtype == torch.float64 else torch.float32, beta=1.0)
+
+
+__all__ = ["softmax", "sparsemax", "entmax15", "entmax_bisect", "default_n_iter", "entmax_bisect_steps",
            "threshold_path", "set_threshold_path", "uses_device_path", "THRESHOLD_PATHS"]

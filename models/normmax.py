@@ -33,17 +33,13 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from common.intervals import RangeCheck
-
+from .head_checks import check_gamma_value
 from .head_targets import RowGradientLoss, compute_dtype, finish_rows, masked_dot, row_loss
 from .mappings import param_rows, rows_backward, rows_forward, uses_device_path
 
 # In shifted units (z - max) the threshold is >= -1, so entries below -1 are never in the
 # support; clamping there makes -inf and huge negative logits harmless without changing p.
 _FLOOR = -1.5
-
-check_gamma_value = RangeCheck("head.gamma", float, "(1, inf)", "2 is the paper's default")
-
 
 def check_gamma(gamma) -> float:
     """A float gamma > 1. A tensor gamma (per slice) is checked where reading it is free (the CPU

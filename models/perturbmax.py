@@ -38,58 +38,39 @@ are sampling artefacts, not structure, and are not a prediction set: the head is
 """
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
 from torch import Tensor
 
 from common.errors import UserError
-from common.intervals import RangeCheck
 
+from . import head_checks
+from .head_checks import (  # noqa: F401  (LOGIT_SCALE, NOISES, RESOLUTION_STEPS: re-exported)
+    LOGIT_SCALE,
+    NOISES,
+    RESOLUTION_STEPS,
+    check_noise,
+    check_samples,
+    check_sigma,
+    check_sigma_float64,
+)
 from .head_targets import RowGradientLoss, compute_dtype, finite_or_inf, masked_dot, row_loss
 from .keyed_noise import keyed_noise, row_keys
 from .mappings import rows_backward, rows_forward
 
-NOISES = ("gaussian", "gumbel")
 EULER_GAMMA = 0.5772156649015329  # E[Z] of the standard Gumbel
 EVAL_SEED = 0
-LOGIT_SCALE = 100.0  # the |logit| up to which sigma * noise must stay resolvable (the sigma floor)
-RESOLUTION_STEPS = 100  # sigma spans this many of the dtype's spacings there: ties of perturbed values < ~0.5%
 
 
 def sigma_floor(dtype: torch.dtype = torch.float32) -> float:
-    """Smallest sigma whose noise the dtype resolves next to logits up to +-LOGIT_SCALE: RESOLUTION_STEPS
-    times the dtype's spacing there (at most eps * LOGIT_SCALE), rounded up to two significant figures
-    (the range --help-config shows is the one checked)."""
-    exact = RESOLUTION_STEPS * torch.finfo(dtype).eps * LOGIT_SCALE
-    unit = 10.0 ** (math.floor(math.log10(exact)) - 1)
-    return float(f"{math.ceil(exact / unit) * unit:.2g}")
-
-
-def _sigma_check(dtype: torch.dtype) -> RangeCheck:
-    return RangeCheck("head.sigma", float, f"[{sigma_floor(dtype):g}, inf)",
-                      f"the noise scale, 1 = Gumbel-softmax; smaller, {str(dtype)[6:]} cannot resolve the noise next "
-                      f"to logits up to +-{LOGIT_SCALE:g}, and perturbed logits tie, broken by class index")
-
-
-# the declared range: float32's floor, the compute dtype of fp32/bf16/fp16 logits
-check_sigma = _sigma_check(torch.float32)
-_check_sigma_float64 = _sigma_check(torch.float64)
+    """Smallest sigma whose noise `dtype` resolves next to logits up to +-LOGIT_SCALE (head_checks.sigma_floor)."""
+    return head_checks.sigma_floor(torch.finfo(dtype).eps)
 
 
 def check_sigma_for(sigma, x: Tensor) -> float:
     """sigma checked for x's compute dtype: the declared range, or float64's lower floor for float64 x."""
-    return (_check_sigma_float64 if x.dtype == torch.float64 else check_sigma)(sigma)
-
-
-check_samples = RangeCheck("head.samples", int, "[1, inf)", "Monte-Carlo draws per row")
-
-
-def check_noise(noise) -> str:
-    if noise not in NOISES:
-        raise UserError(f"head.noise must be one of {', '.join(NOISES)}, got {noise!r}")
-    return noise
+    return (check_sigma_float64 if x.dtype == torch.float64 else check_sigma)(sigma)
 
 
 def draw_seed(seed: int, step: int) -> int:

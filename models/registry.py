@@ -26,16 +26,35 @@ from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 from common.errors import UserError
 from common.intervals import RangeCheck
+from common.lazy import DeferredModule, load_deferred
 from common.search_space import parse_search
 
-from .am_softmax import am_softmax_loss, check_margin, check_scale
-from .losses import entmax15_loss, entmax_bisect_loss, softmax_loss, sparsemax_loss
-from .mapping_table import MAPPINGS, entmax_bisect_steps
-from .mappings import ALPHA_OF, softmax
-from .normmax import check_gamma_value, normmax, normmax_loss
-from .perturbmax import LOGIT_SCALE, NOISES, check_noise, check_samples, check_sigma, perturbmax, perturbmax_loss
-from .taylor_softmax import check_order, taylor_softmax, taylor_softmax_loss
-from .topk_softmax import check_k, topk_softmax, topk_softmax_loss
+from .head_checks import (
+    ALPHA_OF,
+    LOGIT_SCALE,
+    NOISES,
+    check_alpha,
+    check_flag,
+    check_gamma_value,
+    check_k,
+    check_margin,
+    check_noise,
+    check_order,
+    check_samples,
+    check_scale,
+    check_sigma,
+)
+from .mapping_table import MAPPINGS
+
+# The heads' implementations, imported on first use: the declarations below are read without torch
+# (the config loader answers a mistake before torch loads); models/heads.py loads them at import.
+am_softmax = DeferredModule("models.am_softmax")
+losses = DeferredModule("models.losses")
+mappings = DeferredModule("models.mappings")
+normmax = DeferredModule("models.normmax")
+perturbmax = DeferredModule("models.perturbmax")
+taylor_softmax = DeferredModule("models.taylor_softmax")
+topk_softmax = DeferredModule("models.topk_softmax")
 
 
 @dataclass(frozen=True)
@@ -172,17 +191,6 @@ def defaults() -> dict:
 
 
 # ------------------------------------------------------------------------------- the heads' checks
-check_alpha = RangeCheck("head.alpha", float, "[1, 2]", "1 = softmax, 2 = sparsemax")
-
-
-def check_flag(key: str):
-    def check(value) -> bool:
-        if not isinstance(value, bool):
-            raise UserError(f"head.{key} must be true or false, got {value!r}")
-        return value
-    return check
-
-
 def _learned_alpha_inside(settings: dict) -> None:
     alpha = settings["alpha"]
     if settings["learn_alpha"] and not 1.0 < alpha < 2.0:
@@ -217,42 +225,43 @@ MARGIN = HParam("margin", float, 0.35, check_margin.range, check_margin,
                 search="[0, 0.5]")
 
 register(HeadSpec(
-    "softmax", MAPPINGS["softmax"].apply, lambda z, t, s, training, **kw: softmax_loss(z, t, **kw),
+    "softmax", MAPPINGS["softmax"].apply, lambda z, t, s, training, **kw: losses.softmax_loss(z, t, **kw),
     (), ALPHA_OF["softmax"], sparse=False, conformal_support=False, cosine_classifier=False,
     doc="softmax and cross-entropy (the baseline)"))
 register(HeadSpec(
-    "sparsemax", MAPPINGS["sparsemax"].apply, lambda z, t, s, training, **kw: sparsemax_loss(z, t, **kw),
+    "sparsemax", MAPPINGS["sparsemax"].apply, lambda z, t, s, training, **kw: losses.sparsemax_loss(z, t, **kw),
     (), ALPHA_OF["sparsemax"], sparse=True, conformal_support=True, cosine_classifier=False,
     doc="sparsemax and its Fenchel-Young loss (Martins & Astudillo 2016)"))
 register(HeadSpec(
-    "entmax15", MAPPINGS["entmax15"].apply, lambda z, t, s, training, **kw: entmax15_loss(z, t, **kw),
+    "entmax15", MAPPINGS["entmax15"].apply, lambda z, t, s, training, **kw: losses.entmax15_loss(z, t, **kw),
     (), ALPHA_OF["entmax15"], sparse=True, conformal_support=True, cosine_classifier=False,
     doc="1.5-entmax and its Fenchel-Young loss (Peters et al. 2019)"))
 register(HeadSpec(
     "entmax_bisect", MAPPINGS["entmax_bisect"].apply,
-    lambda z, t, s, training, **kw: entmax_bisect_loss(z, t, alpha=s["alpha"], n_iter=entmax_bisect_steps(z, s),
-                                                       **kw),
+    lambda z, t, s, training, **kw: losses.entmax_bisect_loss(z, t, alpha=s["alpha"],
+                                                              n_iter=mappings.entmax_bisect_steps(z, s), **kw),
     (ALPHA, LEARN_ALPHA), "alpha", sparse=True, conformal_support=True, cosine_classifier=False,
     doc="alpha-entmax, alpha fixed or learned (Correia et al. 2019)", check_settings=_learned_alpha_inside))
 register(HeadSpec(
-    "normmax", lambda z, dim, s: normmax(z, s["gamma"], dim),
-    lambda z, t, s, training, **kw: normmax_loss(z, t, s["gamma"], **kw),
+    "normmax", lambda z, dim, s: normmax.normmax(z, s["gamma"], dim),
+    lambda z, t, s, training, **kw: normmax.normmax_loss(z, t, s["gamma"], **kw),
     (GAMMA,), None, sparse=True, conformal_support=False, cosine_classifier=False,
     doc="gamma-normmax and its Fenchel-Young loss (Santos et al. 2024)"))
 register(HeadSpec(
-    "sparse_softmax", lambda z, dim, s: topk_softmax(z, s["k"], dim),
-    lambda z, t, s, training, **kw: topk_softmax_loss(z, t, s["k"], **kw),
+    "sparse_softmax", lambda z, dim, s: topk_softmax.topk_softmax(z, s["k"], dim),
+    lambda z, t, s, training, **kw: topk_softmax.topk_softmax_loss(z, t, s["k"], **kw),
     (K,), None, sparse=True, conformal_support=False, cosine_classifier=False,
     doc="softmax over the top k logits (Sun et al. 2021)", check_classes=_check_k_classes))
 register(HeadSpec(
-    "taylor_softmax", lambda z, dim, s: taylor_softmax(z, s["order"], dim),
-    lambda z, t, s, training, **kw: taylor_softmax_loss(z, t, s["order"], **kw),
+    "taylor_softmax", lambda z, dim, s: taylor_softmax.taylor_softmax(z, s["order"], dim),
+    lambda z, t, s, training, **kw: taylor_softmax.taylor_softmax_loss(z, t, s["order"], **kw),
     (ORDER,), None, sparse=False, conformal_support=False, cosine_classifier=False,
     doc="Taylor softmax and its negative log-likelihood (de Brebisson & Vincent 2016)"))
 register(HeadSpec(
     # the margin belongs to the training loss only: probabilities and eval loss are margin-free
-    "am_softmax", lambda z, dim, s: softmax(z, dim),
-    lambda z, t, s, training, **kw: am_softmax_loss(z, t, s["scale"], s["margin"] if training else 0.0, **kw),
+    "am_softmax", lambda z, dim, s: mappings.softmax(z, dim),
+    lambda z, t, s, training, **kw: am_softmax.am_softmax_loss(z, t, s["scale"], s["margin"] if training else 0.0,
+                                                               **kw),
     (SCALE, MARGIN), None, sparse=False, conformal_support=False, cosine_classifier=True,
     doc="additive-margin softmax on a cosine classifier (Wang et al. 2018)"))
 
@@ -270,8 +279,8 @@ def _perturbmax_args(s: dict) -> dict:
 
 
 register(HeadSpec(
-    "perturbmax", lambda z, dim, s: perturbmax(z, dim=dim, **_perturbmax_args(s)),
-    lambda z, t, s, training, **kw: perturbmax_loss(z, t, **_perturbmax_args(s), **kw),
+    "perturbmax", lambda z, dim, s: perturbmax.perturbmax(z, dim=dim, **_perturbmax_args(s)),
+    lambda z, t, s, training, **kw: perturbmax.perturbmax_loss(z, t, **_perturbmax_args(s), **kw),
     (SIGMA, SAMPLES, NOISE), None, sparse=False, conformal_support=False, cosine_classifier=False,
     doc="Monte-Carlo perturbed argmax and its perturbed Fenchel-Young loss (Berthet et al. 2020)", draws=True))
 
@@ -288,5 +297,10 @@ def is_sparse(name: str) -> bool:
     return spec is not None and spec.sparse
 
 
-__all__ = ["HParam", "HeadSpec", "HEADS", "HPARAMS", "register", "head_spec", "check_settings", "defaults",
-           "HEAD_NAMES", "SPARSE_HEAD_NAMES", "ENTMAX_HEAD_NAMES", "is_sparse", "learned_alpha_logit"]
+def load_implementations() -> None:
+    """Import every head's implementation now: torch.compile must not meet a module still to load."""
+    load_deferred(globals())
+
+
+__all__ = ["load_implementations", "HParam", "HeadSpec", "HEADS", "HPARAMS", "register", "head_spec", "check_settings",
+           "defaults", "HEAD_NAMES", "SPARSE_HEAD_NAMES", "ENTMAX_HEAD_NAMES", "is_sparse", "learned_alpha_logit"]

@@ -34,9 +34,8 @@ from timm.models._features import feature_take_indices  # as timm.models.mlp_mix
 from common.errors import UserError
 
 from .convert import load_pretrained
-from .hopfield_pool import POOLS, HopfieldPooling, check_pool
-
-NORMS = ("affine", "layernorm", "batchnorm")
+from .hopfield_pool import HopfieldPooling, check_pool
+from .names import MODEL_NAMES, NORMS, POOLS, VARIANTS  # noqa: F401  (MODEL_NAMES: re-exported)
 
 
 def layerscale_init(depth: int) -> float:
@@ -359,20 +358,7 @@ class ResMLP(nn.Module):
         return self.forward_head(self.forward_features(x))
 
 
-# --- named variants, registered with timm ------------------------------------------------------
-# The one table of variants: MODEL_NAMES, the pretrained configs and the constructors below all
-# follow it (tests/test_model.py checks that every name here is registered, and nothing else).
-VARIANTS = {
-    "resmlp_tiny": dict(img_size=32, patch_size=4, embed_dim=128, depth=4),
-    "resmlp_cifar_s12": dict(img_size=32, patch_size=4, embed_dim=384, depth=12),
-    "resmlp_cifar_s24": dict(img_size=32, patch_size=4, embed_dim=384, depth=24),
-    "resmlp_s12": dict(img_size=224, patch_size=16, embed_dim=384, depth=12),
-    "resmlp_s24": dict(img_size=224, patch_size=16, embed_dim=384, depth=24),
-    "resmlp_s36": dict(img_size=224, patch_size=16, embed_dim=384, depth=36),
-    # DeiT's resmlpB_24 (and timm's resmlp_big_24) start LayerScale at 1e-6, below the depth rule.
-    "resmlp_b24": dict(img_size=224, patch_size=8, embed_dim=768, depth=24, init_values=1e-6),
-}
-MODEL_NAMES = tuple(VARIANTS)
+# --- named variants (models/names.py's VARIANTS), registered with timm -------------------------
 # timm's own model of the same architecture (timm.models.mlp_mixer), for the paper's variants with
 # the Affine norm; models/convert.py maps the weights both ways.
 TIMM_ARCHITECTURES = {"resmlp_s12": "resmlp_12_224", "resmlp_s24": "resmlp_24_224", "resmlp_s36": "resmlp_36_224",

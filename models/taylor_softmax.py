@@ -24,13 +24,9 @@ import math
 import torch
 from torch import Tensor
 
-from common.intervals import RangeCheck
-
+from .head_checks import check_order
 from .head_targets import RowGradientLoss, compute_dtype, finish_rows, row_loss
 from .mappings import rows_backward, rows_forward
-
-check_order = RangeCheck("head.order", int, "[2, inf)", "Taylor softmax is only positive for even orders",
-                         extra=(lambda order: order % 2 == 0, "even"))
 
 
 def taylor_terms(x: Tensor, order: int):

@@ -28,22 +28,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from common.errors import UserError
-from common.intervals import RangeCheck
-
+from .head_checks import check_k
 from .head_targets import RowGradientLoss, compute_dtype, finish_rows, masked_dot, row_loss
 from .mappings import rows_backward, rows_forward
-
-_check_k_at_least_one = RangeCheck("head.k", int, "[1, inf)", "the number of classes kept by sparse_softmax")
-
-
-def check_k(k, num_classes=None) -> int:
-    """k as an int >= 1 and, given the class count, at most that (one UserError line otherwise)."""
-    k = _check_k_at_least_one(k)
-    if num_classes is not None and k > num_classes:
-        raise UserError(f"head.k={k} exceeds the number of classes ({num_classes}); "
-                        f"set head.k to at most {num_classes}")
-    return k
 
 
 def topk_softmax_kernel(x: Tensor, k: int):

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-import models  # noqa: F401  (registers resmlp_* with timm)
+import models.resmlp  # noqa: F401  (registers resmlp_* with timm)
 from common import rundir
 from common.children import ChildProcesses, StoppedBySignal
 from common.cli import run_cli

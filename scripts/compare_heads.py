@@ -81,11 +81,9 @@ import sys
 
 import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
-from common.startup import say_loading
-
-say_loading("compare_heads.py")
 from common.cli import run_cli
-from comparison import cli, command
+from common.startup import say_loading
+from comparison import cli  # (neither torch nor timm: the command line and the config are checked before they load)
 from comparison.slurm import check_evaluated
 
 
@@ -98,7 +96,12 @@ def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--check-evaluated"]:  # an array task's question (comparison/slurm_array.sh), not a comparison
         return check_evaluated(argv[1:])
-    return command.run(parse_args(argv), argv)
+    args = parse_args(argv)
+    base_cfg = cli.resolved_config(args)
+    say_loading("compare_heads.py")
+    from comparison import command
+
+    return command.run(args, argv, base_cfg)
 
 
 if __name__ == "__main__":

@@ -51,7 +51,8 @@ from common.runlock import writing_into
 from configs.overrides import parse_command_line
 from data.classes import class_map_text
 from data.transforms import eval_transform
-from inference.trained_run import add_run_arguments, open_from_args
+from inference.arguments import add_run_arguments
+from inference.trained_run import open_from_args
 from models.mappings import threshold_path
 from models.registry import head_spec
 

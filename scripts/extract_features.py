@@ -55,8 +55,9 @@ from data import features as F
 from data.classes import save_class_names
 from data.loaders import TaskLoader
 from evaluation import ood_report
+from inference.arguments import add_run_arguments
 from inference.processes import inference_accelerator
-from inference.trained_run import add_run_arguments, open_from_args
+from inference.trained_run import open_from_args
 from models import create_classifier
 from models.pretrained import (
     CLASSIFIER_PREFIX,

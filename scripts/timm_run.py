@@ -21,7 +21,7 @@ def main(argv):
         print("error: give the path of a timm script first, e.g. pytorch-image-models/validate.py, then its "
               "arguments", file=sys.stderr)
         return 2
-    import models  # noqa: F401 - registers this project's ResMLP variants with timm
+    import models.resmlp  # noqa: F401 - registers this project's ResMLP variants with timm
 
     script = os.path.abspath(argv[0])
     sys.argv = [script, *argv[1:]]

@@ -27,7 +27,7 @@ if ROOT not in sys.path:
 
 
 class FaultHooks:
-    """The `hooks` object train.train() accepts: on_loss(step, loss) -> loss, after_update(step)."""
+    """The `hooks` object training.loop.train() accepts: on_loss(step, loss) -> loss, after_update(step)."""
 
     def __init__(self, nan_at_step=-1, step_delay_s=0.0, pause_after_step=-1, gate=None):
         self.nan_at_step = nan_at_step

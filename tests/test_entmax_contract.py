@@ -212,14 +212,13 @@ def test_learned_alpha_head_keeps_its_open_interval():
 def test_learned_alpha_head_takes_the_short_search_and_stays_exact(dtype, path, monkeypatch):
     """A learned alpha is a tensor in (1, 2): the head asks for the short bisection (12 / 20 steps),
     which the device path could not choose alone, and the result still meets the reference."""
-    from models import mapping_table, registry
+    from models import mappings
     from models.heads import OutputHead
     from models.thresholds_device import default_n_iter
 
     asked = []
-    real = mapping_table.entmax_bisect_steps
-    for module in (mapping_table, registry):  # the mapping's and the loss's
-        monkeypatch.setattr(module, "entmax_bisect_steps", lambda z, s: asked.append(real(z, s)) or asked[-1])
+    real = mappings.entmax_bisect_steps  # the mapping's and the loss's one choice of the step count
+    monkeypatch.setattr(mappings, "entmax_bisect_steps", lambda z, s: asked.append(real(z, s)) or asked[-1])
     h = OutputHead("entmax_bisect", alpha=1.3, learn_alpha=True).to(dtype)
     x = _logits(dtype)
     with threshold_path(path):

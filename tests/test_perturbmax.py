@@ -267,3 +267,14 @@ def test_evaluate_gives_each_example_the_same_numbers_at_any_batch_size(one_thre
     for b in (1, 7, 128):
         for key in ("max_prob", "p_y", "pred", "support_size"):
             assert torch.equal(out[b][key], out[256][key][:len(out[b][key])]), (b, key)
+
+
+def test_the_torch_free_sigma_floor_reads_torchs_own_epsilons():
+    """head_checks declares the sigma floor without torch (the config check runs before torch loads):
+    its machine epsilons must be torch's, so the declared range is the one the dtype needs."""
+    from models import head_checks
+    from models.perturbmax import sigma_floor
+
+    assert head_checks.EPS == {name: torch.finfo(getattr(torch, name)).eps for name in ("float32", "float64")}
+    assert head_checks.check_sigma.range == f"[{sigma_floor(torch.float32):g}, inf)"
+    assert head_checks.check_sigma_float64.range == f"[{sigma_floor(torch.float64):g}, inf)"

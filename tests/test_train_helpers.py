@@ -42,18 +42,16 @@ def reset_accelerate_state():
 
 
 def run_inprocess(cfg, **kwargs):
-    """train.train(cfg) in this process (Accelerate's singletons reset first)."""
+    """training.loop.train(cfg) (train.py's body) in this process (Accelerate's singletons reset first)."""
     reset_accelerate_state()
-    if ROOT not in sys.path:
-        sys.path.insert(0, ROOT)
     import torch
 
-    import train
+    from training.loop import train
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the machine is shared: one thread is faster than two contended ones
     try:
-        return train.train(cfg, **kwargs)
+        return train(cfg, **kwargs)
     finally:
         torch.set_num_threads(threads)
 

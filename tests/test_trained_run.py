@@ -118,7 +118,8 @@ def test_the_flags_are_one_group_every_command_adds():
     import argparse
 
     from configs.overrides import parse_command_line
-    from inference.trained_run import add_run_arguments, open_from_args
+    from inference.arguments import add_run_arguments
+    from inference.trained_run import open_from_args
 
     p = argparse.ArgumentParser()
     add_run_arguments(p, data_flags=True)

@@ -38,7 +38,6 @@ from common.errors import UserError
 from common.io import atomic_write_text
 from configs.loader import config_to_dict, read_yaml_file
 from configs.schema import FREE, FROZEN, OPTIMIZER, RESUME_CLASS
-from training.optim import build_scheduler
 
 # Values a checkpoint derives from the config and the launch (resume_fingerprint), not config keys.
 DERIVED_KEYS = ("run.num_classes", "run.global_batch")
@@ -222,6 +221,8 @@ def rebuild_schedule(optimizer, fresh_hparams, optim_cfg, updates_per_epoch, ste
             if key != "initial_lr":
                 group[key] = value
         group["initial_lr"] = fresh.get("initial_lr", fresh["lr"])
+    from training.optim import build_scheduler  # (timm: imported once a run is set up, not for a config check)
+
     scheduler = build_scheduler(optimizer, optim_cfg, updates_per_epoch)
     scheduler.step_update(step)
     return scheduler

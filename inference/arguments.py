@@ -1,0 +1,127 @@
+"""The command lines of eval.py and predict.py, and the flags that say which trained run to open
+(shared with scripts/export.py and scripts/extract_features.py): argparse only, neither torch nor
+timm, so that a mistyped flag or choice is answered before they load (the entry points import the
+commands' bodies, inference/eval_command.py and predict_command.py, after parsing)."""
+import argparse
+import os
+
+from common.errors import UserError
+from common.suggest import choice_metavar, one_of
+from configs.overrides import parse_command_line
+from data.names import SPLITS
+
+ACCEPT_FLAG = "--accept-changed-weights"  # use weights whose sha256 differs from the run's record (weights_record.py)
+
+
+def add_run_arguments(parser, *, positional=False, data_flags=False, batch_help="per-process batch size"):
+    """The flags that say what to open, as one argparse group: --checkpoint (or a positional
+    RUN_DIR|WEIGHTS), --config, --model, --head, --img-size, --ema, --accept-changed-weights; with
+    data_flags also --dataset, --data-root and --batch-size (overrides of data.dataset, data.root,
+    data.eval_batch_size)."""
+    g = parser.add_argument_group("what to open")
+    what = "train.py run directory, one of its checkpoints (RUN/checkpoints/step_N), or a .safetensors/.pth " \
+           "weights file (with --config or --model)"
+    if positional:
+        g.add_argument("checkpoint", metavar="RUN_DIR|WEIGHTS", help=what)
+    else:
+        g.add_argument("--checkpoint", required=True, metavar="RUN_DIR_OR_WEIGHTS", help=what)
+    g.add_argument("--config", help="YAML config (needed for a weights file unless --model is given; "
+                                    "replaces a run directory's config.yaml)")
+    g.add_argument("--model", help="model name for a weights file without --config (e.g. resmlp_s12)")
+    g.add_argument("--head", help="output head for a weights file without --config (default softmax)")
+    g.add_argument("--img-size", type=int, help="model/data image size (default: the model variant's own, "
+                                                "32 for the CIFAR-size models, 224 otherwise)")
+    g.add_argument("--ema", action="store_true", help="the run's EMA weights (model_ema.safetensors)")
+    g.add_argument(ACCEPT_FLAG, action="store_true",
+                   help="use weights whose sha256 differs from the one the run recorded for them (its "
+                        "checkpoint's COMPLETE.json), with a warning; without it such a file is refused")
+    if data_flags:
+        g.add_argument("--dataset", help="override data.dataset")
+        g.add_argument("--data-root", help="override data.root")
+        g.add_argument("--batch-size", type=int, help=f"{batch_help} (data.eval_batch_size)")
+    return g
+
+
+# the data flags of add_run_arguments(data_flags=True): (argparse dest, config key)
+DATA_FLAGS = (("dataset", "data.dataset"), ("data_root", "data.root"), ("batch_size", "data.eval_batch_size"))
+
+
+def check_run_path(path):
+    """What --checkpoint names exists (open_run asks again; the entry points ask before torch loads)."""
+    if not os.path.exists(path):
+        raise UserError(f"checkpoint not found: {path} (give a train.py run directory or a weights file)")
+
+
+# ============================================================================ eval.py
+CALIB_SOURCES = ("auto", "calib", "val-half", "none")
+
+
+def parse_eval_args(argv, doc):
+    """The checked command line; `doc`: the entry point's docstring (its first two paragraphs are --help's)."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0], epilog=doc.split("\n\n")[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_run_arguments(p, data_flags=True, batch_help="per-process eval batch size")
+    p.add_argument("--split", default="val", action=one_of(SPLITS), metavar=choice_metavar(SPLITS))
+    p.add_argument("--calib", default="auto", action=one_of(CALIB_SOURCES),
+                   metavar=choice_metavar(CALIB_SOURCES),
+                   help="prediction-set calibration data: auto = the calib split when the run held one "
+                        "out (data.calib_fraction > 0), else half of the evaluated split; none = skip")
+    p.add_argument("--eps", type=float, nargs="+", default=None, help="miscoverage levels (default 0.1 0.05)")
+    p.add_argument("--ood-dataset", metavar="NAME", default=None,
+                   help="out-of-distribution set for OOD detection (a data.dataset name, e.g. builtin10_ood, "
+                        "imagefolder with --ood-root; auto = the built-in data's own OOD set)")
+    p.add_argument("--ood-root", metavar="DIR", default=None,
+                   help="data root of the OOD set (default: the run's data.root)")
+    p.add_argument("--ood-temperature", default=None, metavar="T",
+                   help="temperature of the energy OOD score T*logsumexp(z/T) (default 1)")
+    p.add_argument("--ood-memory", default=None, metavar="all|none|N",
+                   help="feature memory of the OOD scores: the training split's penultimate features (all, "
+                        "a seeded subsample of N, or none: no feature scores); stored in the run directory "
+                        "(default all)")
+    p.add_argument("--output", help="metrics JSON path (a CSV row and STEM.examples.safetensors are "
+                                    "written beside it)")
+    p.add_argument("--quiet", action="store_true", help="no table on the terminal")
+    p.add_argument("--allow-class-mismatch", action="store_true",
+                   help="evaluate although the dataset's class names differ from the run's classes.json")
+    return parse_command_line(p, argv, tool="python eval.py")
+
+
+# ============================================================================ predict.py
+OUTPUT_FORMATS = (".csv", ".jsonl")
+PRECISIONS = ("auto", "bf16", "fp32")
+
+def parse_predict_args(argv, doc):
+    """The checked command line; `doc`: the entry point's docstring (its first two paragraphs are --help's)."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0], epilog=doc.split("\n\n")[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_run_arguments(p)
+    p.add_argument("--images", required=True, metavar="DIR|GLOB|LIST",
+                   help="a folder (recursive), a quoted glob ('photos/*.jpg', ** for subfolders) or a text "
+                        "file with one image path per line")
+    p.add_argument("--output", required=True, metavar="PREDS.csv|PREDS.jsonl", help="where the predictions go")
+    p.add_argument("--topk", type=int, default=5, help="classes listed per image (default 5, at most all)")
+    p.add_argument("--batch-size", type=int, help="images per batch and process (default data.eval_batch_size)")
+    p.add_argument("--num-workers", type=int, help="decoding worker processes (default data.num_workers)")
+    p.add_argument("--precision", default="auto", action=one_of(PRECISIONS),
+                   metavar=choice_metavar(PRECISIONS),
+                   help="forward precision: auto = bf16 on CUDA, fp32 on CPU (fp32 gives eval.py's numbers)")
+    p.add_argument("--classes", metavar="FILE",
+                   help="class names: a classes.json ({\"classes\": [...]}) or one name per line (default: the "
+                        "run's classes.json)")
+    p.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
+    return parse_command_line(p, argv, tool="python predict.py")
+
+
+def check_predict_args(args):
+    ext = os.path.splitext(args.output)[1].lower()
+    if ext not in OUTPUT_FORMATS:
+        raise UserError(f"--output {args.output}: the extension picks the format, one of {', '.join(OUTPUT_FORMATS)}")
+    if os.path.exists(args.output) and not args.overwrite:
+        raise UserError(f"--output {args.output} exists; pass --overwrite to replace it, or choose another name")
+    if args.topk < 1:
+        raise UserError(f"--topk must be at least 1, got {args.topk}")
+    for flag in ("batch_size", "num_workers"):
+        value = getattr(args, flag)
+        if value is not None and value < (1 if flag == "batch_size" else 0):
+            raise UserError(f"--{flag.replace('_', '-')} must be {'positive' if flag == 'batch_size' else '>= 0'}, "
+                            f"got {value}")
