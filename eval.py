@@ -52,7 +52,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    arguments.check_run_path(args.checkpoint)
+    arguments.check_eval_args(args)
     say_loading("eval.py")  # before the imports' seconds, so the command does not look hung
     from inference import eval_command
 

@@ -34,7 +34,6 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     arguments.check_predict_args(args)
-    arguments.check_run_path(args.checkpoint)
     say_loading("predict.py")  # before the imports' seconds, so the command does not look hung
     from inference import predict_command
 

@@ -6,6 +6,7 @@ import argparse
 import os
 
 from common.errors import UserError
+from common.io import prepare_output
 from common.suggest import choice_metavar, one_of
 from configs.overrides import parse_command_line
 from data.names import SPLITS
@@ -53,6 +54,13 @@ def check_run_path(path):
 
 
 # ============================================================================ eval.py
+def check_eval_args(args):
+    """What eval.py can check before torch loads, in the order its body does: the output, the run's path."""
+    if args.output:
+        prepare_output(args.output)  # a bad --output is one line now, not after the forward passes
+    check_run_path(args.checkpoint)
+
+
 CALIB_SOURCES = ("auto", "calib", "val-half", "none")
 
 
@@ -113,6 +121,8 @@ def parse_predict_args(argv, doc):
 
 
 def check_predict_args(args):
+    """What predict.py can check before torch loads, in the order its body did: the flags, then the
+    output (a path through a file or a read-only folder is one line now), then the run's path."""
     ext = os.path.splitext(args.output)[1].lower()
     if ext not in OUTPUT_FORMATS:
         raise UserError(f"--output {args.output}: the extension picks the format, one of {', '.join(OUTPUT_FORMATS)}")
@@ -125,3 +135,5 @@ def check_predict_args(args):
         if value is not None and value < (1 if flag == "batch_size" else 0):
             raise UserError(f"--{flag.replace('_', '-')} must be {'positive' if flag == 'batch_size' else '>= 0'}, "
                             f"got {value}")
+    prepare_output(args.output)
+    check_run_path(args.checkpoint)

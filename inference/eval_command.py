@@ -9,7 +9,7 @@ import torch
 import data
 from common import rundir
 from common.errors import UserError
-from common.io import prepare_output, write_json
+from common.io import write_json
 from common.runlock import writing_into
 from data.classes import check_class_names
 from evaluation import conformal, ood_eval, ood_report, pool_support, report, selective_report
@@ -17,6 +17,7 @@ from evaluation import metrics as M
 from evaluation.calibration_file import conformal_path, save_thresholds
 from evaluation.evaluate import evaluate
 from evaluation.examples import save_examples
+from inference.arguments import check_eval_args
 from inference.processes import inference_accelerator
 from inference.trained_run import open_from_args
 
@@ -119,8 +120,7 @@ def selective_summary(records, head_name):
 
 def main(args):
     """Run the command on parsed arguments (parse_args); -> exit status."""
-    if args.output:
-        prepare_output(args.output)  # a bad --output is one line now, not after the forward passes
+    check_eval_args(args)  # the output (one line now, not after the forward passes) and the run's path
     run = open_from_args(args)
     cfg, kind = run.cfg, run.weights_kind
 

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 import data
 from common import rundir
 from common.errors import UserError
-from common.io import atomic_write_text, json_text, prepare_output
+from common.io import atomic_write_text, json_text
 from common.runlock import writing_into
 from common.seeding import mix_seed
 from data.classes import check_class_names, class_list_problem
@@ -230,8 +230,7 @@ def write_predictions(rows, output, topk, sparse, thresholds):
 # ============================================================================ main
 def main(args):
     """Run the command on parsed arguments (parse_args); -> exit status."""
-    check_predict_args(args)
-    prepare_output(args.output)  # before the forward pass: a path through a file or a read-only folder is one line now
+    check_predict_args(args)  # the flags, the output (before the forward pass) and the run's path
     run = open_from_args(args)
     cfg, kind = run.cfg, run.weights_kind
     transform = run.eval_transform()  # files of any size, as eval.py's pipeline transforms its split
