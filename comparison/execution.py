@@ -1,7 +1,8 @@
 """Local execution of a plan's missing steps: train.py then eval.py per run, one run after another
-(output on the terminal) or --jobs N at once (each slot pinned to its share of the machine, its
-output in RUN_DIR/compare.log), always through a runner that forwards signals to the steps
-(common.children.ChildProcesses, or comparison.worker_slots.InProcess around one)."""
+(output on the terminal; every step in one worker process, comparison/worker_slots.py) or --jobs N
+at once (each slot pinned to its share of the machine, with its worker; output in RUN_DIR/compare.log),
+always through a runner that forwards signals to the steps (common.children.ChildProcesses, or
+comparison.worker_slots.InProcess around one)."""
 import os
 import shlex
 import subprocess
@@ -37,32 +38,43 @@ def run_todo(todo, commands, requests, jobs, children, progress=None):
         return run_parallel(todo, commands, jobs, children, progress)
     trained_now = evaluated_now = 0
     gpus = bool(todo) and slot_env.count_gpus() > 0
-    for tag, run_dir, ov, trained in todo:
-        if not trained:
-            print(f"{tag}: training", flush=True)
+    # one worker runs every step (one Python start, not two per run), unless the steps run in this
+    # process already (InProcess)
+    worker = WorkerSlot(children, device_env(0, 1)) if not isinstance(children, InProcess) else None
+    try:
+        for tag, run_dir, ov, trained in todo:
+            if not trained:
+                print(f"{tag}: training", flush=True)
+                start = time.perf_counter()
+                run_step(children, commands.train(ov), f"training {run_dir}", worker)
+                trained_now += 1
+                if not is_trained(run_dir):
+                    raise UserError(f"train.py finished without writing {run_dir}/summary.json")
+                cost.record_step(run_dir, "train", time.perf_counter() - start, device_env(0, 1), gpus)
+            print(f"{tag}: evaluating", flush=True)
             start = time.perf_counter()
-            run_step(children, commands.train(ov), f"training {run_dir}")
-            trained_now += 1
-            if not is_trained(run_dir):
-                raise UserError(f"train.py finished without writing {run_dir}/summary.json")
-            cost.record_step(run_dir, "train", time.perf_counter() - start, device_env(0, 1), gpus)
-        print(f"{tag}: evaluating", flush=True)
-        start = time.perf_counter()
-        run_step(children, commands.evaluate(run_dir), f"evaluating {run_dir}")
-        evaluated_now += 1
-        cost.record_step(run_dir, "eval", time.perf_counter() - start, device_env(0, 1), gpus)
-        if progress:
-            print(progress.line(), flush=True)
+            run_step(children, commands.evaluate(run_dir), f"evaluating {run_dir}", worker)
+            evaluated_now += 1
+            cost.record_step(run_dir, "eval", time.perf_counter() - start, device_env(0, 1), gpus)
+            if progress:
+                print(progress.line(), flush=True)
+    finally:
+        if worker is not None:
+            worker.close()
     return trained_now, evaluated_now
 
 
-def run_step(children, cmd, what):
-    """One step on the terminal; a signal stops the comparison with the step's exit status."""
+def run_step(children, cmd, what, worker=None):
+    """One step on the terminal (through `worker` when it can run it); a signal stops the comparison
+    with the step's exit status."""
     print(f"$ {' '.join(shlex.quote(c) for c in cmd)}", flush=True)
     # in the caller's directory (relative run paths mean the same), with the threads of a one-job slot
     # set (all the cores, torch's default): a busy-cores warning of train.py is for a user who started
     # it, not for a step of this comparison
-    status = children.run(cmd, env=device_env(0, 1))
+    if worker is not None and can_run(cmd):
+        status = worker.run(cmd)
+    else:
+        status = children.run(cmd, env=device_env(0, 1))
     children.check_stopped(f"{what} stopped (exit {status})", status)
     if status != 0:
         raise UserError(f"{what} failed (exit {status}); fix the error above and {RERUN}")

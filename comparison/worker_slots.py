@@ -30,6 +30,7 @@ from comparison.paths import WORKER_SCRIPT
 
 ENTRY_POINTS = {"train.py": "train", "eval.py": "eval"}  # what a worker runs: a command's script -> module
 BUG_EXIT = 1  # a step raised something other than a UserError: the worker stops after it
+STDOUT_FD = "--stdout-fd"  # the worker's flag: the descriptor its steps' stdout goes to (comparison/worker.py)
 
 
 def ends_worker(status):
@@ -83,17 +84,23 @@ def can_run(cmd):
 
 class WorkerSlot:
     """One --jobs slot's worker process, started at the slot's first step with the slot's environment
-    (its OMP_NUM_THREADS / CUDA_VISIBLE_DEVICES); `run(cmd, log)` -> the step's exit status."""
+    (its OMP_NUM_THREADS / CUDA_VISIBLE_DEVICES); `run(cmd, log)` -> the step's exit status. A step
+    with no log prints where this process prints (its stdout and stderr), as a child process would."""
 
     def __init__(self, children, env):
         self.children, self.env = children, env
         self.proc = None
 
     def _start(self):
-        self.proc = self.children.start([sys.executable, WORKER_SCRIPT], env=self.env, text=True,
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        stdout = os.dup(1)  # this process's stdout, for the steps that print on the terminal
+        try:
+            self.proc = self.children.start([sys.executable, WORKER_SCRIPT, STDOUT_FD, str(stdout)], env=self.env,
+                                            text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                            pass_fds=(stdout,))
+        finally:
+            os.close(stdout)
 
-    def run(self, cmd, log):
+    def run(self, cmd, log=None):
         if self.proc is None:
             self._start()
         try:

@@ -17,10 +17,11 @@ Training and evaluation go through the two entry points, as subprocesses:
 `python eval.py --checkpoint RUN_DIR --output RUN_DIR/eval.json --quiet [--ood-dataset NAME]`
 (both prefixed with --launcher, e.g. "accelerate launch --num_processes 8", when given). Subprocesses
 because Accelerate's state (process group, device, mixed precision) is per process and a
-multi-process launcher needs a fresh one anyway (--jobs N without --launcher: one worker process per
+multi-process launcher needs a fresh one anyway (without --launcher: one worker process per
 job slot runs the steps, see below).
 Modes:
-  (default)      one run after another, output on the terminal;
+  (default)      one run after another, output on the terminal; without --launcher one worker
+                 process runs every step (scripts/compare_worker.py), as under --jobs N;
   --jobs N       N runs at once, each pinned to its share of the machine: with GPUs, CUDA_VISIBLE_DEVICES
                  gives job slot j the GPUs j, j+N, ... (round-robin); on CPU each job gets
                  OMP_NUM_THREADS = cores // N (at most the OMP_NUM_THREADS you set). Each run's

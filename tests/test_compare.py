@@ -93,6 +93,16 @@ def _child_run(call):
     """A subprocess.call-like stand-in as common.children.ChildProcesses.run (children start through it)."""
     return lambda self, cmd, **kwargs: call(cmd, **kwargs)
 
+
+def fake_steps(monkeypatch, call):
+    """Every train.py / eval.py step of a comparison goes to `call(cmd, env=...)` instead: the ones a
+    child process runs (ChildProcesses.run) and the ones a worker runs (WorkerSlot.run: one-run-after-
+    another comparisons run their steps on one worker)."""
+    from comparison.worker_slots import WorkerSlot
+
+    monkeypatch.setattr(ChildProcesses, "run", _child_run(call))
+    monkeypatch.setattr(WorkerSlot, "run", lambda self, cmd, log=None: call(cmd, env=self.env))
+
 def test_report_has_every_column_and_plot():
     from evaluation import comparison, plots
 
@@ -128,6 +138,36 @@ def test_report_has_every_column_and_plot():
     lines = open(os.path.join(report_dir, "runs.csv")).read().strip().splitlines()
     assert len(lines) == 1 + len(HEADS) and "ps_support_eps0.1_coverage" in lines[0]
     assert "2 training run(s) and 2 evaluation(s)" in stdout
+    # the steps ran on the comparison's one worker and printed on its stdout, as child processes would
+    for head in HEADS:
+        assert f"run dir {os.path.join('runs', f'{head}-s0')}" in stdout  # train.py's last line
+
+
+def test_one_run_after_another_runs_every_step_on_one_worker(tmp_path, monkeypatch):
+    """The default mode's steps go to one WorkerSlot (one Python start for the whole comparison, not
+    two per run), with a one-job slot's environment; no step starts a process of its own."""
+    from comparison.slot_env import device_env
+    from comparison.worker_slots import WorkerSlot
+
+    root = tiny_comparison_copy(tmp_path, monkeypatch)
+    shutil.rmtree(os.path.join(root, "runs", "sparsemax-s0"))  # one run to redo: train and evaluate
+    slots = []
+    monkeypatch.setattr(ChildProcesses, "run", _child_run(lambda *a, **k: pytest.fail("a step got a process")))
+    source = os.path.join(tiny_comparison()[0], "runs", "sparsemax-s0")
+
+    def run(self, cmd, log=None):
+        slots.append((id(self), os.path.basename(cmd[1]), log, self.env == device_env(0, 1)))
+        if os.path.basename(cmd[1]) == "train.py":
+            # the run as trained and evaluated
+            shutil.copytree(source, os.path.join(root, "runs", "sparsemax-s0"), dirs_exist_ok=True)
+        return 0
+
+    monkeypatch.setattr(WorkerSlot, "run", run)
+    import compare_heads
+
+    assert compare_heads.main(compare_args()) == 0
+    assert [s[1:] for s in slots] == [("train.py", None, True), ("eval.py", None, True)]
+    assert len({s[0] for s in slots}) == 1
 
 
 def _stamps(root):
@@ -148,7 +188,7 @@ def test_second_invocation_runs_nothing(tmp_path, monkeypatch, capsys):
     import compare_heads
 
     calls = []
-    monkeypatch.setattr(ChildProcesses, "run", _child_run(lambda *a, **k: calls.append(a) or 0))
+    fake_steps(monkeypatch, lambda *a, **k: calls.append(a) or 0)
     assert compare_heads.main(compare_args()) == 0
     out = capsys.readouterr().out
     assert calls == []

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from test_compare import ROOT, TINY_CONFIG, _child_run, tiny_comparison
+from test_compare import ROOT, TINY_CONFIG, _child_run, fake_steps, tiny_comparison
 
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import compare_heads  # noqa: E402
@@ -85,7 +85,7 @@ def test_every_mode_runs_the_same_plan(sandbox, monkeypatch, capsys):
 
     # Sequential: train then eval, run after run, in plan order.
     sequential = []
-    monkeypatch.setattr(ChildProcesses, "run", _child_run(_fake_call(sequential, source_runs)))
+    fake_steps(monkeypatch, _fake_call(sequential, source_runs))
     assert compare_heads.main(_args(root)) == 0
     assert [c[0] for c in sequential] == ["train.py", "eval.py"] * len(plan)
     one_slot = device_env(0, 1)  # a one-job slot's environment: every core (the user's cap kept)
@@ -97,7 +97,7 @@ def test_every_mode_runs_the_same_plan(sandbox, monkeypatch, capsys):
     parallel = []
     fake = _fake_call(parallel, source_runs)
     monkeypatch.setattr(ChildProcesses, "run", _child_run(lambda *a, **k: pytest.fail("not a worker")))
-    monkeypatch.setattr(WorkerSlot, "run", lambda self, cmd, log: fake(cmd, env=self.env))
+    monkeypatch.setattr(WorkerSlot, "run", lambda self, cmd, log=None: fake(cmd, env=self.env))
     monkeypatch.setattr(slot_env, "count_gpus", lambda: 0)
     monkeypatch.setattr(slot_env, "count_cores", lambda: 4)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # tests/conftest.py sets 1: no cap here
@@ -125,7 +125,7 @@ def test_every_mode_runs_the_same_plan(sandbox, monkeypatch, capsys):
     # --report-only: nothing runs; a run without its evaluation is named as missing.
     gone = plan[-1][2]
     os.remove(os.path.join(gone, "eval.json"))
-    monkeypatch.setattr(ChildProcesses, "run", _child_run(lambda *a, **k: pytest.fail("report-only ran something")))
+    fake_steps(monkeypatch, lambda *a, **k: pytest.fail("report-only ran something"))
     capsys.readouterr()
     assert compare_heads.main(_args(root, "--report-only")) == 0
     out = capsys.readouterr().out
@@ -294,7 +294,7 @@ def test_the_plans_first_line_is_its_cost(sandbox, monkeypatch, capsys):
     assert compare_heads.main(_args(root, "--dry-run")) == 0
     assert capsys.readouterr().out.splitlines()[0] == ("cost: 4 of 4 run(s) to train and evaluate; no finished run "
                                                        "to measure from yet (the estimate comes once a run is done)")
-    monkeypatch.setattr(ChildProcesses, "run", _child_run(_fake_call([], source_runs)))
+    fake_steps(monkeypatch, _fake_call([], source_runs))
     assert compare_heads.main(_args(root)) == 0
     runs = os.path.join(root, "runs")
     for name in os.listdir(runs):

@@ -136,9 +136,9 @@ def _workers_of(pid):
 
 
 @pytest.mark.skipif(shutil.which("ps") is None, reason="finds the workers with ps")
-def test_sigterm_reaches_the_workers_mid_training_and_the_rerun_resumes(tmp_path):
+def test_sigterm_reaches_the_workers_mid_training_and_both_save(tmp_path):
     """compare_heads --jobs 2 (workers): SIGTERM to the launcher only; both trainings save and stop, it
-    exits 143 with no process left, and the same command resumes both runs to the end."""
+    exits 143 with no process left. (The rerun that resumes, through a worker too: test_launcher_signals.py.)"""
     config = tmp_path / "tiny.yaml"
     config.write_text(TINY_CONFIG)
     runs = tmp_path / "runs"
@@ -167,9 +167,3 @@ def test_sigterm_reaches_the_workers_mid_training_and_the_rerun_resumes(tmp_path
     for pid in workers:  # compare_heads waited for its workers: none outlives it
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
-
-    again = subprocess.run(cmd, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=400)
-    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
-    for s in (0, 1):
-        run = runs / f"softmax-s{s}"
-        assert "resumed from" in (run / "compare.log").read_text() and (run / "summary.json").exists()

@@ -81,6 +81,7 @@ def test_sigterm_to_compare_heads_stops_its_training_cleanly_and_the_rerun_resum
     assert not os.path.exists(os.path.join(run, "run.lock"))
     assert [s for s, _ in ck.list_checkpoints(os.path.join(run, rundir.CHECKPOINTS))] == [PAUSE_AFTER]
 
+    # the rerun, without the gated launcher: its steps run on the comparison's worker (comparison/execution.py)
     again = subprocess.run(_compare_cmd(tmp_path), cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,
                            timeout=400)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]

@@ -16,12 +16,11 @@ import torch
 
 import compare_heads  # scripts/ is on sys.path (tests/conftest.py)
 from common import rundir
-from common.children import ChildProcesses
 from common.errors import UserError
 from comparison import settle
 from evaluation.examples import save_examples
 from evaluation.sequential import Decision, Design, Interval
-from test_compare import TINY_CONFIG, _child_run, tiny_comparison
+from test_compare import TINY_CONFIG, fake_steps, tiny_comparison
 
 HEADS = ("softmax", "sparsemax", "entmax15")
 N = 101  # the tiny comparison's validation set
@@ -66,7 +65,7 @@ def sandbox(tmp_path, monkeypatch):
     source, _ = tiny_comparison()
     (tmp_path / "tiny.yaml").write_text(TINY_CONFIG)
     calls = []
-    monkeypatch.setattr(ChildProcesses, "run", _child_run(_fake_call(calls, os.path.join(source, "runs"))))
+    fake_steps(monkeypatch, _fake_call(calls, os.path.join(source, "runs")))
     for name in dir(plots):  # the looks are under test, not the plots (test_compare.py's): most of a report's time
         if name.startswith("plot_"):
             monkeypatch.setattr(plots, name, lambda *args, **kwargs: None)
