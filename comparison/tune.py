@@ -8,7 +8,8 @@ and the untuned settings compared on the held-out split (comparison/command.py c
     RUNS_DIR/tune/tuned/<variant>-s<seed>/     the verdict runs: each variant's best settings, --seeds
     RUNS_DIR/tune/untuned/<variant>-s<seed>/   the same runs with the config's own settings
     REPORT_DIR/report.md                       the tuned comparison, then the tuning (settings, scores,
-                                               plots) and how its verdicts differ from the untuned ones
+                                               the untuned and tuned values side by side, plots) and
+                                               how its verdicts differ from the untuned ones
     REPORT_DIR/untuned/report.md               the untuned comparison
     REPORT_DIR/tuning.json, tuning_<variant>_history.png, tuning_<variant>_importance.png
 
@@ -193,16 +194,27 @@ def verdicts(args, argv, commands, studies, tune_dir, report_dir, children, timi
         untuned = compare_plan(args, argv, untuned_plan, untuned_dir, commands,
                                report_dir=os.path.join(report_dir, "untuned"), children=children,
                                title_note=" (untuned: the config's settings)")
-    summary = tuning_summary(studies, best, timing)
+    summary = tuning_summary(studies, best, timing, tune_split(commands.config, args.overrides), commands.config)
     write_json(summary, os.path.join(report_dir, "tuning.json"))
     lines = tuning_report.tuning_section(summary, tuned[1], untuned[1], report_dir, untuned_report=os.path.join(
         "untuned", os.path.basename(untuned[0])), pruner=args.pruner)
     tuning_report.append_section(tuned[0], lines)
-    print("\n".join(line for line in lines if line.startswith("- ")))
+    print("\n".join(tuning_report.verdict_lines(tuned[1], untuned[1])))
     tracking.log_tuned_comparison(args, commands, os.path.dirname(tune_dir),
                                   {"tuned": tuned_plan, "untuned": untuned_plan}, report_dir)
     print(f"report: {tuned[0]} (tuned, with the tuning section); {untuned[0]} (untuned)")
     return 0
+
+
+def tune_split(config_path, overrides):
+    """{"images", "fraction"}: the tune split every trial scored on, counted from the config the
+    trials resolve to (`overrides` with tune_overrides': data/datasets.py's split_positions holds it
+    out of train after the calib split)."""
+    import configs
+    import data
+
+    cfg = configs.load_config(config_path, overrides).data
+    return {"images": len(data.build_dataset(cfg, "tune")), "fraction": cfg.tune_fraction}
 
 
 @contextlib.contextmanager

@@ -21,11 +21,13 @@ def trial_note(trial, retried):
     return "retried" if trial.number in retried else None
 
 
-def tuning_summary(studies, best, timing):
-    """What the report shows of each study (plain data: evaluation/tuning_report.py plots it)."""
+def tuning_summary(studies, best, timing, tune_split, config_path):
+    """What the report shows of each study (plain data: evaluation/tuning_report.py plots it);
+    `tune_split`: {"images", "fraction"} of the split the trials scored on; `config_path`: the
+    config the untuned arm trains (its settings of each tuned key are shown beside the chosen ones)."""
     from comparison.tuning_storage import retry_history
 
-    out = {"timing": timing or None, "variants": {}}
+    out = {"timing": timing or None, "tune_split": tune_split, "variants": {}}
     for name, study in studies.items():
         frozen = study.study.get_trials(deepcopy=False)
         retried = {n for t in frozen for n in retry_history(t)}
@@ -36,9 +38,23 @@ def tuning_summary(studies, best, timing):
         out["variants"][name] = {
             "study": study.name, "space": {k: r.text() for k, r in study.space.items()}, "trials": trials,
             "budget": study.trials, "budget_epochs": study.epochs, "best": None if best[name] is None else {
-                "number": best[name].number, "value": best[name].value, "params": best[name].params},
-            "importance": importance(study)}
+                "number": best[name].number, "value": best[name].value, "params": best[name].params,
+                "text": tuning.shown_settings(best[name].params)},
+            "config_settings": config_settings(config_path, study), "importance": importance(study)}
     return json.loads(json.dumps(out))
+
+
+def config_settings(config_path, study):
+    """{"params", "text"}: the untuned arm's value of each key the study tunes, from the config the
+    variant resolves to (the comparison's and the variant's overrides: the untuned runs' own)."""
+    import configs
+
+    cfg = configs.load_config(config_path, study.overrides)
+    params = {}
+    for key in study.space:
+        section, leaf = key.split(".", 1)
+        params[key] = getattr(getattr(cfg, section), leaf)
+    return {"params": params, "text": tuning.shown_settings(params)}
 
 
 def tuned_words(studies):

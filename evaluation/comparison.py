@@ -340,7 +340,7 @@ def equivalence_section(results):
             rows.append([f"{res['variant']} − {res['baseline']}", METRIC_TABLE[metric].label,
                          equivalence.margin_text(metric, v["margin"]), str(v["n"]),
                          equivalence.with_unit(metric, equivalence.format_difference(metric, v["mean"])),
-                         _interval_cell(metric, v["interval"]), _interval_cell(metric, v["difference_interval"]),
+                         interval_cell(metric, v["interval"]), interval_cell(metric, v["difference_interval"]),
                          _p_cell(v["p_equivalence"]), _p_cell(v["p_non_inferiority"]), _p_cell(v["p_difference"]),
                          " / ".join(_p_cell(v[f"{k}_adjusted"]) for k in ADJUSTED_COLUMN), v["verdict"]])
     if not rows:
@@ -364,7 +364,7 @@ def equivalence_section(results):
             report.markdown_table(header, rows), ""] + [f"- {s}" for s in sentences] + [""]
 
 
-def _interval_cell(metric, interval):
+def interval_cell(metric, interval):
     low, high = interval
     if low != low:
         return "n/a (1 seed)"

@@ -79,14 +79,15 @@ def plot_tuning_history(name, trials, path):
     _save(fig, path)
 
 
-def plot_tuning_importance(name, importances, path):
-    """importances: {setting: Optuna's importance (sums to 1)} -> horizontal bars, largest on top."""
+def plot_tuning_importance(name, importances, path, complete):
+    """importances: {setting: Optuna's importance (sums to 1)} -> horizontal bars, largest on top;
+    `complete`: the complete trials they were fitted to, in the title (the PNG may be read alone)."""
     items = sorted(importances.items(), key=lambda kv: kv[1])
     fig, ax = plt.subplots(figsize=(5.5, 0.5 + 0.45 * len(items) + 0.8))
     ax.barh([k for k, _ in items], [v for _, v in items], color="C0")
     ax.set_xlim(0, 1)
     ax.set_xlabel("importance (fANOVA share of the tune top-1's variance)")
-    ax.set_title(f"Setting importance: {name}", fontsize=10)
+    ax.set_title(f"Setting importance: {name} (from {complete} complete trials)", fontsize=10)
     ax.grid(alpha=0.3, axis="x")
     _save(fig, path)
 

@@ -16,6 +16,7 @@ import yaml
 import configs
 import data
 from common.search_space import parse_search
+from comparison.tuning import shown_settings
 from configs.schema import SEARCH
 from models.registry import HPARAMS
 
@@ -165,8 +166,13 @@ def test_same_budget_per_head_chosen_settings_in_report_and_runs(sandbox, feats,
         for key, value in best.params.items():
             section, leaf = key.split(".")
             assert cfg[section][leaf] == value
-            assert f"{key}={value:.3g}" in report if isinstance(value, float) else f"{key}={value}" in report
-        assert yaml.safe_load(open(f"runs/tune/untuned/{variant}-s0/config.yaml"))["optim"]["lr"] == 1e-2
+            assert f"{key}={value:.4g}" in report if isinstance(value, float) else f"{key}={value}" in report
+        untuned_cfg = yaml.safe_load(open(f"runs/tune/untuned/{variant}-s0/config.yaml"))
+        assert untuned_cfg["optim"]["lr"] == 1e-2
+        tuning = report.split("\n## Tuning\n", 1)[1]
+        row = next(line for line in tuning.splitlines() if line.startswith(f"| {variant} | "))
+        config_cell = row.split(" | ")[1]  # the untuned arm's own settings of the tuned keys
+        assert config_cell == shown_settings({k: untuned_cfg[k.split(".")[0]][k.split(".")[1]] for k in best.params})
         trial_cfg = yaml.safe_load(open(os.path.join(best.user_attrs["tune.run_dir"], "config.yaml")))
         assert trial_cfg["train"]["eval_split"] == "tune" and trial_cfg["data"]["tune_fraction"] == 0.1
         # the report's and tuning.json's counts are Optuna's own
@@ -174,7 +180,12 @@ def test_same_budget_per_head_chosen_settings_in_report_and_runs(sandbox, feats,
         row = re.search(rf"^\| {variant} \|.*\| (\d+) complete, (\d+) pruned(?:, (\d+) failed)?", report, re.M)
         assert row and [int(g or 0) for g in row.groups()] == [states.count(s) for s in ("COMPLETE", "PRUNED", "FAIL")]
         assert [t["state"] for t in summary[variant]["trials"]] == states
-    assert "3 complete trials (pruned and failed ones are extra" in report
+    assert "same budget: 3 complete trials\n(pruned and failed ones are extra" in report
+    tune = build(configs.config_from_dict({"data": {"dataset": "features", "root": feats, "tune_fraction": 0.1}}).data,
+                 "tune")
+    assert f"tune split,\n  {len(tune)} images (data.tune_fraction=0.1 of train" in report
+    assert json.load(open("rep/tuning.json"))["tune_split"] == {"images": len(tune), "fraction": 0.1}
+    _check_side_by_side(report, "rep/untuned/runs.csv", "rep/runs.csv")
     assert "tuning each head" not in report  # the plain words do not suggest what was done
     assert os.path.isfile("rep/tuning_softmax_history.png") and os.path.isfile("rep/untuned/report.md")
     assert "Tuned against untuned verdicts" in report
@@ -183,6 +194,25 @@ def test_same_budget_per_head_chosen_settings_in_report_and_runs(sandbox, feats,
     assert _compare(argv) == 0  # everything done: no trial and no run again
     assert {name: len(study.get_trials()) for name, study in _studies().items()} == counts
     assert ": training" not in capsys.readouterr().out
+
+
+def _check_side_by_side(report, untuned_csv, tuned_csv):
+    """The tuning section's table per metric holds each head's value of either arm's own runs
+    (runs.csv: eval.py's numbers; one seed each) and their difference."""
+    import csv
+
+    from evaluation.statistics import METRIC_TABLE
+    from test_tuning_report import side_by_side_rows
+
+    arms = [{r["variant"]: r for r in csv.DictReader(open(path))} for path in (untuned_csv, tuned_csv)]
+    for metric, rule in METRIC_TABLE.items():
+        rows = side_by_side_rows(report, metric)
+        assert sorted(rows) == sorted(arms[1])
+        scale, digits = (100, 0.005) if rule.in_points else (1, 5e-5)
+        for head, (before, after, difference) in rows.items():
+            expected = [scale * float(arm[head][metric]) for arm in arms]
+            assert [before, after] == pytest.approx(expected, abs=digits + 1e-6)
+            assert difference == pytest.approx(expected[1] - expected[0], abs=10 * digits)
 
 
 class StandIn:
