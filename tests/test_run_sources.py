@@ -8,14 +8,13 @@
   was read (a source run exporting while it trains).
 - Messages: a malicious .pth, a missing pooling tensor, a changed pretrained file.
 
-The source is one tiny quick-start run, trained here at WORKSPACE/runs/quickstart, where the docs'
-commands expect it (WORKSPACE/configs links the repository's configs)."""
+The source is one tiny quick-start run, trained here by the page's own command at
+WORKSPACE/runs/quickstart, where the docs' commands expect it (WORKSPACE/configs links the
+repository's configs). That every page's commands find what they read: tests/test_docs_chain.py."""
 import builtins
 import hashlib
 import json
 import os
-import re
-import shlex
 import shutil
 import sys
 
@@ -28,7 +27,7 @@ from safetensors.torch import load_file, save_file
 
 from common.cli import run_cli
 from common.errors import UserError
-from markdown_docs import docs_text
+from markdown_docs import command_lines, shell_commands
 from test_train_helpers import ROOT, reset_accelerate_state
 
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
@@ -45,13 +44,23 @@ SOURCE = "runs/quickstart"
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
-    """A folder holding `configs` (a link) and the tiny source run at runs/quickstart."""
+    """A folder holding `configs` (a link) and the tiny source run at runs/quickstart, trained by
+    docs/pretrained.md's command for it (the config's default train.output_dir)."""
+    import configs
+    import train
+
+    def output_dir(argv):
+        args = train.parse_args(argv)
+        return configs.load_config(os.path.join(ROOT, args.config), args.overrides).train.output_dir
+
+    makes_source = [c for c in docs_commands("pretrained.md") if c[0] == "train.py" and output_dir(c[1:]) == SOURCE]
+    assert makes_source == [["train.py", "--config", QUICKSTART]]
     root = tmp_path_factory.mktemp("workspace")
     os.symlink(os.path.join(ROOT, "configs"), root / "configs")
     here = os.getcwd()
     os.chdir(root)
     try:
-        assert _train(["--config", QUICKSTART, *TINY]) == 0
+        assert _train(makes_source[0][1:] + TINY) == 0
     finally:
         os.chdir(here)
     return root
@@ -90,26 +99,18 @@ def files_of(folder):
 
 
 def docs_commands(page):
-    """The `python ...` commands of the bash blocks of docs/`page` (continuations joined, comments
-    dropped), as argv lists."""
-    commands = []
-    for block in re.findall(r"```bash\n(.*?)```", docs_text(page), re.S):
-        for line in block.replace("\\\n", " ").splitlines():
-            argv = shlex.split(line, comments=True)
-            if argv[:1] == ["python"]:
-                commands.append(argv[1:])
-    return commands
+    """The `python ...` commands of docs/`page`, in its order, as argv lists without `python`."""
+    return [argv[1:] for _, argv in shell_commands(command_lines(page)) if argv[0] == "python"]
 
 
 # ----------------------------------------------------------------------------- a run's own directory
 def test_the_docs_commands_that_read_a_run_leave_it_unchanged(workspace, monkeypatch, capsys):
     monkeypatch.chdir(workspace)
-    shutil.copytree(SOURCE, "runs/big")  # the distillation example's teacher
     reading = [c for c in docs_commands("pretrained.md")
                if any(a.startswith(("model.pretrained=runs/", "train.teacher=runs/", "data.root=features/"))
                       or a == "runs/quickstart" for a in c)]
     assert [c[0] for c in reading] == ["train.py"] * 3 + ["scripts/extract_features.py", "train.py"]
-    sources = ["runs/quickstart", "runs/big", "features/qs"]
+    sources = ["runs/quickstart", "features/qs"]
     for argv in reading:
         before = {s: files_of(s) for s in sources}
         if argv[0] == "train.py":
