@@ -94,6 +94,20 @@ def _child_run(call):
     return lambda self, cmd, **kwargs: call(cmd, **kwargs)
 
 
+def time_runs(runs_dir, train_s, eval_s, threads):
+    """Give every finished run in `runs_dir` the step times the comparison measured (compare_timing.json),
+    and train.py's own time the same (the cost takes the longer of the two: the copied runs' own
+    time is whatever this machine took to train them)."""
+    for name in os.listdir(runs_dir):
+        run = os.path.join(runs_dir, name)
+        if os.path.isfile(os.path.join(run, rundir.SUMMARY)):
+            with open(os.path.join(run, "compare_timing.json"), "w") as f:
+                json.dump({"train_s": train_s, "eval_s": eval_s, "device": "cpu", "threads": threads}, f)
+            summary = json.load(open(os.path.join(run, rundir.SUMMARY)))
+            with open(os.path.join(run, rundir.SUMMARY), "w") as f:
+                json.dump(dict(summary, train_time_s=train_s), f)
+
+
 def fake_steps(monkeypatch, call):
     """Every train.py / eval.py step of a comparison goes to `call(cmd, env=...)` instead: the ones a
     child process runs (ChildProcesses.run) and the ones a worker runs (WorkerSlot.run: one-run-after-

@@ -4,7 +4,6 @@ train.py / eval.py are replaced by a fake `subprocess.call` that records each co
 finished run of the tiny comparison (tests/test_compare.py) into place, so the modes run end to end
 (report included) without training anything.
 """
-import json
 import os
 import re
 import shlex
@@ -14,7 +13,7 @@ import sys
 
 import pytest
 
-from test_compare import ROOT, TINY_CONFIG, _child_run, fake_steps, tiny_comparison
+from test_compare import ROOT, TINY_CONFIG, _child_run, fake_steps, time_runs, tiny_comparison
 
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import compare_heads  # noqa: E402
@@ -297,10 +296,7 @@ def test_the_plans_first_line_is_its_cost(sandbox, monkeypatch, capsys):
     fake_steps(monkeypatch, _fake_call([], source_runs))
     assert compare_heads.main(_args(root)) == 0
     runs = os.path.join(root, "runs")
-    for name in os.listdir(runs):
-        if os.path.isdir(os.path.join(runs, name)):
-            with open(os.path.join(runs, name, "compare_timing.json"), "w") as f:
-                json.dump({"train_s": 8.0, "eval_s": 2.0, "device": "cpu", "threads": 2}, f)
+    time_runs(runs, 8.0, 2.0, threads=2)
     more = [a if a != "1" else "1 2 3".split() for a in _args(root)]
     argv = [w for a in more for w in (a if isinstance(a, list) else [a])]  # --seeds 0 1 2 3
     capsys.readouterr()

@@ -20,7 +20,7 @@ from common.errors import UserError
 from comparison import settle
 from evaluation.examples import save_examples
 from evaluation.sequential import Decision, Design, Interval
-from test_compare import TINY_CONFIG, fake_steps, tiny_comparison
+from test_compare import TINY_CONFIG, fake_steps, time_runs, tiny_comparison
 
 HEADS = ("softmax", "sparsemax", "entmax15")
 N = 101  # the tiny comparison's validation set
@@ -189,10 +189,7 @@ def test_the_dry_run_says_the_expected_and_the_most_runs(sandbox, capsys):
     assert first.startswith("cost (--until-settled, looks 3 5 8): up to 24 run(s)") and "no finished run" in first
     assert not os.path.exists(os.path.join(root, "runs", settle.DESIGN_FILE))  # --dry-run records nothing
     assert compare_heads.main(_args(root, "--looks", "3", "5", "8", "--max-seeds", "3")) == 0
-    for name in os.listdir(os.path.join(root, "runs")):  # every run measured at 10 s
-        timing = os.path.join(root, "runs", name, "compare_timing.json")
-        if os.path.isfile(timing):
-            json.dump({"train_s": 8.0, "eval_s": 2.0, "device": "cpu", "threads": 1}, open(timing, "w"))
+    time_runs(os.path.join(root, "runs"), 8.0, 2.0, threads=1)  # every run measured at 10 s
     capsys.readouterr()
     assert compare_heads.main(_args(root, "--looks", "3", "5", "8", "--dry-run", "--jobs", "2")) == 0
     lines = capsys.readouterr().out.splitlines()
