@@ -17,8 +17,8 @@ evaluation transform (the one builder of data/transforms.py, the transform eval.
 applies) and the built model. The weights are read once, hashed, and checked against the sha256 the
 run recorded for them (inference/weights_record.py; --accept-changed-weights uses a changed file
 anyway); a class list whose length is not the weights' class count is one line naming the list.
-`add_run_arguments` is the one argparse group of those flags, `open_from_args` its reader, the
-overrides every command takes are configs/overrides.py's dialect.
+`add_run_arguments` (inference/arguments.py, torch-free) is the one argparse group of those flags,
+`open_from_args` its reader, the overrides every command takes are configs/overrides.py's dialect.
 A path that cannot be opened is one UserError line naming the cause and the fix.
 """
 import dataclasses
