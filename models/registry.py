@@ -10,7 +10,10 @@ model's final Linear becomes a CosineLinear scaled by the head's `scale`).
 Everything else reads from here: OutputHead and models.create_classifier (models/heads.py,
 models/__init__.py), the config schema's head section and the loader's head check
 (configs/schema.py, configs/loader.py), evaluation (which heads are sparse) and the benchmarks.
-Adding a head means adding its module and one `register(HeadSpec(...))` below.
+Adding a head means adding its module and one `register(HeadSpec(...))` below: its settings'
+checks go in models/head_checks.py and its module is named as `DeferredModule("models.NAME")`
+(common/lazy.py), because this table is read without torch (the config loader answers a mistake
+before torch loads; tests/test_config_errors_fast.py).
 
 Calling conventions of the declarations:
     mapping(logits, dim, settings) -> probabilities
