@@ -5,6 +5,7 @@ commands' bodies, inference/eval_command.py and predict_command.py, after parsin
 import argparse
 import os
 
+from common import rundir
 from common.errors import UserError
 from common.io import prepare_output
 from common.suggest import choice_metavar, one_of
@@ -136,4 +137,50 @@ def check_predict_args(args):
             raise UserError(f"--{flag.replace('_', '-')} must be {'positive' if flag == 'batch_size' else '>= 0'}, "
                             f"got {value}")
     prepare_output(args.output)
+    check_run_path(args.checkpoint)
+
+
+# ============================================================================ scripts/extract_features.py
+DEFAULT_SHARD_SIZE = 8192
+EXTRACTED_SPLITS = ("train", "val", "calib")  # --splits: what a feature folder may hold
+
+
+def parse_extract_args(argv, doc):
+    """scripts/extract_features.py's checked command line; `doc`: its docstring (--help's first two paragraphs)."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=doc.split("\n\n")[1])
+    add_run_arguments(p, data_flags=True, batch_help="images per forward")
+    p.add_argument("--output", required=True, metavar="DIR", help="the feature folder (created)")
+    p.add_argument("--splits", nargs="+", default=None, action=one_of(EXTRACTED_SPLITS),
+                   metavar=choice_metavar(EXTRACTED_SPLITS),
+                   help="splits to extract (default: train val, and calib when data.calib_fraction > 0)")
+    p.add_argument("--views", type=int, default=1, help="augmented views per train image (with --augment)")
+    p.add_argument("--augment", action="store_true",
+                   help="train split through the training augmentation (default: the eval transform everywhere)")
+    p.add_argument("--shard-size", type=int, default=DEFAULT_SHARD_SIZE, help="images per shard")
+    p.add_argument("--ood", metavar="NAME|auto", default=None,
+                   help="also extract this OOD set's val split to OUTPUT/ood (auto: the built-in data's own)")
+    p.add_argument("--ood-root", metavar="DIR", default=None, help="data root of the OOD set")
+    args = parse_command_line(p, argv, tool="python scripts/extract_features.py")
+    if args.views < 1:
+        raise UserError(f"--views must be at least 1, got {args.views}")
+    if args.views > 1 and not args.augment:
+        raise UserError(f"--views {args.views} without --augment would write {args.views} equal copies (the eval "
+                        f"transform is deterministic); add --augment, or drop --views")
+    if args.shard_size < 1:
+        raise UserError(f"--shard-size must be at least 1, got {args.shard_size}")
+    return args
+
+
+def check_extract_args(args):
+    """What scripts/extract_features.py can check before torch loads: where it writes, and that what it
+    reads exists."""
+    out = args.output
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise UserError(f"--output {out} is a file; give a folder")
+    if os.path.exists(args.checkpoint) and rundir.inside(args.checkpoint, out):
+        raise UserError(f"--output {out} holds the source --checkpoint {args.checkpoint}: the extraction would write "
+                        f"into what it reads; give another --output, e.g. --output "
+                        f"features/{os.path.basename(os.path.normpath(args.checkpoint))}")
+    prepare_output(out, folder=True)  # a path through a file or a read-only folder: one line before any forward
     check_run_path(args.checkpoint)

@@ -45,6 +45,9 @@ MISTAKES = [
     (["predict.py", "--checkpoint", "runs/x", "--images", "x", "--output", "p.csv", "--precision", "fp16"],
      "unknown --precision 'fp16'"),
     (["predict.py", "--checkpoint", "no/such/run", "--images", "x", "--output", "p.csv"], "checkpoint not found"),
+    (["scripts/extract_features.py", "--checkpoint", "runs/x", "--output", "f", "--splits", "vall"],
+     "did you mean 'val'"),
+    (["scripts/extract_features.py", "--checkpoint", "runs/x", "--output", "f", "--views", "2"], "without --augment"),
 ]
 
 
