@@ -17,7 +17,6 @@ from evaluation import metrics as M
 from evaluation.calibration_file import conformal_path, save_thresholds
 from evaluation.evaluate import evaluate
 from evaluation.examples import save_examples
-from inference.arguments import check_eval_args
 from inference.processes import inference_accelerator
 from inference.trained_run import open_from_args
 
@@ -119,8 +118,8 @@ def selective_summary(records, head_name):
 
 
 def main(args):
-    """Run the command on parsed arguments (parse_args); -> exit status."""
-    check_eval_args(args)  # the output (one line now, not after the forward passes) and the run's path
+    """Run the command on arguments eval.py has parsed and checked (inference/arguments.py: the flags, the
+    output, the run's path, before torch loads); -> exit status."""
     run = open_from_args(args)
     cfg, kind = run.cfg, run.weights_kind
 

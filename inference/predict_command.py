@@ -23,7 +23,6 @@ from data.unlabeled import ImageBatches, list_images
 from evaluation import conformal
 from evaluation.calibration_file import conformal_path, load_thresholds
 from evaluation.gather import gather_chunks
-from inference.arguments import check_predict_args
 from inference.processes import inference_accelerator
 from inference.trained_run import open_from_args
 from models.heads import SPARSE_HEAD_NAMES
@@ -229,8 +228,8 @@ def write_predictions(rows, output, topk, sparse, thresholds):
 
 # ============================================================================ main
 def main(args):
-    """Run the command on parsed arguments (parse_args); -> exit status."""
-    check_predict_args(args)  # the flags, the output (before the forward pass) and the run's path
+    """Run the command on arguments predict.py has parsed and checked (inference/arguments.py: the flags, the
+    output, the run's path, before torch loads); -> exit status."""
     run = open_from_args(args)
     cfg, kind = run.cfg, run.weights_kind
     transform = run.eval_transform()  # files of any size, as eval.py's pipeline transforms its split

@@ -51,15 +51,15 @@ MISTAKES = [
 ]
 
 
-def _run(argv, tmp_path):
+def _run(argv):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
     return subprocess.run([sys.executable, "-c", REFUSING, os.path.join(ROOT, argv[0]), *argv[1:]], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.parametrize("argv, says", MISTAKES, ids=[" ".join(a[:1] + a[-1:]) for a, _ in MISTAKES])
-def test_a_mistake_is_one_line_without_the_heavy_imports(argv, says, tmp_path):
-    done = _run(argv, tmp_path)
+def test_a_mistake_is_one_line_without_the_heavy_imports(argv, says):
+    done = _run(argv)
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1 and says in lines[0] and lines[0].startswith("error: "), (
         done.returncode, done.stderr[-1500:])
@@ -68,7 +68,7 @@ def test_a_mistake_is_one_line_without_the_heavy_imports(argv, says, tmp_path):
 def test_the_refusing_interpreter_does_refuse(tmp_path):
     """The check above can fail: a valid command, which goes on to train, dies there at its first heavy
     import (before it writes anything)."""
-    done = _run(["train.py", "--config", "configs/quickstart.yaml", f"train.output_dir={tmp_path / 'run'}"], tmp_path)
+    done = _run(["train.py", "--config", "configs/quickstart.yaml", f"train.output_dir={tmp_path / 'run'}"])
     assert done.returncode != 0 and "refused import of" in done.stderr and not (tmp_path / "run").exists()
 
 
