@@ -50,7 +50,7 @@ from _root import ROOT
 from common import rundir
 from common.cli import run_cli
 from common.errors import UserError
-from common.io import atomic_write_text, current_umask, write_json
+from common.io import atomic_write_text, current_umask, write_json, writing
 
 RECORD_DIR = "docs/quickstart_record"  # the record, relative to the repository root
 RECORD_INFO = "recorded.json"  # in the record: where and with what its runs were made
@@ -444,6 +444,12 @@ def record(runs_dir, record_dir, overwrite):
     elif os.path.exists(record_dir):
         raise UserError(f"--record-dir {record_dir} is not a folder")
     parent = os.path.dirname(os.path.abspath(record_dir))
+    with writing(record_dir, kept="the record as it was"):  # a full disk or read-only folder: one line, exit 74
+        return _replace_record(files, runs_dir, record_dir, parent)
+
+
+def _replace_record(files, runs_dir, record_dir, parent):
+    """record's writes: the runs' files into a staging folder beside the record, then moved into place."""
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=".record.", dir=parent)  # beside the record: moved into place in one rename
     try:

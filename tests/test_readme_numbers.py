@@ -127,6 +127,26 @@ def test_record_refuses_incomplete_runs_and_another_record_in_one_line(tmp_path,
             assert (pages / page).read_text(encoding="utf-8") == f.read()
 
 
+def test_a_record_that_cannot_be_written_is_one_line_and_exit_74(tmp_path, capsys):
+    """--record into a folder that cannot be made (its parent is a file: as a read-only or full disk, an
+    OSError of the writes) is the project's write error: one line naming the record, exit 74."""
+    from common.io import EXIT_WRITE_FAILED
+
+    runs, blocker, pages = tmp_path / "runs", tmp_path / "blocker", tmp_path / "pages"
+    copy_files(RECORD, runs, record_files()[1:])
+    copy_files(ROOT, pages, rn.PAGES)
+    blocker.write_text("a file where the record's folder would go")
+    record = blocker / "record"
+    assert exit_code(["--record", str(runs), "--record-dir", str(record), "--pages", str(pages)]) == EXIT_WRITE_FAILED
+    errors = errors_of(capsys)
+    assert len(errors) == 1 and errors[0].startswith(f"error: cannot write {record}")
+    assert blocker.read_text() == "a file where the record's folder would go"
+    assert sorted(os.listdir(tmp_path)) == ["blocker", "pages", "runs"]  # no staging folder left behind
+    for page in rn.PAGES:
+        with open(os.path.join(ROOT, page), encoding="utf-8") as f:
+            assert (pages / page).read_text(encoding="utf-8") == f.read()
+
+
 def test_a_record_of_other_settings_is_refused(tmp_path):
     """A record whose runs the quick-start config no longer resolves to (here: another learning rate) is
     refused as compare_heads refuses such runs, before any report is written."""
