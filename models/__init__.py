@@ -1,10 +1,19 @@
 """Models: the ResMLP family (models/resmlp.py) and the swappable output heads (models/heads.py).
 
-Importing the package imports neither torch nor timm: the declarations (models/registry.py,
+    import timm, models          # or: import models, timm / from models import create_classifier
+    timm.create_model("resmlp_tiny", num_classes=10)
+
+Registration with timm: `import models` registers the resmlp_* variants with timm whenever timm is
+imported, in either order. If timm is already imported, models.resmlp is imported at once; if not,
+a one-shot import hook (common/after_import.py) imports it right after timm's own import finishes.
+
+Importing the package itself imports neither torch nor timm: the declarations (models/registry.py,
 models/names.py, models/head_checks.py) are read by the config loader, which answers a mistake
-before torch loads. The names below load their module on first use (PEP 562); importing
-models.resmlp registers the resmlp_* variants with timm."""
+before torch loads, and the hook costs nothing until something imports timm. The names below load
+their module on first use (PEP 562)."""
 import importlib
+
+from common.after_import import run_after_import
 
 _EXPORTS = {
     "convert_state_dict": "convert", "load_pretrained": "convert",
@@ -34,9 +43,8 @@ def create_classifier(model_cfg, head_cfg, num_classes, *, img_size):
     With a head flagged cosine_classifier (am_softmax), `model.head` is a CosineLinear (scale * cosine,
     no bias). The head's settings are the config's head section (models/registry.py names them).
     """
-    import timm
+    import timm  # the resmlp_* variants register on this import (run_after_import above)
 
-    from . import resmlp  # noqa: F401  (registers resmlp_* with timm)
     from .heads import OutputHead
     from .registry import HPARAMS
 
@@ -59,5 +67,11 @@ def create_classifier(model_cfg, head_cfg, num_classes, *, img_size):
     model.output_head.prepare_classifier(model)
     return model
 
+
+def _register_with_timm():
+    importlib.import_module(".resmlp", __name__)  # its @register_model functions run on import
+
+
+run_after_import("timm", _register_with_timm)
 
 __all__ = ["create_classifier", *_EXPORTS]
