@@ -138,9 +138,16 @@ class _Loader:
         return len(self.skipped_files)
 
     def _iter_memory(self, tasks):
+        """Set up on the device now, when iter() is called, and return the batches' generator: the
+        copies of the images and of the normalisation constants to the device are synchronous, and
+        the training loop calls iter() outside a training step (a generator's first next() runs
+        inside one, where CUDA's sync debug mode refuses them)."""
         images, labels = _device_images(self.dataset, self.device, self.cfg.image_size)
         normalize = None if self.augment else Normalize(self.cfg.mean, self.cfg.std, self.device)
         aug = BatchAugment(self.cfg, self.device) if self.augment else None
+        return self._memory_batches(tasks, images, labels, normalize, aug)
+
+    def _memory_batches(self, tasks, images, labels, normalize, aug):
         for indices, seeds in tasks:
             idx = torch.from_numpy(np.asarray(indices, dtype=np.int64)).to(self.device, non_blocking=True)
             x, y = images.index_select(0, idx), labels.index_select(0, idx)

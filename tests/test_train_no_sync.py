@@ -11,6 +11,7 @@ optimizer, the schedule and the EMA.
 """
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from models.mappings import threshold_path
 from sync_guard import HostSyncError, no_host_sync
@@ -116,3 +117,52 @@ def test_distillation_probe_and_layer_decay_steps_read_nothing_from_the_device(t
             train_step(run, iter(batches[1:2]))
             train_step(run, iter(batches[2:3]))
     assert run.state.step == 3 and torch.isfinite(run.losses.last)
+
+
+
+class _HostData(TorchDispatchMode):
+    """Counts the tensors made from host data (aten.lift_fresh: torch.tensor, torch.from_numpy)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func in (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default)
+        return func(*args, **(kwargs or {}))
+
+
+def _host_data_per_batch(batches, n=2):
+    counts = []
+    for _ in range(n):
+        with _HostData() as seen:
+            next(batches)
+        counts.append(seen.count)
+    return counts
+
+
+def test_an_epochs_first_batch_moves_no_more_host_data_than_any_other(tmp_path):
+    """The loop calls iter(loader) before its step and next() inside it: the in-memory loader's device
+    setup (the images, the normalisation constants) belongs to iter(). On CUDA, torch.tensor(list)
+    on the device is a synchronous copy, which sync_debug refused at every epoch's first step; the
+    batch's own indices and augmentation seeds are the only host data a step may move."""
+    run, _ = _setup(tmp_path, "head.name=softmax")
+    loader = run.train_loader(1, 0)
+    assert loader.uses_memory_path
+    first, second = _host_data_per_batch(iter(loader))
+    assert first == second, f"the first batch of an epoch made {first} tensors from host data, the next {second}"
+
+
+def test_the_count_sees_a_loader_that_sets_up_inside_the_step(tmp_path, monkeypatch):
+    """The test above fails on the old loader, which built its augmentation on the first next()."""
+    from data import loaders
+
+    run, _ = _setup(tmp_path, "head.name=softmax")
+    setup_now = loaders._Loader._iter_memory
+
+    def lazy(self, tasks):  # the old shape: a generator whose setup runs at the first next()
+        yield from setup_now(self, tasks)
+
+    monkeypatch.setattr(loaders._Loader, "_iter_memory", lazy)
+    first, second = _host_data_per_batch(iter(run.train_loader(1, 0)))
+    assert first > second
