@@ -2,6 +2,7 @@
 # (scripts/ensure_venv.py; PEP 668-safe: nothing goes into the system Python; it keeps the torch the
 # making Python already has), or an environment of your own: make test PYTHON=/path/to/python.
 # Either way scripts/ensure_deps.py installs only what is missing, saying first what and how much.
+# A missing torch is PyTorch's CPU-only build where no NVIDIA GPU is visible: TORCH_BUILD=cuda (or cpu) decides.
 VENV ?= .venv
 BASE_PYTHON ?= python3
 ifeq ($(origin PYTHON),undefined)
