@@ -17,6 +17,7 @@ import os
 from common import rundir
 from common.errors import UserError
 from common.io import atomic_write_text
+from common.sidecar_format import class_list_problem  # the one rule, shared with the export sidecar
 
 from .registry import dataset_spec
 
@@ -38,21 +39,6 @@ def save_class_names(run_dir, names):
     """Write RUN_DIR/classes.json ({"classes": [...]}) and RUN_DIR/class_map.txt atomically."""
     atomic_write_text(os.path.join(run_dir, rundir.CLASSES), json.dumps({"classes": list(names)}, indent=1))
     atomic_write_text(os.path.join(run_dir, rundir.CLASS_MAP), class_map_text(names))
-
-
-def class_list_problem(names):
-    """Why `names` cannot be a label order (no name, an empty name, a name listed twice), or None:
-    label j means one class, so a repeated name would make two outputs print as the same class."""
-    if not names:
-        return "lists no class names"
-    seen = {}
-    for i, name in enumerate(names):
-        if not name.strip():
-            return f"has an empty class name (entry {i + 1})"
-        if name in seen:
-            return f"lists {name!r} twice (entries {seen[name] + 1} and {i + 1})"
-        seen[name] = i
-    return None
 
 
 def load_class_names(run_dir):

@@ -6,31 +6,74 @@
 It follows only the export's sidecar (MODEL.onnx.json, written by scripts/export.py): each image
 is converted to RGB, its shorter side resized as `preprocessing.resize` says, centre-cropped,
 scaled to [0, 1] and normalised with the sidecar's mean and std, exactly as the run's eval.py
-does. One JSON line per image: the file, the top-1 class, and for an export made with
---head-probabilities the head's probabilities and their support (the classes with p > 0: for the
-sparse heads, the prediction set). Folders are read recursively in sorted order.
+does. One JSON line per image, in input order: the file, status ok, the top-1 class, and for an
+export made with --head-probabilities the head's probabilities and their support (the classes with
+p > 0: for the sparse heads, the prediction set). Folders are read recursively in sorted order. A
+file that cannot be read as an image (truncated, not an image) is skipped, counted in a warning and
+listed with status unreadable and the reason, as predict.py does; none readable is exit 2.
 
 It imports neither torch nor timm, so it is also a reference for a deployment in another language:
 every step below is one of the sidecar's numbers. The sidecar is read and checked by
-sidecar_format.py (beside this file; the standard library only, the one definition export.py checks
-what it writes with): a sidecar that is edited, incomplete, or does not fit the model (a class per
-output, the crop at the model's input size) is one line naming the key, exit 2. Copy both files.
+sidecar_format.py (the standard library only, the one definition export.py checks what it writes
+with; loaded by its path: beside this file, where a copy of the two goes, else the project's
+common/sidecar_format.py): a sidecar that is edited, incomplete, or does not fit the model (a
+class per output, the crop at the model's input size) is one line naming the key, exit 2. To run it
+without the project, copy this file and common/sidecar_format.py into one folder. A Python
+without onnxruntime, numpy or Pillow is told in one line how to install them.
 """
 import argparse
+import importlib.util
 import json
 import os
 import sys
 
-import numpy as np
-from PIL import Image
+# (module, its pip package): what this script needs beyond the standard library
+REQUIRED = (("onnxruntime", "onnxruntime"), ("numpy", "numpy"), ("PIL", "Pillow"))
 
-try:
-    import sidecar_format  # beside this file (scripts/): found as `python onnx_predict.py` finds its own folder
-except ImportError:
-    print("error: onnx_predict.py needs sidecar_format.py beside it (both are in the project's scripts/); "
+
+def shown(path):
+    """`path` as the user types it here: relative to the current folder when inside it."""
+    rel = os.path.relpath(path)
+    return path if rel.startswith(os.pardir) else rel
+
+
+def missing_packages():
+    """The pip packages of REQUIRED this Python cannot import (checked without importing them)."""
+    def installed(module):
+        try:
+            return importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # an import hook that refuses it
+            return False
+    return [package for module, package in REQUIRED if not installed(module)]
+
+
+def load_sidecar_format():
+    """sidecar_format.py, by its path: beside this file (a copy of the two), else the project's common/."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for path in (os.path.join(here, "sidecar_format.py"),
+                 os.path.join(os.path.dirname(here), "common", "sidecar_format.py")):
+        if os.path.isfile(path):
+            spec = importlib.util.spec_from_file_location("sidecar_format", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return module
+    print("error: onnx_predict.py needs sidecar_format.py beside it (the project's common/sidecar_format.py); "
           "copy it too", file=sys.stderr)
     sys.exit(2)
 
+
+_missing = missing_packages()
+if _missing:  # before the imports below: one line naming the fix, not their traceback
+    print(f"error: onnx_predict.py needs {' and '.join(_missing)}, which {shown(sys.executable)} does not have; "
+          f"install {'it' if len(_missing) == 1 else 'them'} with: {shown(sys.executable)} -m pip install "
+          f"{' '.join(_missing)}", file=sys.stderr)
+    sys.exit(2)
+
+import numpy as np
+import onnxruntime
+from PIL import Image
+
+sidecar_format = load_sidecar_format()
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 INTERPOLATIONS = {name: getattr(Image, name.upper()) for name in sidecar_format.INTERPOLATIONS}
 SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
@@ -56,8 +99,6 @@ def read_sidecar(model_path):
 def open_session(model_path, sidecar):
     """The onnxruntime session of `model_path`, checked to fit its sidecar (the crop is its input size,
     a class per output) before any image is read."""
-    import onnxruntime
-
     try:
         session = onnxruntime.InferenceSession(model_path, providers=["CPUExecutionProvider"])
     except Exception as err:
@@ -110,39 +151,61 @@ def preprocess(image, pre):
 def image_files(paths):
     for path in paths:
         if os.path.isdir(path):
+            found = []
             for folder, dirs, files in os.walk(path):
                 dirs.sort()
-                yield from (os.path.join(folder, f) for f in sorted(files) if f.lower().endswith(IMAGE_EXTENSIONS))
+                found += [os.path.join(folder, f) for f in sorted(files) if f.lower().endswith(IMAGE_EXTENSIONS)]
+            if not found:
+                raise Refused(f"{path} holds no images ({', '.join(IMAGE_EXTENSIONS)}, in it or its subfolders)")
+            yield from found
         elif os.path.isfile(path):
             yield path
         else:
             raise Refused(f"no such image or folder: {path}")
 
 
+def decode(path):
+    """The image at `path`, decoded whole (a truncated file fails here, not half-way through a batch)."""
+    with Image.open(path) as image:
+        image.load()
+        return image.copy()
+
+
+def unreadable_reason(err):
+    """predict.py's wording of why a file was skipped: the exception's type and first line."""
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
+
+
 def predict(model_path, paths, batch_size=32):
-    """-> one dict per image: file, pred (index), class, and for probability exports support and probs."""
+    """-> one dict per image, in input order: file and status; for a readable image (status ok) pred
+    (index), class, and for probability exports support and probs; for an unreadable one (status
+    unreadable) the error."""
     sidecar = read_sidecar(model_path)
     session = open_session(model_path, sidecar)
     input_name = session.get_inputs()[0].name
     files = list(image_files(paths))
     rows = []
     for start in range(0, len(files), batch_size):
-        chunk = files[start:start + batch_size]
-        images = []
-        for path in chunk:
+        chunk = [{"file": path} for path in files[start:start + batch_size]]
+        readable, images = [], []
+        for row in chunk:
             try:
-                with Image.open(path) as image:
-                    images.append(preprocess(image, sidecar["preprocessing"]))
-            except OSError as err:
-                raise Refused(f"cannot read image {path}: {err}") from None
-        out = session.run(None, {input_name: np.stack(images)})[0]
-        for path, row in zip(chunk, out):
-            pred = int(np.argmax(row))
-            result = {"file": path, "pred": pred, "class": sidecar["classes"][pred]}
-            if sidecar["output"] == "probabilities":
-                result["support"] = [int(i) for i in np.flatnonzero(row > 0)]
-                result["probs"] = [float(p) for p in row]
-            rows.append(result)
+                image = decode(row["file"])
+            except Exception as err:  # as predict.py: any file PIL cannot decode is listed, not fatal
+                row.update({"status": "unreadable", "error": unreadable_reason(err)})
+                continue
+            readable.append(row)
+            images.append(preprocess(image, sidecar["preprocessing"]))
+        if images:
+            out = session.run(None, {input_name: np.stack(images)})[0]
+            for row, scores in zip(readable, out):
+                pred = int(np.argmax(scores))
+                row.update({"status": "ok", "pred": pred, "class": sidecar["classes"][pred]})
+                if sidecar["output"] == "probabilities":
+                    row["support"] = [int(i) for i in np.flatnonzero(scores > 0)]
+                    row["probs"] = [float(p) for p in scores]
+        rows += chunk
     return rows
 
 
@@ -154,6 +217,8 @@ def main(argv=None):
     p.add_argument("--batch-size", type=int, default=32)
     args = p.parse_args(argv)
     try:
+        if args.batch_size < 1:
+            raise Refused(f"--batch-size must be at least 1, got {args.batch_size}")
         if args.output:
             write_output(args.output, None)  # before the forward passes: a destination that cannot be written
         rows = predict(args.model, args.images, args.batch_size)
@@ -162,6 +227,13 @@ def main(argv=None):
             write_output(args.output, text)
         else:
             sys.stdout.write(text)
+        failed = [r for r in rows if r["status"] == "unreadable"]
+        if failed:
+            print(f"warning: {len(failed)} unreadable file(s) skipped (first: {failed[0]['file']}: "
+                  f"{failed[0]['error']}); listed in {args.output or 'the output'} with status unreadable",
+                  file=sys.stderr)
+        if rows and len(failed) == len(rows):
+            raise Refused(f"none of the {len(rows)} file(s) could be read as an image (see {args.output or 'above'})")
     except Refused as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -1,8 +1,11 @@
 """The project's Markdown pages as the tests read them: one named file (README.md, or a page of
-docs/), whole or one section of it, its shell commands in order; never a walk of the tree."""
+docs/), whole or one section of it, its shell commands and its Python blocks in order; never a walk
+of the tree (the pages are those git tracks)."""
 import os
 import re
 import shlex
+
+from project_files import tracked_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEADING = re.compile(r"(#{1,6}) ")
@@ -55,6 +58,22 @@ def command_lines(page, section=None):
     for _, lines in sorted(spans):
         out += [line for line in lines if line.strip() and not line.lstrip().startswith("#")]
     return out
+
+
+PYTHON_TAGS = ("python", "py")
+
+
+def pages():
+    """The pages the tests read: README.md and the tracked docs/*.md, as git lists them."""
+    return ["README.md"] + [p for p in tracked_files() if re.fullmatch(r"docs/[^/]+\.md", p)]
+
+
+def python_blocks(page):
+    """[(line, code)]: the ```python blocks of `page`, in the page's order; `line` is the page's line
+    number (from 1) of the block's opening fence, so its code starts on line + 1."""
+    text = docs_text(page)
+    return [(text.count("\n", 0, m.start()) + 1, m.group(2)) for m in FENCED_BLOCK.finditer(text)
+            if m.group(1) in PYTHON_TAGS]
 
 
 def prose(page):

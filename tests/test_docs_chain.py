@@ -25,7 +25,7 @@ import pytest
 
 import configs
 from common.errors import UserError
-from markdown_docs import ROOT, command_lines, prose, shell_commands
+from markdown_docs import ROOT, command_lines, pages, prose, shell_commands
 from project_files import tracked_files
 
 # The user's own files each page reads (named in its text; never under the folders commands write).
@@ -41,10 +41,6 @@ USER_FILES = {
 MADE_BY_COMMANDS = ("runs/", "features/", "reports/")  # never a user's file: some command writes them
 PLACEHOLDER = re.compile(r"[A-Z][A-Z0-9_]*$")  # RUN_DIR, DATA_ROOT, CFG, FILE, PATH
 GLOB = re.compile(r"[*?\[]")
-
-
-def pages():
-    return ["README.md"] + [p for p in tracked_files() if re.fullmatch(r"docs/[^/]+\.md", p)]
 
 
 def makefile_recipe(target):
@@ -166,15 +162,14 @@ def _predict(chain, argv):
 
 def _export(chain, argv):
     import export
-    import export_timm
+    from exporting.arguments import output_of
 
     args = export.parse_args(argv)
     chain.read(args.checkpoint)
     chain.read(args.config)
     is_dir = lambda p: not os.path.splitext(p)[1]  # noqa: E731  (a run or checkpoint folder, or a placeholder)
     with mock.patch.object(os.path, "isdir", is_dir):  # the chain's files, not this machine's
-        output = args.output or (export_timm.default_folder(args.checkpoint, args.ema) if args.format == "timm"
-                                 else export.default_output(args.checkpoint, args.format, args.ema))
+        output = output_of(args)
     chain.write(output, exclusive=not args.overwrite)
 
 

@@ -1,4 +1,4 @@
-"""scripts/export.py: ONNX and TorchScript exports of every head, checked
+"""scripts/export.py (exporting/exporter.py): ONNX and TorchScript exports of every head, checked
 against eager PyTorch (onnxruntime on CPU for ONNX).
 
 Tolerance: max |exported - eager| <= 1e-5 on logits and probabilities (float32; the measured
@@ -8,21 +8,21 @@ run (5): the batch dimension is dynamic.
 """
 import json
 import os
-import sys
 
 import pytest
 import torch
 import yaml
 from safetensors.torch import save_file
 
+import export  # scripts/export.py, the entry point (tests/conftest.py puts scripts/ on sys.path)
 from common.errors import UserError
 from configs.loader import config_from_dict, config_to_dict
 from data.classes import save_class_names
+from exporting.arguments import FILE_FORMATS
+from exporting.destinations import SUFFIX
+from exporting.exporter import EXPORT_OPSET
 from models import create_classifier
 from models.heads import HEAD_NAMES, SPARSE_HEAD_NAMES
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
-import export
 
 ort = pytest.importorskip("onnxruntime")
 TOLERANCE = 1e-5
@@ -64,17 +64,17 @@ def run_exported(path, fmt, x):
         return torch.jit.load(str(path))(x)
 
 
-@pytest.mark.parametrize("fmt", export.FILE_FORMATS)
+@pytest.mark.parametrize("fmt", FILE_FORMATS)
 @pytest.mark.parametrize("head", HEAD_NAMES)
 def test_every_head_exports_probabilities_matching_eager(tmp_path, head, fmt):
     run, model = make_run(tmp_path, head)
     if fmt == "onnx" and model.output_head.spec.draws:  # perturbmax: a torch.Generator has no ONNX operator
         with pytest.raises(UserError, match="cannot be exported as onnx with --head-probabilities") as err:
             run_export(run, fmt, "--head-probabilities")
-        assert "\n" not in str(err.value) and not (run / ("model" + export.SUFFIX[fmt])).exists()
+        assert "\n" not in str(err.value) and not (run / ("model" + SUFFIX[fmt])).exists()
         return
     run_export(run, fmt, "--head-probabilities")
-    path = run / ("model" + export.SUFFIX[fmt])
+    path = run / ("model" + SUFFIX[fmt])
     x = batch()
     with torch.no_grad():
         want = model.output_head(model(x))
@@ -87,20 +87,20 @@ def test_every_head_exports_probabilities_matching_eager(tmp_path, head, fmt):
     if head in SPARSE_HEAD_NAMES:  # the same zeros: the support is the prediction set
         assert (want == 0).any(), "test weights too flat: no zeros to compare"
         assert torch.equal(got == 0, want == 0)
-    meta = json.loads((run / ("model" + export.SUFFIX[fmt] + ".json")).read_text())
+    meta = json.loads((run / ("model" + SUFFIX[fmt] + ".json")).read_text())
     assert meta["output"] == "probabilities" and meta["head"]["name"] == head
     assert meta["classes"] == CLASSES and meta["mean"] == [0.5, 0.4, 0.3] and meta["std"] == [0.2, 0.25, 0.3]
     assert meta["image_size"] == 32 and meta["input"]["shape"] == ["batch", 3, 32, 32]
-    assert meta["opset"] == (export.EXPORT_OPSET if fmt == "onnx" else None)
+    assert meta["opset"] == (EXPORT_OPSET if fmt == "onnx" else None)
 
 
-@pytest.mark.parametrize("fmt", export.FILE_FORMATS)
+@pytest.mark.parametrize("fmt", FILE_FORMATS)
 def test_logits_export_and_learned_alpha(tmp_path, fmt, recwarn, capsys):
     run, model = make_run(tmp_path, "entmax_bisect", learn_alpha=True, alpha=1.3)
     with torch.no_grad():
         model.output_head.alpha_logit.fill_(0.7)  # a trained alpha, not the initial one
     save_file(model.state_dict(), str(run / "model.safetensors"))
-    out = tmp_path / "exported" / ("m" + export.SUFFIX[fmt])
+    out = tmp_path / "exported" / ("m" + SUFFIX[fmt])
     run_export(run, fmt, "--output", str(out))
     x = batch(4)
     with torch.no_grad():
@@ -144,7 +144,8 @@ def test_bad_inputs_are_one_line_and_non_zero(tmp_path, capsys):
     run, _ = make_run(tmp_path, "softmax")
     cases = {
         "checkpoint not found": [str(tmp_path / "missing"), "--format", "onnx"],
-        "unknown export format 'tflite'; valid formats: onnx, torchscript": [str(run), "--format", "tflite"],
+        "unknown --format 'tflite'; valid: onnx, torchscript, timm": [str(run), "--format", "tflite"],
+        "unknown --format 'onnxx'; did you mean 'onnx'?": [str(run), "--format", "onnxx"],
         "is a weights file: say what to build": [str(run / "model.safetensors"), "--format", "onnx"],
     }
     for expected, argv in cases.items():
@@ -186,7 +187,7 @@ def test_weights_file_with_model_and_head_flags(tmp_path):
     assert len(meta["classes"]) == 10 and meta["head"] == {"name": "entmax15"}
 
 
-@pytest.mark.parametrize("fmt", export.FILE_FORMATS)
+@pytest.mark.parametrize("fmt", FILE_FORMATS)
 @pytest.mark.parametrize("mapping", ["softmax", "sparsemax", "ksubset"])
 def test_hopfield_pooling_exports(tmp_path, fmt, mapping):
     pool_k = {"pool_k": 5} if mapping == "ksubset" else {}
@@ -197,7 +198,7 @@ def test_hopfield_pooling_exports(tmp_path, fmt, mapping):
         want = model.output_head(model(x))
         if mapping != "softmax":  # the pooling really is sparse for these weights
             assert (model.pooling_weights(x) == 0).any()
-    diff = (run_exported(run / ("model" + export.SUFFIX[fmt]), fmt, x) - want).abs().max().item()
+    diff = (run_exported(run / ("model" + SUFFIX[fmt]), fmt, x) - want).abs().max().item()
     print(f"export parity hopfield-{mapping} {fmt}: max abs diff {diff:.2e}")
     assert diff <= TOLERANCE
 

@@ -1,10 +1,9 @@
-"""scripts/export.py --format timm: a folder timm's own code loads strictly (create_model with
-checkpoint_path, and local-dir: where the installed timm has it) with this run's logits, its eval
+"""scripts/export.py --format timm (exporting/timm_folder.py): a folder timm's own code loads strictly
+(create_model with checkpoint_path, and local-dir: where the installed timm has it) with this run's logits, its eval
 transform in pretrained_cfg and its labels; the runs timm has no model for are refused in one line.
 And class_map.txt: timm's folder reader, given it, labels numeric folders in this project's order."""
 import json
 import os
-import sys
 
 import numpy as np
 import pytest
@@ -14,14 +13,13 @@ import yaml
 from PIL import Image
 from safetensors.torch import save_file
 
+import export  # scripts/export.py, the entry point (tests/conftest.py puts scripts/ on sys.path)
 from configs.loader import config_from_dict, config_to_dict
 from data.classes import save_class_names
 from data.imagefolder import find_classes
+from exporting import timm_folder
 from models import create_classifier
 from test_train_helpers import ROOT
-
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import export
 
 CLASSES = ["1", "10", "2"]  # this project's order (string sort); timm's own would be 1, 2, 10
 DATA = {"image_size": 224, "train_crop": "rrc", "crop_pct": 0.9, "interpolation": "bilinear", "mean": [0.5, 0.4, 0.3],
@@ -138,13 +136,11 @@ def test_class_map_gives_timm_our_label_order_for_numeric_folders(tmp_path):
 
 @pytest.mark.parametrize("head", ["softmax", "sparsemax"])
 def test_the_model_card_words_the_logits_per_head_and_names_the_licence(head):
-    import export_timm
-
     config = {"architecture": "resmlp_12_224", "num_classes": 3, "pretrained_cfg": {
         "input_size": [3, 224, 224], "crop_pct": 0.9, "interpolation": "bilinear", "mean": [0.5] * 3, "std": [0.2] * 3},
         "head": {"name": head, "doc": "a head", "sparse": head != "softmax",
-                 "probabilities": export_timm._PROBABILITIES[head]}}
-    card = export_timm.model_card(config)
+                 "probabilities": timm_folder._PROBABILITIES[head]}}
+    card = timm_folder.model_card(config)
     front = yaml.safe_load(card.split("---\n")[1])
     assert front["license"] == "apache-2.0" and front["library_name"] == "timm"
     assert "Apache License" in open(os.path.join(ROOT, "LICENSE")).read(2000)  # the licence the card names

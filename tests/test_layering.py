@@ -1,16 +1,20 @@
 """The import graph reads bottom-up: common <- models, data <- configs <- evaluation <- training <- inference
-<- comparison <- train.py, eval.py, predict.py, scripts (the entry points). Every import statement of every
-module is parsed (ast), including the ones inside functions, and relative imports are resolved to their
-package."""
+<- comparison, exporting <- train.py, eval.py, predict.py, scripts (the entry points). Every import statement
+of every module is parsed (ast), including the ones inside functions, and relative imports are resolved to
+their package."""
 import ast
 import os
+import sys
 
 import pytest
 
 from project_files import python_files, tracked_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGES = ("common", "models", "data", "configs", "evaluation", "training", "inference", "comparison")
+PACKAGES = ("common", "models", "data", "configs", "evaluation", "training", "inference", "comparison", "exporting")
+# Modules a Python without the project loads by their path (scripts/onnx_predict.py: the export sidecar's
+# one definition): the standard library only.
+STANDALONE = ("common/sidecar_format.py",)
 ENTRIES = ("scripts", "train", "eval", "predict", "tests")
 PROJECT = PACKAGES + ENTRIES
 
@@ -54,6 +58,16 @@ def test_the_checker_sees_relative_and_function_level_imports(tmp_path):
     path.write_text("from . import x\ndef f():\n    import training.checkpoint.files\n"
                     "    from configs.loader import y\n")
     assert project_imports(str(path), "models") == {"models", "training", "configs"}
+
+
+@pytest.mark.parametrize("path", STANDALONE)
+def test_a_standalone_module_imports_only_the_standard_library(path):
+    with open(os.path.join(ROOT, path)) as f:
+        tree = ast.parse(f.read(), filename=path)
+    imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    tops = {alias.name.split(".")[0] for n in imports if isinstance(n, ast.Import) for alias in n.names}
+    tops |= {"." if n.level else (n.module or "").split(".")[0] for n in imports if isinstance(n, ast.ImportFrom)}
+    assert tops <= set(sys.stdlib_module_names), (path, tops - set(sys.stdlib_module_names))
 
 
 # ------------------------------------------------------------------------------------------ entry points

@@ -1,10 +1,11 @@
 """The export sidecar carries the evaluation transform each recipe really uses: a consumer that
 reads only the sidecar (scripts/onnx_predict.py: onnxruntime, numpy and Pillow; no torch, no timm,
-nothing of this project but its sidecar reader scripts/sidecar_format.py) gives eval.py's top-1 on
-every image and the sparse head's supports exactly, for the pad recipe on odd-sized folder images,
-the DeiT (rrc) recipe, the built-in data and CIFAR. The consumer runs in its own process, which
-checks what it imported. An edited sidecar (a key missing, of the wrong type or value, a class
-twice, one that does not fit the model) is one line."""
+nothing of this project but its sidecar reader common/sidecar_format.py, loaded by its path)
+gives eval.py's top-1 on every image and the sparse head's supports exactly, for the pad recipe on
+odd-sized folder images, the DeiT (rrc) recipe, the built-in data and CIFAR. The consumer runs in
+its own process, which checks what it imported; copied with sidecar_format.py out of the project it
+still runs. An edited sidecar (a key missing, of the wrong type or value, a class twice, one that
+does not fit the model) is one line; an unreadable image is skipped and listed, as predict.py does."""
 import json
 import math
 import os
@@ -20,15 +21,16 @@ from PIL import Image
 from safetensors.torch import save_file
 
 import data
+import export  # scripts/export.py, the entry point (tests/conftest.py puts scripts/ on sys.path)
+from common import sidecar_format
 from configs.loader import config_from_dict, config_to_dict
 from data.classes import save_class_names
+from exporting.exporter import checked_sidecar
 from models import create_classifier
 from test_data_sources import write_cifar
 from test_train_helpers import ROOT, reset_accelerate_state, subprocess_env
 
 pytest.importorskip("onnxruntime")
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import export
 
 CONSUMER = os.path.join(ROOT, "scripts", "onnx_predict.py")
 CLASSES = [f"c{i}" for i in range(10)]
@@ -275,15 +277,72 @@ def test_the_export_writes_no_sidecar_its_consumer_would_refuse(tmp_path):
     model = create_classifier(cfg.model, cfg.head, 3, img_size=32)
     output = str(tmp_path / "m.onnx")
     with pytest.raises(UserError, match=r"would refuse: .*'classes' lists 'b' twice \(entries 2 and 3\)"):
-        export.checked_sidecar(cfg, model, ["a", "b", "b"], "onnx", False, output)
-    assert export.checked_sidecar(cfg, model, ["a", "b", "c"], "onnx", False, output)["classes"] == ["a", "b", "c"]
+        checked_sidecar(cfg, model, ["a", "b", "b"], "onnx", False, output)
+    assert checked_sidecar(cfg, model, ["a", "b", "c"], "onnx", False, output)["classes"] == ["a", "b", "c"]
     assert not os.listdir(tmp_path)
 
 
 def test_the_sidecars_class_rule_is_the_projects():
-    """sidecar_format.py restates data/classes.py's rule (it imports nothing of the project): the same words."""
-    import sidecar_format
+    """One rule for every label order: data/classes.py's is the sidecar module's (which imports only the
+    standard library, so the consumer has it too), in the words the edited-sidecar case above shows."""
     from data.classes import class_list_problem
 
-    for names in ([], ["a", "b"], ["a", " ", "b"], ["a", "b", "a"], ["x", "y", "y", "x"], [""]):
-        assert sidecar_format.class_list_problem(names) == class_list_problem(names)
+    assert class_list_problem is sidecar_format.class_list_problem
+    assert class_list_problem(["a", "b", "a"]) == "lists 'a' twice (entries 1 and 3)"
+    assert class_list_problem(["a", " "]) == "has an empty class name (entry 2)" and class_list_problem(["a"]) is None
+
+
+def test_the_consumer_runs_copied_out_of_the_project_with_its_sidecar_module(onnx_export, tmp_path):
+    """A user copies onnx_predict.py and sidecar_format.py next to the model: it runs there, without the project."""
+    model, sidecar, image, _ = onnx_export
+    deployed = tmp_path / "deployed"
+    deployed.mkdir()
+    for path in (CONSUMER, sidecar_format.__file__, model, model + ".json", image):
+        shutil.copy(path, deployed)
+    env = {k: v for k, v in subprocess_env().items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "onnx_predict.py", "model.onnx", "photo.png"], cwd=str(deployed), env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    row = json.loads(done.stdout)
+    assert row["file"] == "photo.png" and row["status"] == "ok" and row["class"] in sidecar["classes"]
+    os.remove(deployed / "sidecar_format.py")  # without it: one line naming the file to copy
+    done = subprocess.run([sys.executable, "onnx_predict.py", "model.onnx", "photo.png"], cwd=str(deployed), env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "needs sidecar_format.py beside it" in done.stderr
+
+
+def truncated_png(path, size=64):
+    """A PNG cut in half, as an interrupted copy leaves it: its header opens, its pixels do not decode."""
+    pixels = np.random.default_rng(0).integers(0, 256, (size, size, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(path)
+    with open(path, "rb") as f:
+        whole = f.read()
+    with open(path, "wb") as f:
+        f.write(whole[:len(whole) // 2])
+
+
+def test_unreadable_images_are_skipped_and_listed_as_predict_does(onnx_export, tmp_path, capsys):
+    model, sidecar, image, consumer = onnx_export
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    shutil.copy(image, folder / "a.png")
+    truncated_png(str(folder / "b.png"))
+    (folder / "c.jpg").write_text("not an image")
+    shutil.copy(image, folder / "d.png")
+    out = str(tmp_path / "preds.jsonl")
+    assert consumer["main"]([model, str(folder), "--output", out, "--batch-size", "2"]) == 0
+    with open(out) as f:
+        rows = [json.loads(line) for line in f]
+    assert [(os.path.basename(r["file"]), r["status"]) for r in rows] == [
+        ("a.png", "ok"), ("b.png", "unreadable"), ("c.jpg", "unreadable"), ("d.png", "ok")]
+    assert "truncated" in rows[1]["error"] and rows[2]["error"].startswith("UnidentifiedImageError: ")
+    assert rows[0]["class"] == rows[3]["class"] in sidecar["classes"]  # the same picture, the same class
+    err = capsys.readouterr().err
+    assert err == (f"warning: 2 unreadable file(s) skipped (first: {folder / 'b.png'}: {rows[1]['error']}); "
+                   f"listed in {out} with status unreadable\n")
+    # nothing readable: listed all the same, then one line and exit 2
+    assert consumer["main"]([model, str(folder / "b.png"), "--output", out]) == 2
+    with open(out) as f:
+        assert [json.loads(line)["status"] for line in f] == ["unreadable"]
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and err[1] == f"error: none of the 1 file(s) could be read as an image (see {out})"

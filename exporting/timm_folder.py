@@ -28,8 +28,8 @@ from data.transforms import eval_transform
 from models.convert import to_timm_state_dict
 from models.resmlp import TIMM_ARCHITECTURES, VARIANTS
 
-WEIGHTS, CONFIG, CARD = "model.safetensors", "config.json", "README.md"
-FILES = (WEIGHTS, CONFIG, rundir.CLASS_MAP, CARD)
+from .destinations import TIMM_CARD, TIMM_CONFIG, TIMM_WEIGHTS
+
 LOGIT_TOLERANCE = 1e-5
 # How to get a head's probabilities from the logits outside this project, where a package has the mapping.
 _PROBABILITIES = {
@@ -153,27 +153,12 @@ def build_timm_model(cfg, model, classes):
     return timm_model, state
 
 
-def default_folder(checkpoint: str, ema: bool) -> str:
-    if os.path.isdir(checkpoint):
-        return os.path.join(checkpoint, "timm_ema" if ema else "timm")
-    return os.path.splitext(checkpoint)[0] + "_timm"
-
-
-def check_folder(folder: str, overwrite: bool):
-    if os.path.isfile(folder):
-        raise UserError(f"--output {folder} is a file; --format timm writes a folder: give a folder name")
-    present = [n for n in FILES if os.path.lexists(os.path.join(folder, n))]
-    if present and not overwrite:
-        raise UserError(f"{folder} already holds an export ({', '.join(present)}); pass --overwrite to replace "
-                        f"those files, or choose --output")
-
-
 def write_folder(folder, cfg, model, classes):
     """Write the four files (each atomically); the caller holds the folder's lock."""
     head = model.output_head
     _, state = build_timm_model(cfg, model, classes)
     config = hub_config(cfg, model, classes, head)
-    save_safetensors(state, os.path.join(folder, WEIGHTS), metadata={"format": "pt"})
-    write_json(config, os.path.join(folder, CONFIG))
+    save_safetensors(state, os.path.join(folder, TIMM_WEIGHTS), metadata={"format": "pt"})
+    write_json(config, os.path.join(folder, TIMM_CONFIG))
     atomic_write_text(os.path.join(folder, rundir.CLASS_MAP), class_map_text(classes))
-    atomic_write_text(os.path.join(folder, CARD), model_card(config))
+    atomic_write_text(os.path.join(folder, TIMM_CARD), model_card(config))

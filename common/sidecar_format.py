@@ -8,8 +8,11 @@ crop and, given the model's shapes, a class per output and the crop at the model
 sidecar that fails is one line (SidecarError) naming the file, the key and the fix.
 
 Python's standard library only, and no import of this project: onnx_predict.py runs in a plain
-onnxruntime Python without the project, with this file copied beside it (both lie in scripts/,
-which is where either finds the other), so the writer and its consumers share one definition.
+onnxruntime Python without the project and loads this file by its path (beside itself, where a user
+copies both, or in the project's exporting/), so the writer and its consumers share one definition.
+The class-list rule (`class_list_problem`) is the project's own for every label order: data/classes.py
+imports it from here (a module that imports nothing of the project may sit below any package:
+tests/test_layering.py checks that it stays so).
 """
 import json
 import math
@@ -100,8 +103,9 @@ def _check_fields(sidecar, where):
 
 
 def class_list_problem(names):
-    """Why `names` cannot be a label order, or None: data/classes.py's rule for a run's classes.json,
-    restated because this module imports nothing of the project (tests/test_sidecar.py keeps the two equal)."""
+    """Why `names` cannot be a label order (no name, an empty name, a name listed twice), or None:
+    label j means one class, so a repeated name would make two outputs print as the same class. The
+    one rule for a run's classes.json, a --classes file and a sidecar's `classes`."""
     if not names:
         return "lists no class names"
     seen = {}
