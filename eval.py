@@ -39,7 +39,8 @@ the training split's penultimate features (--ood-memory all | N | none; stored i
 as ood_memory.safetensors and reused while the weights match), the evaluated split being
 in-distribution (evaluation/ood_eval.py). Writes JSON (--output), a CSV row and the per-example records
 (evaluation/examples.py: label, pred, p_y, max prob, support size, FY loss) beside it, and prints a
-table.
+table, then one line per file it wrote (without --output, one saying the metrics were not kept).
+Steps of tens of seconds show a bar on a terminal and a line every 10% or so in a log.
 """
 from common.cli import run_cli
 from common.startup import say_loading

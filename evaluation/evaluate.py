@@ -55,8 +55,11 @@ def plain_forward(module):
 
 
 @torch.no_grad()
-def evaluate(module, loader, accelerator=None, keep_examples=False, ignore_labels=False, keep_features=False):
+def evaluate(module, loader, accelerator=None, keep_examples=False, ignore_labels=False, keep_features=False,
+             progress=None):
     """Evaluate the unwrapped classifier `module` (with its `output_head`) over the loader's split.
+
+    progress: told `update(1)` after each batch (eval.py's progress line; a host count, no device read).
 
     ignore_labels: the split's labels mean nothing to this model (an out-of-distribution set, whose
     labels index other classes, possibly more than the model has): they are replaced by 0 so the
@@ -92,6 +95,8 @@ def evaluate(module, loader, accelerator=None, keep_examples=False, ignore_label
                 kept.append(({k: v.cpu() for k, v in records.items()}, logits.cpu()))
             if feature_probe is not None:
                 feature_probe.take()
+            if progress is not None:
+                progress.update(1)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     if accelerator is not None:

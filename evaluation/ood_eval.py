@@ -49,7 +49,8 @@ def build_memory(cfg, size, evaluate_split, num_classes):
             raise UserError(f"--ood-memory {size}: the {cfg.data.dataset} training split cannot be subsampled; "
                             f"use --ood-memory all (or none)")
         train = train.subset(indices)
-    preds = evaluate_split("train", train, keep_features=True)
+    preds = evaluate_split("train", train, keep_features=True,
+                           what=f"building the OOD feature memory ({len(train)} training images)")
     return {"features": preds.features.float(), "labels": preds.records["label"].long(),
             "preds": preds.records["pred"].long(), "num_classes": int(num_classes)}
 
@@ -59,7 +60,8 @@ def ood_results(head, cfg, ood_cfg, ood_dataset, preds, evaluate_split, *, tempe
     """JSON-ready OOD results (ood_report.run_summary plus the logit and feature-memory scores and,
     with a memory, where it came from and what it cost)."""
     use_memory = wants_memory(ood_cfg, memory_size)
-    ood_preds = evaluate_split("val", ood_dataset, data_cfg=ood_cfg, ignore_labels=True, keep_features=use_memory)
+    ood_preds = evaluate_split("val", ood_dataset, data_cfg=ood_cfg, ignore_labels=True, keep_features=use_memory,
+                               what=f"evaluating the OOD set {ood_cfg.dataset} ({len(ood_dataset)} images)")
     with torch.no_grad():
         probs_in, probs_out = head(preds.logits).float(), head(ood_preds.logits).float()
     extra_in = ood_scores.logit_scores(preds.logits, temperature)

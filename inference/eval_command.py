@@ -12,13 +12,16 @@ from common.errors import UserError
 from common.io import write_json
 from common.runlock import writing_into
 from data.classes import check_class_names
-from evaluation import conformal, ood_eval, ood_report, pool_support, report, selective_report
+from evaluation import conformal, feature_memory, ood_eval, ood_report, pool_support, report, selective_report
 from evaluation import metrics as M
 from evaluation.calibration_file import conformal_path, save_thresholds
 from evaluation.evaluate import evaluate
 from evaluation.examples import save_examples
 from inference.processes import inference_accelerator
+from inference.step_progress import step_progress
 from inference.trained_run import open_from_args
+
+NO_METRICS_FILE = "nothing written for the metrics (the table only); --output FILE.json keeps them"
 
 
 def _split_half(n, seed=0):
@@ -142,12 +145,18 @@ def main(args):
     rank, world = accelerator.process_index, accelerator.num_processes
     model.to(accelerator.device)
 
-    def evaluate_split(split, ds=None, data_cfg=None, ignore_labels=False, keep_features=False):
+    def evaluate_split(split, ds=None, data_cfg=None, ignore_labels=False, keep_features=False, what=None):
+        """`what` names the step in its progress line (the main process's bar or, in a log, its lines)."""
         data_cfg = data_cfg or cfg.data
         ds = ds if ds is not None else data.build_dataset(data_cfg, split)
         loader = data.build_eval_loader(ds, data_cfg, rank=rank, world_size=world, device=accelerator.device)
-        return evaluate(model, loader, accelerator, keep_examples=True, ignore_labels=ignore_labels,
-                        keep_features=keep_features)
+        progress = step_progress(len(loader), what or f"evaluating the {split} split ({len(ds)} images)",
+                                 enabled=accelerator.is_main_process)
+        try:
+            return evaluate(model, loader, accelerator, keep_examples=True, ignore_labels=ignore_labels,
+                            keep_features=keep_features, progress=progress)
+        finally:
+            progress.close()
 
     t0 = time.perf_counter()
     preds = evaluate_split(args.split, dataset, keep_features=ood_eval.wants_memory(ood_cfg, args.ood_memory))
@@ -185,7 +194,10 @@ def main(args):
               f"{preds.totals['n']}", file=sys.stderr)
     if ps and ps.get("warning"):
         print(ps["warning"], file=sys.stderr)
-    save_conformal_thresholds(ps, head, args.checkpoint, run.weights_sha256, kind)
+    written = ood_memory_written(ood, args.checkpoint, kind)  # written before the rest, when built
+    thresholds = save_conformal_thresholds(ps, head, args.checkpoint, run.weights_sha256, kind)
+    if thresholds:
+        written.append(wrote(thresholds, "the conformal thresholds of these weights, which predict.py uses"))
     result["selective"] = selective_summary(preds.records, head.name)
     result["ood"] = ood
     pool_maps = None
@@ -195,11 +207,27 @@ def main(args):
             preds.pooling["heads"], preds.pooling["mapping"])
         pool_maps = pool_maps_payload(preds, cfg, model, world)
     if args.output:
-        write_outputs(result, preds.records, args.output, pool_maps)
+        written += write_outputs(result, preds.records, args.output, pool_maps)
     if not args.quiet:
-        print_result(result, cfg, kind, args.output)
+        print_result(result, cfg, kind)
+    print("\n".join(written if args.output else [*written, NO_METRICS_FILE]))  # with --quiet too: files matter
     sys.stdout.flush()
     return 0
+
+
+def wrote(path, what):
+    """The line that names a file eval.py wrote and what it is."""
+    return f"wrote {path} ({what})"
+
+
+def ood_memory_written(ood, checkpoint, kind):
+    """[the line of the OOD feature memory] when this evaluation built and stored it (a stored one
+    reused, or one built for a weights file outside a run, is not written), else []."""
+    memory = (ood or {}).get("memory")
+    if not memory or memory["source"] != "built" or not memory["path"]:
+        return []
+    return [wrote(feature_memory.memory_path(checkpoint, kind),
+                  f"the OOD feature memory of {memory['n']} training images, reused while the weights match")]
 
 
 def pool_maps_payload(preds, cfg, model, world):
@@ -220,13 +248,16 @@ def write_outputs(result, records, output, pool_maps=None):
     """OUTPUT (JSON), STEM.csv (one flattened row), STEM.examples.safetensors (per-example records)
     and, for hopfield pooling, STEM.pool_maps.safetensors, each atomically, under the folder's lock;
     the temporary files of a killed evaluation's outputs are removed first. A failed write is one
-    line naming the file (WriteError, exit 74)."""
+    line naming the file (WriteError, exit 74). -> a line per file written or removed."""
     folder = os.path.dirname(os.path.abspath(output))
     maps_path = rundir.pool_maps_path(output)
+    csv_path, examples_path = rundir.eval_csv_path(output), rundir.examples_path(output)
+    lines = [wrote(output, "the metrics"), wrote(csv_path, "the metrics as one CSV row"),
+             wrote(examples_path, "the per-example records: label, prediction, p_y, support size, loss")]
     with writing_into(folder, purpose="eval", names=rundir.eval_outputs(output) + [maps_path]):  # one writer per folder
         write_json(result, output)
-        report.write_csv([report.flatten_metrics(result)], rundir.eval_csv_path(output))
-        save_examples(records, rundir.examples_path(output), head=result["head"], split=result["split"],
+        report.write_csv([report.flatten_metrics(result)], csv_path)
+        save_examples(records, examples_path, head=result["head"], split=result["split"],
                       dataset=result["dataset"], weights=result["weights"], checkpoint=result["checkpoint"])
         if pool_maps is not None:
             pool_support.save_pool_maps(maps_path, pool_maps["maps"], grid=pool_maps["grid"],
@@ -234,11 +265,14 @@ def write_outputs(result, records, output, pool_maps=None):
                                         indices=pool_maps["indices"], mapping=pool_maps["mapping"],
                                         patch_size=pool_maps["patch_size"], split=result["split"],
                                         checkpoint=result["checkpoint"])
+            lines.append(wrote(maps_path, "the pooling support maps of the first images"))
         elif os.path.isfile(maps_path) and not os.path.islink(maps_path):
             os.remove(maps_path)  # an earlier result's maps at this output, which the new one replaces
+            lines.append(f"removed {maps_path} (an earlier result's pooling maps; this one has none)")
+    return lines
 
 
-def print_result(result, cfg, kind, output):
+def print_result(result, cfg, kind):
     world = result["num_processes"]
     print(f"{cfg.name}: {cfg.model.name} + {result['head']} head, {kind} weights, "
           f"{cfg.data.dataset} {result['split']} ({world} process{'es' if world > 1 else ''})")
@@ -250,7 +284,3 @@ def print_result(result, cfg, kind, output):
     ps = result["prediction_sets"]
     if ps and ps["calibration"].get("note"):
         print(f"note: {ps['calibration']['note']}")
-    if output:
-        maps = f" and {rundir.pool_maps_path(output)}" if result.get("pooling") else ""
-        print(f"wrote {output}, {rundir.eval_csv_path(output)}, {rundir.examples_path(output)}{maps}"
-              if maps else f"wrote {output}, {rundir.eval_csv_path(output)} and {rundir.examples_path(output)}")
