@@ -31,6 +31,10 @@ optimizer step, so it reads one flag per update (one device sync per update: a d
 train.compile compiles the forward together with the head's loss (auto: on for CUDA).
 
 Run safety (the run directory is never lost or mixed):
+- Before torch loads (training/start_checks.py: by looking, nothing created), the refusals below that
+  need neither torch nor the data are one line at once: a train.output_dir that cannot be written
+  (exit 74), a live run holding its lock, a run already there without --resume or --overwrite,
+  --resume with --overwrite, a source inside the run directory. They are asked again where they decide.
 - Run lock: the main process holds RUN_DIR/run.lock (common/runlock.py) from before the first
   look at the directory to the end; a second run gets one line naming the holder. Leftover temp
   files of killed saves are removed under the lock at start.
@@ -68,6 +72,7 @@ from common.cli import run_cli
 from common.startup import say_loading
 from configs.overrides import parse_command_line
 from training import resume_policy as rp
+from training.start_checks import check_start
 
 
 def parse_args(argv=None):
@@ -101,6 +106,7 @@ def main(argv=None, hooks=None):
         print(configs.config_help(args.config, args.overrides))
         return 0
     cfg = configs.load_config(args.config, args.overrides)
+    check_start(cfg, args.resume, args.overwrite)  # the run directory's refusals, before torch's seconds
     say_loading("train.py")
     from training.loop import train
 

@@ -208,8 +208,21 @@ class RunLock:
         try:
             return self._acquire()
         except OSError as err:
-            raise write_error(self.path, err, hint=f"{self.purpose} needs a writable folder: choose another "
-                                                   "path, or fix its permissions or filesystem") from None
+            raise self.unwritable(err) from None
+
+    def unwritable(self, err):
+        """WriteError for the OSError `err` that keeps the lock file from being made (train.py finds the
+        error before torch loads, by looking, and answers with the same line)."""
+        return write_error(self.path, err, hint=f"{self.purpose} needs a writable folder: choose another "
+                                                "path, or fix its permissions or filesystem")
+
+    def held_elsewhere(self):
+        """The RunLockHeld that `acquire` would raise now, found by reading the lock file only (train.py
+        asks before torch loads); None when there is no lock, or one `acquire` would take over or wait on."""
+        holder = read_lock(self.run_dir)
+        if not holder or stale_reason(holder) is not None or held_by_this_process(self.run_dir):
+            return None  # (this process's own lock: acquire says so in its own words)
+        return self._refusal(holder)
 
     def _acquire(self):
         ensure_folder(self.run_dir)

@@ -98,8 +98,10 @@ def parse_args(argv=None, description=None):
     `description`: --help's first paragraph (the entry point's docstring says it)."""
     p = build_parser(description)
     argv = list(sys.argv[1:] if argv is None else argv)
+    options = split_command_line(p, argv)[0]
+    check_list_values(p, options)  # before argparse reads `--seeds 0,1` as a bad number
     args = parse_command_line(p, argv, tool=COMMAND)
-    options, overrides = split_command_line(p, argv)[0], args.overrides
+    overrides = args.overrides
     check_modes(args, options)
     from evaluation.equivalence import parse_margins  # before anything is planned: a typo is one line at once
 
@@ -117,6 +119,27 @@ def resolved_config(args):
 
     variants(args)
     return configs.load_config(os.path.abspath(args.config), args.overrides)
+
+
+def check_list_values(parser, options):
+    """A list option's values are separated by spaces: `--heads softmax,sparsemax` is one line showing
+    `--heads softmax sparsemax` (a comma is in no head, norm or number)."""
+    flags = [s for a in parser._actions for s in a.option_strings]
+    lists = {s for a in parser._actions if a.nargs == "+" for s in a.option_strings}
+    given, values = [], None  # given: [flag, value, ...] per list option on the line
+    for token in options:
+        if token.startswith("--"):
+            flag, eq, value = token.partition("=")
+            named = [f for f in flags if f == flag] or [f for f in flags if f.startswith(flag)]  # argparse's prefixes
+            values = [named[0]] + ([value] if eq else []) if len(named) == 1 and named[0] in lists else None
+            if values is not None:
+                given.append(values)
+        elif values is not None:
+            values.append(token)
+    for flag, *items in given:
+        if any("," in item for item in items):
+            spaced = " ".join(part for item in items for part in item.split(",") if part)
+            raise UserError(f"{flag} takes values separated by spaces, not commas: {flag} {spaced}")
 
 
 def check_modes(args, options):

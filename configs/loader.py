@@ -36,6 +36,8 @@ from .schema import CHOICES, RANGES, REPLACED_KEYS, Config, schema_fields, secti
 from .yaml12 import DuplicateKeyError, SafeLoaderYaml12Bools
 from .yaml12 import show_value as _show
 
+YAML_SUFFIX = ".yaml"  # the configs' file names (configs/*.yaml; a run's config.yaml)
+
 
 # ----------------------------------------------------------------------------- reading YAML
 def read_yaml_file(path, what="config file"):
@@ -43,7 +45,7 @@ def read_yaml_file(path, what="config file"):
     missing file, bytes that are not UTF-8, malformed YAML, an alias or a duplicate key is a
     one-line UserError naming the file (and the byte offset or line). -> (data, {dotted key: line})."""
     if not os.path.isfile(path):
-        raise UserError(f"{what} not found: {path}")
+        raise UserError(f"{what} not found: {path}{_missing_file_hint(path)}")
     with open(path, "rb") as f:
         raw = f.read()
     try:
@@ -66,6 +68,23 @@ def read_yaml_file(path, what="config file"):
     finally:
         loader.dispose()
     return data, _key_lines(node)
+
+
+def _missing_file_hint(path):
+    """'; did you mean X?' for a YAML file that does not exist: its .yaml twin for a .yml path, else the
+    closest YAML file name in its folder; a .yml path without either is told the configs' suffix."""
+    folder, name = os.path.split(path)
+    stem, ext = os.path.splitext(path)
+    if ext == ".yml" and os.path.isfile(stem + YAML_SUFFIX):
+        return f"; did you mean {stem}{YAML_SUFFIX}?"
+    try:
+        names = [n for n in os.listdir(folder or os.curdir) if n.endswith((YAML_SUFFIX, ".yml"))]
+    except OSError:
+        names = []
+    hint = closest(names, lambda n: (difflib.SequenceMatcher(None, name, n).ratio(),))
+    if hint is not None:
+        return f"; did you mean {os.path.join(folder, hint)}?"
+    return f"; this project's configs end in {YAML_SUFFIX}" if ext == ".yml" else ""
 
 
 def _key_lines(node, prefix=""):
@@ -132,7 +151,9 @@ def suggest_key(full_key):
     A candidate scores the higher of two difflib ratios: whole dotted names ('optim.lrr' vs
     'optim.lr'; sections too: 'modle' vs 'model') and last components ('lr' vs 'optim.lr',
     'train.epochs' vs 'optim.epochs'). Only scores >= SUGGEST_CUTOFF are suggested: no suggestion is
-    better than a wrong one. Keys added to the schema are candidates as soon as they exist."""
+    better than a wrong one. Among equal scores a key of the same section wins, then the closer whole
+    name ('haed.name': 'head.name', not the top-level 'name'). Keys added to the schema are candidates
+    as soon as they exist."""
     leaf = full_key.rsplit(".", 1)[-1]
     section = full_key.rsplit(".", 1)[0] if "." in full_key else ""
     keys = schema_fields()
@@ -141,14 +162,29 @@ def suggest_key(full_key):
         whole = difflib.SequenceMatcher(None, full_key, candidate).ratio()
         last = difflib.SequenceMatcher(None, leaf, candidate.rsplit(".", 1)[-1]).ratio() if candidate in keys else 0.0
         same_section = candidate.startswith(section + ".") if section else "." not in candidate
-        return max(whole, last), same_section
+        return max(whole, last), same_section, whole
 
     return closest(list(keys) + list(section_names()), score)
 
 
-def _unknown_key(full, names, sources):
-    where = f" at {sources[full]}" if full in sources else ""
+def _dotted_keys(data, prefix):
+    """The dotted keys of every value in the nested mapping `data`, depth first."""
+    for key, value in data.items():
+        if isinstance(value, dict):
+            yield from _dotted_keys(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}"
+
+
+def _unknown_key(full, names, sources, value=None):
     hint = suggest_key(full)
+    if hint is None and isinstance(value, dict):  # a misspelt section: the keys under it say which was meant
+        for key in _dotted_keys(value, full + "."):
+            hint = suggest_key(key)
+            if hint is not None:
+                full = key  # 'haed.name', named with its suggestion 'head.name'
+                break
+    where = f" at {sources[full]}" if full in sources else ""
     tip = (f"; {REPLACED_KEYS[full]}" if full in REPLACED_KEYS else
            f"; did you mean '{hint}'?" if hint else
            f"; valid keys here: {', '.join(sorted(names))} (python train.py --help-config lists every key)")
@@ -236,7 +272,7 @@ def _build(cls, data, prefix="", sources=None):
     for key, value in data.items():
         full = prefix + str(key)
         if key not in names:
-            raise _unknown_key(full, names, sources)
+            raise _unknown_key(full, names, sources, value)
         tp = hints[key]
         if dataclasses.is_dataclass(tp):
             kwargs[key] = _build(tp, value if value is not None else {}, full + ".", sources)

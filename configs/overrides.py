@@ -9,7 +9,9 @@ The value is parsed as a YAML 1.2 scalar (`optim.lr=1e-3` is a float, `train.ema
 `model.init_values=null` None, `train.mixed_precision=no` the string 'no'). A token that is the
 value of an option taking one (`--runs-dir a=b`) is that option's value, not an override.
 A command's typed flags (--head, --model, --img-size, ...) are set as `(key, value)` pairs, never
-turned into text and parsed back. Standard library and PyYAML only: it runs before torch is imported.
+turned into text and parsed back. An unknown option that names a config key (`--seed 1`) is answered
+with the key's override (`train.seed=1`). Standard library, PyYAML and the config schema only: it runs
+before torch is imported.
 """
 import re
 import sys
@@ -18,6 +20,7 @@ import yaml
 
 from common.errors import UserError
 
+from .schema import schema_fields
 from .yaml12 import safe_load, show_value
 
 # a bare override: a (dotted) key, '=', a value, e.g. optim.epochs=1 (or name=run1)
@@ -59,10 +62,30 @@ def parse_command_line(parser, argv, tool):
     options, overrides = split_command_line(parser, list(sys.argv[1:] if argv is None else argv))
     args, rest = parser.parse_known_args(options)
     if rest:
-        raise UserError(f"unexpected argument '{rest[0]}': options are listed by {tool} --help; {DIALECT} "
-                        f"(anywhere on the line)")
+        hint = config_key_hint(rest)  # `--seed 1`: the config key train.seed, named with its override
+        tail = f"{hint}; options are listed by {tool} --help" if hint else \
+            f"options are listed by {tool} --help; {DIALECT} (anywhere on the line)"
+        raise UserError(f"unexpected argument '{rest[0]}': {tail}")
     args.overrides = overrides
     return args
+
+
+def config_key_hint(rest):
+    """'train.seed is a config key, set as train.seed=1' when the unknown option rest[0] (`--seed 1`,
+    `--seed=1`, `--batch-size 64`) names a config key; '' when no key's last part is its name."""
+    flag, _, value = rest[0].partition("=")
+    if not flag.startswith("--"):
+        return ""
+    if not value and len(rest) > 1 and not rest[1].startswith("-"):
+        value = rest[1]
+    name = flag[2:].replace("-", "_")
+    keys = [key for key in schema_fields() if key.rsplit(".", 1)[-1] == name]
+    if not keys:
+        return ""
+    value = value or "VALUE"
+    if len(keys) == 1:
+        return f"{keys[0]} is a config key, set as {keys[0]}={value}"
+    return f"config keys {', '.join(keys)} are set as KEY=VALUE (e.g. {keys[-1]}={value})"
 
 
 def parse_override(text):

@@ -24,8 +24,9 @@ from PIL import Image
 
 from common.errors import UserError
 
+from .image_list import IMG_EXTENSIONS  # (one list: predict.py's --images takes the same)
+
 log = logging.getLogger("data")
-IMG_EXTENSIONS = (".jpg", ".jpeg", ".png")
 
 
 _SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")

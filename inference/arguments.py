@@ -10,6 +10,7 @@ from common.errors import UserError
 from common.io import prepare_output
 from common.suggest import choice_metavar, one_of
 from configs.overrides import parse_command_line
+from data.image_list import list_images
 from data.names import SPLITS
 
 ACCEPT_FLAG = "--accept-changed-weights"  # use weights whose sha256 differs from the run's record (weights_record.py)
@@ -122,8 +123,9 @@ def parse_predict_args(argv, doc):
 
 
 def check_predict_args(args):
-    """What predict.py can check before torch loads, in the order its body did: the flags, then the
-    output (a path through a file or a read-only folder is one line now), then the run's path."""
+    """What predict.py can check before torch loads: the flags, then the output (a path through a file or
+    a read-only folder is one line now), then the run's path, then the images: args.image_paths, the list
+    the body predicts (a folder without images is one line now, not after torch and the model load)."""
     ext = os.path.splitext(args.output)[1].lower()
     if ext not in OUTPUT_FORMATS:
         raise UserError(f"--output {args.output}: the extension picks the format, one of {', '.join(OUTPUT_FORMATS)}")
@@ -138,6 +140,7 @@ def check_predict_args(args):
                             f"got {value}")
     prepare_output(args.output)
     check_run_path(args.checkpoint)
+    args.image_paths = list_images(args.images)
 
 
 # ============================================================================ scripts/extract_features.py

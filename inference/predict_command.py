@@ -19,7 +19,7 @@ from common.runlock import writing_into
 from common.seeding import mix_seed
 from data.classes import check_class_names, class_list_problem
 from data.samplers import eval_batches
-from data.unlabeled import ImageBatches, list_images
+from data.unlabeled import ImageBatches
 from evaluation import conformal
 from evaluation.calibration_file import conformal_path, load_thresholds
 from evaluation.gather import gather_chunks
@@ -229,12 +229,12 @@ def write_predictions(rows, output, topk, sparse, thresholds):
 # ============================================================================ main
 def main(args):
     """Run the command on arguments predict.py has parsed and checked (inference/arguments.py: the flags, the
-    output, the run's path, before torch loads); -> exit status."""
+    output, the run's path and the images, args.image_paths, before torch loads); -> exit status."""
     run = open_from_args(args)
     cfg, kind = run.cfg, run.weights_kind
     transform = run.eval_transform()  # files of any size, as eval.py's pipeline transforms its split
     names, source = class_names_for(args, run)
-    paths = list_images(args.images)  # every user error surfaces before any process group is set up
+    paths = args.image_paths
     model = load_model(run, names, source)
     head = model.output_head
     main_rank = int(os.environ.get("RANK", "0")) == 0  # notes once, not once per process (before Accelerate)

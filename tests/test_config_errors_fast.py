@@ -5,13 +5,18 @@ second instead of the seconds of those imports.
 
 Each command runs in a fresh Python whose import system refuses those packages: an answer that
 needed them fails there with the refused import, on any machine speed. The CPU time of one such
-answer is also measured against `python -c pass` in the same run."""
+answer is also measured against `python -c pass` in the same run. TMP in a command is a fresh folder
+(`scene`) holding what the mistakes point at; no mistake may create or change anything there."""
+import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 
 import pytest
+
+from common.runlock import process_record
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEAVY = ("torch", "timm", "torchvision", "accelerate")
@@ -48,6 +53,27 @@ MISTAKES = [
     (["scripts/extract_features.py", "--checkpoint", "runs/x", "--output", "f", "--splits", "vall"],
      "did you mean 'val'"),
     (["scripts/extract_features.py", "--checkpoint", "runs/x", "--output", "f", "--views", "2"], "without --augment"),
+    (["predict.py", "--checkpoint", "TMP/run", "--output", "TMP/p.csv", "--images", "TMP/empty"],
+     "TMP/empty is empty (no files, searched recursively)"),
+    (["predict.py", "--checkpoint", "TMP/run", "--output", "TMP/p.csv", "--images", "TMP/notes"],
+     "TMP/notes holds 1 file(s) but no images"),
+    (["predict.py", "--checkpoint", "TMP/run", "--output", "TMP/p.csv", "--images", "TMP/no_such_folder"],
+     "--images TMP/no_such_folder: no such folder, file or glob match"),
+    (["predict.py", "--checkpoint", "TMP/run", "--output", "TMP/p.csv", "--images", "TMP/empty/*.jpg"],
+     "no file matches --images"),
+    (["train.py", "--config", "configs/quickstart.yaml", "train.output_dir=TMP/old_run"],
+     "TMP/old_run already holds a run (summary.json): pass --resume auto to continue it, or --overwrite"),
+    (["train.py", "--config", "configs/quickstart.yaml", "--overwrite", "train.output_dir=TMP/locked"],
+     "TMP/locked is in use by another run (pid"),
+    (["train.py", "--config", "configs/quickstart.yaml", "train.output_dir=TMP/old_run", "--resume", "auto",
+      "--overwrite"], "contradict each other"),
+    (["train.py", "--config", "configs/quickstart.yaml", "haed.name=sparsemax"], "did you mean 'head.name'"),
+    (["scripts/compare_heads.py", "--config", "configs/quickstart_compare.yaml", "--heads", "softmax,sparsemax"],
+     "separated by spaces, not commas: --heads softmax sparsemax"),
+    (["train.py", "--config", "configs/quickstart.yaml", "--seed", "1"],
+     "train.seed is a config key, set as train.seed=1"),
+    (["train.py", "--config", "configs/quickstart.yml"], "did you mean configs/quickstart.yaml?"),
+    (["train.py", "--config", "TMP/quickstart.yml"], "configs end in .yaml"),
 ]
 
 
@@ -57,12 +83,66 @@ def _run(argv):
                           env=env, capture_output=True, text=True, timeout=120)
 
 
+@pytest.fixture
+def scene(tmp_path):
+    """TMP: a run folder (as far as the checks look), an empty folder, a folder without images, a file,
+    a run already trained there and one a live process has locked -> (TMP, its listing)."""
+    for folder in ("run", "empty", "notes", "old_run", "locked"):
+        (tmp_path / folder).mkdir()
+    (tmp_path / "notes" / "readme.txt").write_text("no image")
+    (tmp_path / "a_file").write_text("not a folder")
+    (tmp_path / "old_run" / "summary.json").write_text("{}")
+    (tmp_path / "locked" / "run.lock").write_text(json.dumps({**process_record(), "purpose": "training"}))
+    return str(tmp_path), _listing(tmp_path)
+
+
+def _listing(folder):
+    return sorted((root, sorted(dirs), sorted(files)) for root, dirs, files in os.walk(folder))
+
+
+def _in(tmp, argv):
+    return [a.replace("TMP", tmp) for a in argv]
+
+
 @pytest.mark.parametrize("argv, says", MISTAKES, ids=[" ".join(a[:1] + a[-1:]) for a, _ in MISTAKES])
-def test_a_mistake_is_one_line_without_the_heavy_imports(argv, says):
-    done = _run(argv)
+def test_a_mistake_is_one_line_without_the_heavy_imports(argv, says, scene):
+    tmp, before = scene
+    done = _run(_in(tmp, argv))
     lines = done.stderr.strip().splitlines()
-    assert done.returncode == 2 and len(lines) == 1 and says in lines[0] and lines[0].startswith("error: "), (
-        done.returncode, done.stderr[-1500:])
+    assert done.returncode == 2 and len(lines) == 1 and says.replace("TMP", tmp) in lines[0] \
+        and lines[0].startswith("error: "), (done.returncode, done.stderr[-1500:])
+    assert _listing(tmp) == before  # nothing created, changed or deleted
+
+
+def _read_only(folder):
+    """Make `folder` read-only for this process (root ignores permissions: chattr +i) -> how to undo it."""
+    if os.geteuid() != 0:
+        os.chmod(folder, 0o555)
+        return lambda: os.chmod(folder, 0o755)
+    if shutil.which("chattr") and subprocess.run(["chattr", "+i", folder], capture_output=True).returncode == 0:
+        return lambda: subprocess.run(["chattr", "-i", folder], check=True)
+    pytest.skip("no way to make a folder read-only for root here (chattr)")
+
+
+@pytest.mark.parametrize("where, cause", [("TMP/a_file/run", "Not a directory"),
+                                          ("TMP/read_only/run", "Permission denied"),
+                                          ("TMP/read_only", "Permission denied")])
+def test_an_unwritable_run_directory_is_exit_74_without_the_heavy_imports(where, cause, scene):
+    """The run lock's own line and exit status (common/runlock.py), found by looking before torch loads: the
+    run directory is not made, nothing is written. (A read-only filesystem: tests/test_run_files.py.)"""
+    tmp, _ = scene
+    os.mkdir(os.path.join(tmp, "read_only"))
+    before = _listing(tmp)
+    undo = _read_only(os.path.join(tmp, "read_only"))
+    try:
+        done = _run(["train.py", "--config", "configs/quickstart.yaml", f"train.output_dir={_in(tmp, [where])[0]}"])
+    finally:
+        undo()
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 74 and len(lines) == 1, (done.returncode, done.stderr[-1500:])
+    assert lines[0] == (f"error: cannot write {_in(tmp, [where])[0]}/run.lock: {cause}; training needs a writable "
+                        f"folder: choose another path, or fix its permissions or filesystem")
+    assert _listing(tmp) == before
 
 
 def test_the_refusing_interpreter_does_refuse(tmp_path):

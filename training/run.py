@@ -42,6 +42,7 @@ from training.optim import build_optimizer, build_scheduler
 from training.rng import reseed
 from training.run_sources import check_sources_outside_run
 from training.run_start import prepare_run_dir
+from training.start_checks import LOCK_PURPOSE
 from training.train_step import NO_BAD_STEP
 
 
@@ -184,7 +185,7 @@ def setup(cfg, resume, overwrite, accept_changes=False):
     check_sources_outside_run(cfg)  # a run never reads from (or could delete) its own directory: before it is touched
     accelerator, tracker_names = build_accelerator(cfg.train)
     main_proc = accelerator.is_main_process
-    lock = RunLock(cfg.train.output_dir, purpose="training", enabled=main_proc,
+    lock = RunLock(cfg.train.output_dir, purpose=LOCK_PURPOSE, enabled=main_proc,
                    warn=lambda msg: console(msg, main_proc))
     try:
         return build_run(cfg, resume, overwrite, accept_changes, accelerator, tracker_names, lock)

@@ -18,7 +18,7 @@ directory changes:
    outside RESUME_ALLOWLIST is refused in one line unless --resume-with-changes, which records it
    in the run's config history (config_history.yaml); the run's classes.json must match the
    dataset's class names;
-4. starting fresh: a directory holding a run (training.checkpoint.files.run_artefacts: weights, logs,
+4. starting fresh: a directory holding a run (training.start_checks.run_artefacts: weights, logs,
    summary, checkpoints) is refused in one line naming what is there and the two ways on
    (`--resume auto`, `--overwrite`); `--resume auto` without a complete checkpoint refuses the
    same way unless the directory holds no run;
@@ -26,8 +26,10 @@ directory changes:
 6. `--overwrite` lists what it deletes, checks that all of it can be deleted (else one line, nothing
    deleted) and deletes it, symlinks themselves and never their targets (common/removal.py);
 7. write config.yaml (a plain config, valid for --config), its history when resuming, and classes.json.
-The other ranks receive the decision (one broadcast) or, after a refusal, exit with the same code
-without printing it again. The checkpoint's trainer_state.json is read once, here, and travels with
+train.py asks the checks that need neither torch nor the data (the flags, the destination, a live lock,
+a run already there: training/start_checks.py, the same words) before torch loads; they are asked again
+here, where they decide. The other ranks receive the decision (one broadcast) or, after a refusal, exit
+with the same code without printing it again. The checkpoint's trainer_state.json is read once, here, and travels with
 the decision to `restore`, and the trackers' (the MLflow run a resume goes on in) to `trackers.start`.
 """
 import os
@@ -44,6 +46,7 @@ from training import trackers
 from training.checkpoint import files as ck
 from training.checkpoint.state import read_trainer_state
 from training.logging import console
+from training.start_checks import check_flags, holds_a_run, run_artefacts
 
 # What --overwrite deletes besides the run artefacts: the TensorBoard logs and config history of the old run.
 OVERWRITE_EXTRA = (rundir.TENSORBOARD, rundir.CONFIG_HISTORY)
@@ -79,9 +82,7 @@ def decide_start(cfg, resume, overwrite, accept_changes, lock, fp, tracker_names
     TrainerState or None, changes, the trackers' start)."""
     run_dir = cfg.train.output_dir
     say = console
-    if resume is not None and overwrite:
-        raise UserError(f"--resume {resume} and --overwrite contradict each other: --resume continues the run in "
-                        f"{run_dir}, --overwrite deletes it; pass one of them")
+    check_flags(resume, overwrite, run_dir)
     lock.acquire()
     ck.clean_stale_temp(run_dir, warn=say)
     ckpt = ck.resolve_resume(resume, run_dir, warn=say)
@@ -105,15 +106,9 @@ def decide_start(cfg, resume, overwrite, accept_changes, lock, fp, tracker_names
                 raise UserError(f"the dataset's classes differ from the ones {run_dir} was trained on ({diff}); resume "
                                 f"on the same classes, or start a new run in another train.output_dir")
     else:
-        present = ck.run_artefacts(run_dir)
+        present = run_artefacts(run_dir)
         if present and not overwrite:
-            listing = ", ".join(present)
-            if resume == "auto":
-                raise UserError(f"--resume auto: {run_dir} has no complete checkpoint but holds a run ({listing}); "
-                                f"pass --overwrite instead to delete it and start over, or set another "
-                                f"train.output_dir")
-            raise UserError(f"{run_dir} already holds a run ({listing}): pass --resume auto to continue it, or "
-                            f"--overwrite to delete it and start over (or set another train.output_dir)")
+            raise holds_a_run(run_dir, present, resume)
     tracking = trackers.check_stores(tracker_names, cfg, resuming=ckpt is not None, say=say)  # the last check
     if ckpt is None:
         delete_old_run(run_dir, present + [n for n in OVERWRITE_EXTRA

@@ -68,6 +68,7 @@ from common.removal import remove_quietly as remove_tree_quietly
 from common.runlock import held_by_this_process
 from common.weights import first_line, read_torch, safetensors_writer, save_safetensors, tensors_nbytes
 from training.checkpoint.state import TrainerState, read_quietly
+from training.start_checks import run_artefacts  # noqa: F401 - re-exported (defined torch-free: train.py asks early)
 
 _NAME = re.compile(r"^step_(\d+)$")
 _HASH_CHUNK = 1 << 20
@@ -304,13 +305,6 @@ def clean_stale_temp(run_dir, warn=print, require_lock=True):
         warn(f"removed {len(removed)} temporary file(s) left by an interrupted run: "
              + ", ".join(os.path.relpath(p, run_dir) for p in removed[:5]) + (" ..." if len(removed) > 5 else ""))
     return removed
-
-
-def run_artefacts(run_dir):
-    """Names of the training artefacts present in `run_dir` (weights, logs, summary, checkpoints/;
-    a symlink counts, even a dangling one), for a 'this directory holds a run' refusal before a
-    destructive fresh start."""
-    return [n for n in rundir.RUN_ARTEFACTS if os.path.lexists(os.path.join(run_dir, n))]
 
 
 # ----------------------------------------------------------------------------- finding / validating
