@@ -21,6 +21,10 @@ FORMATS = ("onnx", "torchscript")  # the export formats that have a sidecar
 OUTPUTS = ("logits", "probabilities")
 # the resize filters of an evaluation transform (data/transforms.py; 'random' is a training choice)
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest")
+# the colour of the images a model takes: RGB, or gray in all three channels (a gray dataset's model:
+# every image is converted to gray first; data/transforms.py writes it)
+GRAY = "gray"
+COLORS = ("RGB", GRAY)
 FIX = "restore the sidecar scripts/export.py wrote, or export the model again"
 
 
@@ -79,6 +83,7 @@ FIELDS = (
     (("output",), f"one of {', '.join(OUTPUTS)}", lambda v: v in OUTPUTS),
     (("classes",), "a list of class names", lambda v: isinstance(v, list) and all(isinstance(n, str) for n in v)),
     (("preprocessing",), "an object", lambda v: isinstance(v, dict)),
+    (("preprocessing", "color"), f"one of {', '.join(COLORS)}", lambda v: v in COLORS),
     (("preprocessing", "resize"), "an object", lambda v: isinstance(v, dict)),
     (("preprocessing", "resize", "shorter_side"), "a positive whole number", lambda v: _is_int(v) and v > 0),
     (("preprocessing", "resize", "interpolation"), f"one of {', '.join(INTERPOLATIONS)}",

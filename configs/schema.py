@@ -68,8 +68,9 @@ def setting(default=MISSING, help="", *, range=None, choices=None, resume=None, 
 class DataConfig:
     dataset: str = setting("builtin10", f"which dataset (data/registry.py): {describe_datasets()}",
                            choices=dataset_names(), resume=FROZEN)
-    root: str = setting("datasets", "where CIFAR/ImageNet live (cifar-10-batches-py/, train/ val/), or the shard "
-                        "folder, or the feature folder (data.dataset=features)", resume=FREE)
+    root: str = setting("datasets", "where CIFAR/ImageNet/the MNIST family live (cifar-10-batches-py/, train/ "
+                        "val/, FashionMNIST/raw/), or the shard folder, or the feature folder (data.dataset=features)",
+                        resume=FREE)
     # pil: timm/PIL per-sample transforms (and the in-memory path); dali: NVIDIA DALI decode + DeiT
     # augmentation (the datasets declared dali; GPU when training on one, else CPU threads = num_workers);
     # auto: dali when DALI is installed, the dataset is declared dali and training runs on CUDA.
@@ -83,7 +84,7 @@ class DataConfig:
     num_workers: int = setting(2, "data loader worker processes (DALI: CPU threads)", range="[0, inf)", resume=FREE)
     in_memory: bool = setting(True, f"{'/'.join(dataset_names(in_memory=True))}: whole split as one uint8 "
                               "tensor, batch augmentation on the device")
-    download: bool = setting(True, "download CIFAR when it is missing", resume=FREE)
+    download: bool = setting(True, "download CIFAR or the MNIST family when missing", resume=FREE)
     auto_augment: Optional[str] = setting(None, "timm RandAugment spec, e.g. rand-m9-mstd0.5-inc1 (forces the "
                                           "per-sample path); null: none")
     reprob: float = setting(0.0, "random erasing probability (timm RandomErasing, mode pixel)", range="[0, 1]")

@@ -5,8 +5,9 @@ A `DatasetSpec` holds a dataset's name and one-line doc, the splits it stores, h
 apart), the crop recipe data.train_crop=auto means for it (`train_crop`), whether a split is one uint8
 tensor in memory (`in_memory`: the device fast path), whether the DALI path reads it (`dali`:
 encoded image files), its out-of-distribution partner (`ood`: what `--ood-dataset auto` means),
-whether it reads data.root (`files`: False for generated data) and whether it is cached features
-rather than images (`features`: no pixels, no transform, its own loaders).
+whether it reads data.root (`files`: False for generated data), whether it is cached features
+rather than images (`features`: no pixels, no transform, its own loaders) and whether its images are
+gray (`grayscale`: stored in three equal channels; the eval transform turns any image gray first).
 
 Everything else reads from here: the config schema's data.dataset choices and help
 (configs/schema.py, `--help-config`), build_dataset / num_classes (data/datasets.py), class_names
@@ -30,7 +31,7 @@ tests/test_dataset_registry.py checks exactly that on a copy of the tree.
 
 A declaration must be complete and consistent (checked at registration: ValueError, a programming
 error): a new identifier, a doc line, callables, stored splits that include train and val, a
-known crop recipe, DALI only for file datasets, features sets neither in memory nor DALI, and
+known crop recipe, DALI only for file datasets, features sets neither in memory nor DALI nor gray, and
 (checked once all are declared) an OOD partner that is a declared image dataset.
 """
 from __future__ import annotations
@@ -42,12 +43,13 @@ from typing import Callable, Dict, List, Optional, Tuple
 from common.errors import UserError
 from common.lazy import DeferredModule
 
-from .names import CIFAR, CROP_RECIPES, FAR_OOD_KINDS, SPLITS
+from .names import CIFAR, CROP_RECIPES, FAR_OOD_KINDS, IDX, SPLITS
 
 # The readers, imported on first use: the declarations below are read without torch (the config
 # loader checks data.dataset before torch loads).
-builtin, cifar, far_ood, features, imagefolder, shards = (
-    DeferredModule(f"data.{name}") for name in ("builtin", "cifar", "far_ood", "features", "imagefolder", "shards"))
+builtin, cifar, far_ood, features, idx, imagefolder, shards = (
+    DeferredModule(f"data.{name}")
+    for name in ("builtin", "cifar", "far_ood", "features", "idx", "imagefolder", "shards"))
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,7 @@ class DatasetSpec:
     ood: Optional[str] = None  # the dataset `--ood-dataset auto` means for this one
     files: bool = True  # reads data.root (False: generated)
     features: bool = False  # cached pre-logit features (data/features.py): no pixels, its own loaders
+    grayscale: bool = False  # gray images in three equal channels: eval turns any image gray (data/transforms.py)
 
 
 DATASETS: Dict[str, DatasetSpec] = {}
@@ -85,13 +88,13 @@ def _validate(spec: DatasetSpec) -> None:
         _fail(spec.name, f"splits must include train and val, within {', '.join(SPLITS)}")
     if spec.train_crop not in CROP_RECIPES:
         _fail(spec.name, f"train_crop must be one of {', '.join(CROP_RECIPES)}")
-    for flag in ("in_memory", "dali", "files", "features"):
+    for flag in ("in_memory", "dali", "files", "features", "grayscale"):
         if not isinstance(getattr(spec, flag), bool):
             _fail(spec.name, f"flag '{flag}' must be True or False")
     if spec.dali and not spec.files:
         _fail(spec.name, "dali needs image files (files=True)")
-    if spec.features and (spec.in_memory or spec.dali):
-        _fail(spec.name, "a features set has no pixels: in_memory and dali must be False")
+    if spec.features and (spec.in_memory or spec.dali or spec.grayscale):
+        _fail(spec.name, "a features set has no pixels: in_memory, dali and grayscale must be False")
     if spec.ood is not None and not isinstance(spec.ood, str):
         _fail(spec.name, "ood must be a dataset name or None")
 
@@ -158,6 +161,12 @@ for _name in CIFAR:
     register(DatasetSpec(_name, f"{CIFAR[_name]['title']} (ROOT/{CIFAR[_name]['folder']})",
                          _call(cifar, "build_split", name=_name), _call(cifar, "class_names", name=_name),
                          in_memory=True))
+# The MNIST family (data/idx.py). Far OOD partners: clothing (Fashion-MNIST) for the pen strokes of the
+# digits and characters, digits (MNIST) for clothing.
+for _name, _ood in (("fashion_mnist", "mnist"), ("mnist", "fashion_mnist"), ("kmnist", "fashion_mnist")):
+    register(DatasetSpec(_name, f"{IDX[_name]['title']}, 28 px gray (ROOT/{IDX[_name]['folder']}/raw, IDX files)",
+                         _call(idx, "build_split", name=_name), _call(idx, "class_names", name=_name),
+                         in_memory=True, ood=_ood, grayscale=True))
 register(DatasetSpec("imagefolder", "ROOT/train|val/<class>/*",
                      _call(imagefolder, "build_split"),
                      lambda data_cfg: imagefolder.find_classes(data_cfg.root), train_crop="rrc", dali=True))

@@ -27,9 +27,13 @@ from timm.data.random_erasing import RandomErasing
 from torchvision import transforms as T
 
 from common.errors import UserError
+from common.sidecar_format import GRAY
 
 from .names import CROP_RECIPES, INTERPOLATIONS, TRAIN_CROPS  # noqa: F401  (re-exported)
 from .registry import dataset_spec
+
+# How a gray dataset's eval transform (preprocessing.color GRAY in an export's sidecar) turns an image gray
+GRAY_FORMULA = "L = R * 299/1000 + G * 587/1000 + B * 114/1000 (Pillow's convert('L')), in all three channels"
 
 
 def train_crop_mode(cfg):
@@ -97,7 +101,8 @@ def build_train_transform(cfg, native_size):
 
 @dataclasses.dataclass(frozen=True)
 class EvalTransform:
-    """The evaluation transform as data. PIL image -> RGB (16-bit gray scaled to 8 bits) -> the
+    """The evaluation transform as data. PIL image -> RGB (16-bit gray scaled to 8 bits) -> with
+    `grayscale` (the model of a gray dataset, data/registry.py) gray in all three channels -> the
     shorter side resized to `resize_to` (the longer one to int(resize_to * long / short)) with
     `interpolation` -> centre crop to image_size (offsets round((resized - image_size) / 2), half to
     even) -> pixel / 255 -> (x - mean) / std per channel -> float32 (3, H, W)."""
@@ -106,6 +111,7 @@ class EvalTransform:
     interpolation: str
     mean: Tuple[float, float, float]
     std: Tuple[float, float, float]
+    grayscale: bool = False
 
     @property
     def resize_to(self) -> int:
@@ -113,8 +119,9 @@ class EvalTransform:
 
     def describe(self) -> dict:
         """The plain description an export carries: every number a consumer without torch needs."""
+        color = {"color": GRAY, "gray": GRAY_FORMULA} if self.grayscale else {"color": "RGB"}
         return {
-            "color": "RGB", "sixteen_bit_gray": "round(v / 257)", "layout": "CHW", "dtype": "float32",
+            **color, "sixteen_bit_gray": "round(v / 257)", "layout": "CHW", "dtype": "float32",
             "resize": {"shorter_side": self.resize_to, "longer_side": "int(shorter_side * longer / shorter)",
                        "interpolation": self.interpolation},
             "center_crop": {"size": [self.image_size, self.image_size],
@@ -138,18 +145,22 @@ def eval_transform(cfg) -> EvalTransform:
     pad = train_crop_mode(cfg) == "pad"
     interpolation = "bicubic" if pad or cfg.interpolation == "random" else cfg.interpolation
     return EvalTransform(int(cfg.image_size), 1.0 if pad else float(cfg.crop_pct), interpolation,
-                         tuple(float(v) for v in cfg.mean), tuple(float(v) for v in cfg.std))
+                         tuple(float(v) for v in cfg.mean), tuple(float(v) for v in cfg.std),
+                         dataset_spec(cfg.dataset).grayscale)
 
 
 def build_eval_transform(cfg, native_size):
     """PIL image -> the normalised image_size x image_size tensor `eval_transform(cfg)` describes:
     timm's eval transform with its settings; datasets stored square at image_size (CIFAR, built-in:
-    `native_size`) under the pad recipe are only normalised (their resize and crop do nothing)."""
+    `native_size`) under the pad recipe are only normalised (their resize and crop do nothing). A
+    gray dataset's transform turns every image gray first (a no-op on its own images)."""
     spec = eval_transform(cfg)
+    gray = [T.Grayscale(num_output_channels=3)] if spec.grayscale else []
     if native_size == spec.image_size == spec.resize_to:
-        return T.Compose([T.ToTensor(), T.Normalize(spec.mean, spec.std)])
-    return create_transform(spec.image_size, is_training=False, interpolation=spec.interpolation,
-                            crop_pct=spec.crop_pct, crop_mode="center", mean=spec.mean, std=spec.std)
+        return T.Compose(gray + [T.ToTensor(), T.Normalize(spec.mean, spec.std)])
+    timm_eval = create_transform(spec.image_size, is_training=False, interpolation=spec.interpolation,
+                                 crop_pct=spec.crop_pct, crop_mode="center", mean=spec.mean, std=spec.std)
+    return T.Compose(gray + [timm_eval]) if gray else timm_eval
 
 
 def resize_uint8(images, size):

@@ -3,14 +3,15 @@
     python scripts/onnx_predict.py runs/quickstart/model.onnx photo.jpg more_photos/
     python scripts/onnx_predict.py model.onnx val/ --output predictions.jsonl
 
-It follows only the export's sidecar (MODEL.onnx.json, written by scripts/export.py): each image
-is converted to RGB, its shorter side resized as `preprocessing.resize` says, centre-cropped,
-scaled to [0, 1] and normalised with the sidecar's mean and std, exactly as the run's eval.py
-does. One JSON line per image, in input order: the file, status ok, the top-1 class, and for an
-export made with --head-probabilities the head's probabilities and their support (the classes with
-p > 0: for the sparse heads, the prediction set). Folders are read recursively in sorted order. A
-file that cannot be read as an image (truncated, not an image) is skipped, counted in a warning and
-listed with status unreadable and the reason, as predict.py does; none readable is exit 2.
+It follows only the export's sidecar (MODEL.onnx.json, written by scripts/export.py): each image is
+converted to RGB (to gray in all three channels where `preprocessing.color` says gray), its shorter
+side resized as `preprocessing.resize` says, centre-cropped, scaled to [0, 1] and normalised with
+the sidecar's mean and std, exactly as the run's eval.py does. One JSON line per image, in input
+order: the file, status ok, the top-1 class, and for an export made with --head-probabilities the
+head's probabilities and their support (the classes with p > 0: for the sparse heads, the
+prediction set). Folders are read recursively in sorted order. A file that cannot be read as an
+image (truncated, not an image) is skipped, counted in a warning and listed with status unreadable
+and the reason, as predict.py does; none readable is exit 2.
 
 It imports neither torch nor timm, so it is also a reference for a deployment in another language:
 every step below is one of the sidecar's numbers. The sidecar is read and checked by
@@ -138,6 +139,8 @@ def crop_offsets(width, height, size):
 def preprocess(image, pre):
     """PIL image -> float32 (3, size, size), as the sidecar's `preprocessing` describes."""
     image = to_rgb(image)
+    if pre["color"] == sidecar_format.GRAY:  # a gray dataset's model: Pillow's luma, in the three channels
+        image = image.convert("L").convert("RGB")
     w, h = resized_size(image.width, image.height, int(pre["resize"]["shorter_side"]))
     if (w, h) != image.size:
         image = image.resize((w, h), INTERPOLATIONS[pre["resize"]["interpolation"]])

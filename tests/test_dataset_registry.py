@@ -16,6 +16,7 @@ from data import registry
 from data.arrays import ArrayDataset
 from evaluation import ood_report
 from project_files import copy_project
+from test_idx_datasets import write_idx_set
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -61,11 +62,15 @@ def test_every_fact_is_read_from_the_declarations():
     assert CHOICES["data.dataset"] == tuple(specs)
     assert {n for n, s in specs.items() if s.dali} == {"imagefolder", "shards"}
     assert {n: s.ood for n, s in specs.items() if s.ood} == {"builtin10": "builtin10_ood",
-                                                              "builtin100": "builtin100_ood"}
+                                                              "builtin100": "builtin100_ood",
+                                                              "fashion_mnist": "mnist", "mnist": "fashion_mnist",
+                                                              "kmnist": "fashion_mnist"}
+    assert [n for n, s in specs.items() if s.grayscale] == ["fashion_mnist", "mnist", "kmnist"]
     assert [n for n, s in specs.items() if s.features] == ["features"]
     assert "features" not in ood_report.ood_dataset_names()
     # class counts are the number of names: builtin10/100 and CIFAR-10/100 as the archives have them
-    for name, k in (("builtin10", 10), ("builtin100_ood", 100), ("cifar10", 10), ("cifar100", 100)):
+    for name, k in (("builtin10", 10), ("builtin100_ood", 100), ("cifar10", 10), ("cifar100", 100),
+                    ("fashion_mnist", 10), ("mnist", 10), ("kmnist", 10)):
         assert data.num_classes(DataConfig(dataset=name)) == len(data.class_names(DataConfig(dataset=name))) == k
 
 
@@ -82,6 +87,32 @@ def test_a_throwaway_declaration_reaches_the_loader_dali_and_ood(throwaway):
         data.build_dataset(replace(cfg, backend="dali"), "val")
     assert ood_report.resolve_ood_dataset("auto", throwaway.name) == "builtin10_ood"
     assert throwaway.name in ood_report.ood_dataset_names()
+
+
+# Each declared file dataset, with the files of its official layout written in tmp_path: (writer, its
+# image size). The same contract as the throwaway declaration's above.
+FILE_DATASETS = {name: (write_idx_set, 28) for name in ("fashion_mnist", "mnist", "kmnist")}
+
+
+@pytest.mark.parametrize("name", FILE_DATASETS)
+def test_a_declared_file_dataset_meets_the_contract(tmp_path, name):
+    """Its stored splits read through the registry, calib and tune held out of train as for every set,
+    the device batch path, its classes, DALI refused, and its OOD partner one of --ood-dataset's names."""
+    write, size = FILE_DATASETS[name]
+    write(str(tmp_path), name, n_train=50, n_test=20)
+    spec = registry.dataset_spec(name)
+    cfg = DataConfig(dataset=name, root=str(tmp_path), image_size=size, download=False, batch_size=8,
+                     calib_fraction=0.2, tune_fraction=0.25)
+    sizes = {split: len(data.build_dataset(cfg, split)) for split in ("train", "calib", "tune", "val")}
+    assert sizes == {"train": 30, "calib": 10, "tune": 10, "val": 20}
+    assert data.num_classes(cfg) == len(data.class_names(cfg)) == 10
+    loader = data.build_train_loader(data.build_dataset(cfg, "train"), cfg, seed=0, epoch=0, rank=0, world_size=1)
+    assert loader.uses_memory_path == spec.in_memory
+    x, y = next(iter(loader))
+    assert x.shape == (8, 3, size, size) and y.dtype == torch.int64
+    with pytest.raises(UserError, match="data.backend=dali supports data.dataset imagefolder or shards"):
+        data.build_dataset(replace(cfg, backend="dali"), "val")
+    assert ood_report.resolve_ood_dataset("auto", name) == spec.ood and spec.ood in ood_report.ood_dataset_names()
 
 
 def test_a_stored_calib_split_is_read_as_stored_not_held_out_of_train():
