@@ -53,8 +53,9 @@ def write_comparison_report(plan, commands, args, pairs, stem, command, report_d
                             sequential=None):
     """Report the finished runs (naming the missing ones) and print its table and sentences;
     -> (report.md path, missing run dirs, paired results). `sequential`: --until-settled's outcome
-    (comparison/settle.Looks.document), added to report.md and summary.json."""
-    from evaluation import comparison
+    (comparison/settle.Looks.document), added to report.md and summary.json; the plain words' bottom
+    line then reads its verdicts (evaluation/summary.py's SEQUENTIAL)."""
+    from evaluation import comparison, summary
 
     weights = "ema" if args.ema else "raw"
     variants, missing = {}, []
@@ -74,7 +75,8 @@ def write_comparison_report(plan, commands, args, pairs, stem, command, report_d
     calib = (first.get("prediction_sets") or {}).get("calibration") or {}
     notes = [calib["note"]] if calib.get("note") else []
     pairs = [(a, b) for a, b in pairs if a in variants and b in variants]
-    with RunLock(report_dir, purpose="compare_heads report"):  # one writer of the report folder
+    with summary.sequential_verdicts(sequential), \
+            RunLock(report_dir, purpose="compare_heads report"):  # one writer of the report folder
         check_report_dir(report_dir, runs_dir, args.overwrite, record=True)
         table, path, paired_results = comparison.write_report(
             variants, report_dir, f"Head comparison: {stem}{title_note}", command, weights=weights,
@@ -82,7 +84,8 @@ def write_comparison_report(plan, commands, args, pairs, stem, command, report_d
         if sequential is not None:
             add_sequential(report_dir, sequential)
     print(f"\n{table}\n")
-    say_conclusions(variants, paired_results)
+    with summary.sequential_verdicts(sequential):
+        say_conclusions(variants, paired_results)
     if sequential is not None:
         print("Until settled (sequential design; report.md's section says how to read it):")
         print("\n".join(f"- {c['reason']}" for c in sequential["comparisons"]) + "\n")

@@ -9,13 +9,21 @@ the same as equally good: the margin lines say, per metric with a margin, whethe
 within ±δ of its baseline (TOST), non-inferior, better, worse or undecided (evaluation/equivalence.py,
 the sentences the report's equivalence section gives). Nothing here is a fixed conclusion: with other
 numbers the sentences change.
+
+The first line is the bottom line in everyday words, built from the same verdicts: per head, whether
+it is more or less accurate than its baseline, as accurate within the margin, at most the margin less
+accurate, or not distinguishable with the seeds at hand (the equivalence verdicts, Holm-adjusted as the
+margin lines read them; under --until-settled the sequential design's verdicts, SEQUENTIAL), and how
+many classes a sparse head keeps on average. The lines after it give the numbers and the tests.
 """
+import contextlib
 import contextvars
+from typing import NamedTuple
 
 from models.registry import is_sparse
 
 from . import equivalence, report, sanity
-from .statistics import METRIC_TABLE, mdd_range_text, seeds_range_text, signed_points
+from .statistics import METRIC_TABLE, mdd_range_text, seeds_range_text, signed_points, two_figures
 
 MINUS = "\u2212"
 
@@ -114,12 +122,18 @@ def sets_line(variants, baseline_names):
             f"seeds): the sparse heads' own supports give {own}" + (f"; against {theirs}" if base else ""))
 
 
-def sparsity_line(variants):
+def sparse_heads(variants):
+    """[(variant, runs)] of the sparse heads with a measured support size, and the number of classes
+    ("all" when the runs do not say)."""
     sparse = [(v, runs) for v, runs in variants.items() if is_sparse(runs[0]["result"].get("head", ""))
               and _mean(runs, "support_mean") is not None]
+    return sparse, (len(sparse[0][1][0]["result"].get("support_hist") or []) or "all") if sparse else "all"
+
+
+def sparsity_line(variants):
+    sparse, classes = sparse_heads(variants)
     if not sparse:
         return None
-    classes = len(sparse[0][1][0]["result"].get("support_hist") or []) or "all"
     return ("sparsity: on average " + ", ".join(f"{v} keeps {_cell(runs, 'support_mean', 'f2')}"
                                                for v, runs in sparse)
             + f" of {classes} classes with non-zero probability (softmax keeps all)")
@@ -188,12 +202,186 @@ def budget_text(variants, curves):
     return (f"at this budget of {epochs} epoch{'s' if epochs != 1 else ''}" if epochs else "at this budget"), rising
 
 
+# ---- the bottom line ---------------------------------------------------------------------------------------
+# compare_heads --until-settled sets it around its report (comparison/report.py): the sequential design's
+# outcome (comparison/settle.Looks.document); its verdicts are the comparison's.
+SEQUENTIAL = contextvars.ContextVar("sequential", default=None)
+
+
+@contextlib.contextmanager
+def sequential_verdicts(document):
+    """The plain words of the report written inside read the design's verdicts (`document`: None for none)."""
+    token = SEQUENTIAL.set(document)
+    try:
+        yield
+    finally:
+        SEQUENTIAL.reset(token)
+
+
+class Words(NamedTuple):
+    """How the bottom line says each verdict on one metric ({b}: the baseline, {m}: ±δ, {d}: δ)."""
+    better: str
+    worse: str
+    same: str
+    at_most: str
+    what: str
+    none_better: str
+
+
+WORDS = {"top1": Words("is more accurate than {b}", "is less accurate than {b}", "is as accurate as {b} within {m}",
+                       "is at most {d} less accurate than {b}", "accuracy", "no head was more accurate than {b}"),
+         "ece": Words("is better calibrated than {b}", "is worse calibrated than {b}",
+                      "is as well calibrated as {b} within {m}", "is at most {d} worse calibrated than {b}",
+                      "calibration", "no head was better calibrated than {b}"),
+         "loss": Words("has a lower loss than {b}", "has a higher loss than {b}", "has the same loss as {b} within {m}",
+                       "has a loss at most {d} above {b}'s", "loss", "no head had a lower loss than {b}")}
+KIND_OF = {"superior": "better", "inferior": "worse", "equivalent": "equivalent", "non-inferior": "non-inferior",
+           "undecided": "not distinguishable"}  # an equivalence verdict -> the bottom line's kind
+
+
+class HeadVerdict(NamedTuple):
+    """One head's verdict as the bottom line says it. kind: better, worse, equivalent, non-inferior,
+    not distinguishable, one seed, nothing learned (a head at chance), not settled or no look (the
+    sequential design's); within: better or worse by less than the margin; alone: "better" / "worse"
+    where the per-comparison test says so but the Holm-adjusted verdict does not (family: its size)."""
+    variant: str
+    baseline: str
+    metric: str
+    kind: str
+    seeds: int
+    margin: str = ""
+    difference: float = None
+    within: bool = False
+    alone: str = ""
+    family: int = 1
+    idle: tuple = ()
+    stage: str = ""
+
+
+def head_verdicts(results, sequential=None):
+    """[HeadVerdict] per compared head: from the design's outcome (`sequential`) when there is one, else
+    from the paired results' top-1 verdicts (their equivalence verdict; the t-interval when none)."""
+    if sequential:
+        metric = sequential["metric"]
+        margin = equivalence.margin_text(metric, equivalence.margin_as_difference(metric, sequential["margin"]))
+        out = []
+        for c in sequential["comparisons"]:
+            kind = {"no look": "no look", "continues": "not settled", "capped": "not settled"}.get(
+                c["state"], KIND_OF[c["verdict"]])
+            out.append(HeadVerdict(c["variant"], c["baseline"], metric, kind, c["seeds"], margin, stage=c["state"]))
+        return out
+    out = []
+    for res in results:
+        r = res["across"]["top1"]
+        idle = tuple(name for name, c in res["learned"].items() if c["nothing_learned"])
+        v = res.get("equivalence", {}).get("top1")
+        if idle:
+            kind = "nothing learned"
+        elif r["n_seeds"] < 2:
+            kind = "one seed"
+        elif v is not None:
+            kind = KIND_OF[v["verdict"]]
+        else:
+            kind = ("better" if r["difference"] > 0 else "worse") if r["significant"] else "not distinguishable"
+        alone = ("better" if r["difference"] > 0 else "worse") if kind not in ("better", "worse", "nothing learned",
+                                                                                "one seed") and r["significant"] else ""
+        out.append(HeadVerdict(
+            res["variant"], res["baseline"], "top1", kind, r["n_seeds"],
+            equivalence.margin_text("top1", v["margin"]) if v else "", r["difference"],
+            within=bool(v and (v["equivalent"] or (kind == "worse" and v["non_inferior"]))), alone=alone,
+            family=v.get("family_size", 1) if v else 1, idle=idle))
+    return out
+
+
+def _head_phrase(h):
+    """What the bottom line says of one head against its baseline, without the head's name."""
+    words = WORDS[h.metric]
+    fill = {"b": h.baseline, "m": h.margin, "d": h.margin.removeprefix("±")}
+    if h.kind in ("better", "worse"):
+        text = (words.better if h.kind == "better" else words.worse).format(**fill)
+        if h.metric == "top1" and h.difference is not None:
+            text += f" ({signed_points(h.difference)} pt)"
+        if h.within:
+            text += f", by less than {fill['d']}"
+    elif h.kind == "equivalent":
+        text = words.same.format(**fill)
+    elif h.kind == "non-inferior":
+        text = words.at_most.format(**fill)
+    elif h.kind == "not distinguishable":
+        text = f"is not distinguishable from {h.baseline} in {words.what} with {h.seeds} seeds"
+    elif h.kind == "one seed":
+        text = f"cannot be told apart from {h.baseline} with 1 seed"
+    elif h.kind == "nothing learned":
+        text = f"is not compared with {h.baseline} ({' and '.join(h.idle)} learned nothing)"
+    elif h.kind == "not settled":
+        text = f"is not settled against {h.baseline} yet after {h.seeds} seeds"
+    else:  # no look
+        text = f"has too few seeds yet ({h.seeds}) for the design's first look against {h.baseline}"
+    if h.alone:
+        more = "more" if h.alone == "better" else "less"
+        text += (f" (alone, its {signed_points(h.difference)} pt would count as {more} accurate; not once all "
+                 f"{h.family} heads are counted)")
+    if h.stage == "settled":
+        text += f" (settled at {h.seeds} seeds)"
+    elif h.stage == "last look":
+        text += " (the design's last look)" if h.kind == "not distinguishable" else \
+            f" (the design's last look, {h.seeds} seeds)"
+    return text
+
+
+_SHARED = ("equivalent", "non-inferior", "not distinguishable", "not settled")  # "so is X" may follow these
+
+
+def bottom_line(variants, results):
+    """The summary's first line, in everyday words: each head's verdict against its baseline (the
+    design's under --until-settled), how many classes each sparse head keeps on average, and, with
+    several heads and none better, that none was. Never says more than the lines after it."""
+    sequential = SEQUENTIAL.get()
+    heads = head_verdicts(results, sequential)
+    sparse, classes = sparse_heads(variants)
+    support = {v: two_figures(_mean(runs, "support_mean")) for v, runs in sparse}
+    where = "On this data" + (", with each head's tuned settings" if TUNED.get() else "")
+    if sequential:
+        label = METRIC_TABLE[sequential["metric"]].label
+        where += f", by the until-settled design on {label}"
+    if not heads and len(variants) == 1:
+        (name,) = variants
+        keeps = f"; it keeps {support[name]} of {classes} classes on average" if name in support else ""
+        return f"{where}, {name} is the only head, so there is nothing to compare it with{keeps}."
+    said_classes, clauses, previous = False, [], None
+    for h in heads:
+        phrase = _head_phrase(h)
+        same = h.kind in _SHARED and phrase.startswith("is ") and previous == phrase  # as the head before
+        text = f"so is {h.variant}" if same else f"{h.variant} {phrase}"
+        if h.variant in support:
+            keeps = support[h.variant] + ("" if said_classes else f" of {classes} classes on average")
+            text += f", which keeps {keeps}" if same else f" and keeps {keeps}"
+            said_classes = True
+        clauses.append(text)
+        previous = phrase
+    compared = {h.variant for h in heads}
+    for v, mean in support.items():
+        if v not in compared:
+            clauses.append(f"{v} keeps {mean}" + ("" if said_classes else f" of {classes} classes on average"))
+            said_classes = True
+    if not heads:
+        clauses.insert(0, "no two heads could be compared on the same seeds")
+    kinds = {h.kind for h in heads}
+    if len(heads) >= 2 and "better" not in kinds | {h.alone for h in heads} \
+            and kinds & {"equivalent", "non-inferior", "worse"}:
+        baselines = sorted({h.baseline for h in heads})
+        clauses.append(WORDS[heads[0].metric].none_better.format(
+            b=baselines[0] if len(baselines) == 1 else "its baseline"))
+    return f"{where}, " + "; ".join(clauses) + "."
+
+
 def plain_words(variants, results, curves):
     """The plain-words lines: variants {name: [run]}, results: paired results (comparison.paired_results),
-    curves: {variant: [(epoch, mean top-1)]} (comparison.mean_curves)."""
+    curves: {variant: [(epoch, mean top-1)]} (comparison.mean_curves). The first is the bottom line."""
     budget, rising = budget_text(variants, curves)
     baselines = sorted({res["baseline"] for res in results})
-    lines = [accuracy_line(results, budget), *margin_lines(results), sets_line(variants, baselines),
+    lines = [bottom_line(variants, results), accuracy_line(results, budget), *margin_lines(results),
+             sets_line(variants, baselines),
              sparsity_line(variants), calibration_line(variants, results), settle_line(results, rising)]
     return [line for line in lines if line]
 

@@ -4,6 +4,7 @@ of the tree (the pages are those git tracks)."""
 import os
 import re
 import shlex
+from typing import NamedTuple
 
 from project_files import tracked_files
 
@@ -108,3 +109,149 @@ def shell_commands(lines):
         if words and words not in (["done"], ["wait"]):
             out.append((line.strip(), words))
     return out
+
+
+# ---- how the prose reads: its sentences and their lengths (tests/test_docs_prose.py) ---------------------
+# The prose is the pages' paragraphs: headings, tables, list items (with their continuation lines), code
+# blocks and HTML comments (the generated blocks' markers) are left out ("details go into lists and
+# tables"). An inline code span counts as one word, whatever it holds; a link counts as its text.
+FENCE = re.compile(r"\s*(```|~~~)")
+LIST_ITEM = re.compile(r"\s*(?:[-+*]|\d{1,9}[.)])(?:\s|$)")
+HTML_COMMENT = re.compile(r"<!--.*?-->", re.S)
+CODE_SPAN = re.compile(r"(`+)(.+?)\1", re.S)
+IMAGE = re.compile(r"!\[[^\]]*\]\([^)]*\)")
+LINK = re.compile(r"\[([^\]]*)\](?:\([^)]*\)|\[[^\]]*\])")
+CODE_MARK = "\0"  # a code span while the sentences are split: \0<its index>\0, one word
+LINK_JOIN = "\1"  # between a link's words while the sentences are split
+# a word ending in one of these never ends a sentence (compared in lower case); "etc." does before a capital
+ABBREVIATIONS = frozenset({"e.g.", "i.e.", "vs.", "al.", "cf.", "approx.", "ca.", "resp.", "fig.", "eq.", "no.",
+                           "p.", "pp.", "dr.", "mr.", "ms.", "st."})
+SOFT_ABBREVIATIONS = frozenset({"etc."})
+SENTENCE_END = re.compile(r"(?<!\.)[.!?][)\]\"'”’*_]*$")  # not an ellipsis ("epochs=...")
+SENTENCE_START = re.compile(rf"[\"'“‘(\[*_]*[A-Z0-9{CODE_MARK}]")
+INITIAL = re.compile(r"[(\[*_]*[A-Z]\.$")  # "A. Martins": an initial, not a sentence end
+
+
+def prose_paragraphs(text):
+    """The paragraphs of a Markdown text that are prose, each joined into one line: without its headings,
+    tables, list items (and the lines that continue them), code blocks, indented blocks and HTML comments;
+    a quote's '>' is dropped."""
+    out, current, kind, fenced = [], [], None, False
+
+    def close():
+        if kind == "prose" and current:
+            out.append(" ".join(current))
+        current.clear()
+
+    for line in HTML_COMMENT.sub("", text).splitlines():
+        if FENCE.match(line):
+            fenced = not fenced
+            close()
+            kind = None
+            continue
+        if fenced:
+            continue
+        if not line.strip() or HEADING.match(line):
+            close()
+            kind = None
+            continue
+        if line.lstrip().startswith("|"):
+            new = "table"
+        elif LIST_ITEM.match(line):
+            new = "list"
+        elif kind in (None, "table"):
+            new = "indented" if line[0].isspace() else "prose"  # after a blank line, indented: a list's, or code
+        else:
+            new = kind  # a line continuing its paragraph or list item
+        if new != kind or new != "prose":
+            close()
+        kind = new
+        if kind == "prose":
+            current.append(line.strip().removeprefix(">").strip())
+    close()
+    return out
+
+
+def split_sentences(paragraph):
+    """The sentences of one prose paragraph, as lists of words (whitespace-separated; a code span is one
+    word, a link its text, inside which no sentence ends). A sentence ends at a word ending in . ! or ?
+    (closing quotes, brackets and emphasis after it allowed; not an ellipsis), unless that word is an
+    abbreviation (ABBREVIATIONS; "etc." only before a capital, a digit or a code span) or an initial:
+    "e.g. Sparsemax", "Campos et al. 2025", 0.5, config.yaml, torch 2.4.1 and URLs do not split;
+    "eval.py writes it. compare_heads.py reads it" does (a sentence may open with a lower-case name).
+    The paragraph's end ends a sentence."""
+    spans = []
+
+    def code(match):
+        spans.append(match.group(0))
+        return f"{CODE_MARK}{len(spans) - 1}{CODE_MARK}"
+
+    def link(match):  # its words, joined so that no sentence ends inside it
+        return LINK_JOIN.join(match.group(1).split())
+
+    text = LINK.sub(link, IMAGE.sub(" ", CODE_SPAN.sub(code, paragraph)))
+    words = [(w, i == len(ws) - 1) for token in text.split() for ws in [token.split(LINK_JOIN)]
+             for i, w in enumerate(ws) if any(c.isalnum() for c in w)]  # not a lone dash, ± or *
+    sentences, current = [], []
+    for (word, may_end), following in zip(words, [w for w, _ in words[1:]] + [None]):
+        current.append(word)
+        bare = word.lstrip("(\"'“‘*_").rstrip(")]\"'”’*_").lower()
+        if following is not None and may_end and SENTENCE_END.search(word) and bare not in ABBREVIATIONS \
+                and not INITIAL.match(word) and (bare not in SOFT_ABBREVIATIONS or SENTENCE_START.match(following)):
+            sentences.append(current)
+            current = []
+    if current:
+        sentences.append(current)
+    restore = re.compile(rf"{CODE_MARK}(\d+){CODE_MARK}")
+    return [[restore.sub(lambda m: spans[int(m.group(1))], w) for w in s] for s in sentences]
+
+
+OPENING_WORDS = 8  # how much of a sentence the table and the test's message quote
+
+
+class ProseStats(NamedTuple):
+    """How a page's prose reads: its words, its sentences, their mean length in words, and its longest
+    sentence (its words, its opening words)."""
+    page: str
+    words: int
+    sentences: int
+    mean: float
+    longest: int
+    opening: str
+
+
+def measure_prose(text, page=""):
+    """ProseStats of a Markdown text (prose_paragraphs, split_sentences)."""
+    sentences = [s for p in prose_paragraphs(text) for s in split_sentences(p)]
+    words = sum(map(len, sentences))
+    longest = max(sentences, key=len, default=[])
+    opening = " ".join(longest[:OPENING_WORDS]) + (" ..." if len(longest) > OPENING_WORDS else "")
+    return ProseStats(page, words, len(sentences), words / len(sentences) if sentences else 0.0, len(longest),
+                      opening)
+
+
+def prose_stats(page):
+    """ProseStats of one page (as pages() names it)."""
+    return measure_prose(docs_text(page), page)
+
+
+def prose_table(stats):
+    """The ProseStats as an aligned text table, one page a line."""
+    rows = [("page", "words", "sentences", "mean", "longest", "the longest opens with")]
+    rows += [(s.page, str(s.words), str(s.sentences), f"{s.mean:.1f}", str(s.longest), s.opening) for s in stats]
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    return "\n".join("  ".join([r[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(r[1:5], widths[1:])] + [r[5]])
+                     for r in rows)
+
+
+def print_prose_table():
+    """Print how every page's prose reads (python tests/markdown_docs.py --prose-table)."""
+    print(prose_table([prose_stats(page) for page in pages()]))
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["--prose-table"]:
+        sys.exit("usage: python tests/markdown_docs.py --prose-table  (how every page's prose reads)")
+    print_prose_table()

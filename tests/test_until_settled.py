@@ -160,6 +160,9 @@ def test_looks_resume_after_a_kill_and_a_settled_head_stops(sandbox, capsys):
     assert "## Seeds until settled (sequential design)" in md and by_head["sparsemax"]["reason"] in md
     assert md.index("## Seeds until settled") < md.index("## Equivalence and non-inferiority")
     assert "sparsemax vs softmax: settled at look 1 of 3" in out
+    bottom = json.load(open(os.path.join(root, "report", "summary.json")))["plain_words"][0]  # the design's verdicts
+    assert bottom.startswith("On this data, by the until-settled design on top-1, sparsemax is less accurate than "
+                             "softmax (settled at 3 seeds)") and f"- {bottom}\n" in md and f"- {bottom}\n" in out
 
     assert compare_heads.main(_args(root, "--looks", "3", "5", "8", "--dry-run")) == 0  # nothing left to run
     out = capsys.readouterr().out
