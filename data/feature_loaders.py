@@ -26,9 +26,15 @@ class FeatureTrainLoader:
         return self.batches_per_epoch
 
     def __iter__(self):
-        for indices, _ in self.tasks[self.start_batch:]:
-            idx = torch.from_numpy(np.asarray(indices, dtype=np.int64)).to(self.device, non_blocking=True)
-            yield self.features.index_select(0, idx), self.labels.index_select(0, idx)
+        """The epoch's sample order goes to the device here, in one copy (iter() runs outside a
+        training step, next() inside one: see data/loaders.py's memory path)."""
+        tasks = self.tasks[self.start_batch:]
+        if not tasks:
+            return iter(())
+        order = torch.from_numpy(np.concatenate([np.asarray(i, dtype=np.int64) for i, _ in tasks])).to(self.device)
+        bounds = np.cumsum([0] + [len(i) for i, _ in tasks]).tolist()
+        return ((self.features.index_select(0, order[a:b]), self.labels.index_select(0, order[a:b]))
+                for a, b in zip(bounds, bounds[1:]))
 
 
 class FeatureEvalLoader:

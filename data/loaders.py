@@ -138,20 +138,32 @@ class _Loader:
         return len(self.skipped_files)
 
     def _iter_memory(self, tasks):
-        """Set up on the device now, when iter() is called, and return the batches' generator: the
-        copies of the images and of the normalisation constants to the device are synchronous, and
-        the training loop calls iter() outside a training step (a generator's first next() runs
-        inside one, where CUDA's sync debug mode refuses them)."""
-        images, labels = _device_images(self.dataset, self.device, self.cfg.image_size)
-        normalize = None if self.augment else Normalize(self.cfg.mean, self.cfg.std, self.device)
-        aug = BatchAugment(self.cfg, self.device) if self.augment else None
-        return self._memory_batches(tasks, images, labels, normalize, aug)
+        """Place the epoch on the device now, when iter() is called, and return the batches' generator.
 
-    def _memory_batches(self, tasks, images, labels, normalize, aug):
-        for indices, seeds in tasks:
-            idx = torch.from_numpy(np.asarray(indices, dtype=np.int64)).to(self.device, non_blocking=True)
-            x, y = images.index_select(0, idx), labels.index_select(0, idx)
-            yield (aug(x, seeds) if aug is not None else normalize(x)), y
+        iter() runs outside a training step; each next() runs inside one. So everything that moves
+        host data to the device happens here, once per epoch: the images (cached), the normalisation
+        constants, and the epoch's plan (every batch's sample indices and crop/flip placements, one
+        copy each). A step then only slices device tensors: no host-to-device copy from memory that
+        Python may free or reuse before an asynchronous copy has read it, and nothing for CUDA's sync
+        debug mode to refuse."""
+        images, labels = _device_images(self.dataset, self.device, self.cfg.image_size)
+        if not tasks:
+            return iter(())
+        order = torch.from_numpy(np.concatenate([np.asarray(i, dtype=np.int64) for i, _ in tasks])).to(self.device)
+        bounds = np.cumsum([0] + [len(i) for i, _ in tasks]).tolist()
+        if not self.augment:
+            normalize = Normalize(self.cfg.mean, self.cfg.std, self.device)
+            return ((normalize(images.index_select(0, order[a:b])), labels.index_select(0, order[a:b]))
+                    for a, b in zip(bounds, bounds[1:]))
+        aug = BatchAugment(self.cfg, self.device)
+        placed = [t.to(self.device) for t in aug.placements(np.concatenate([s for _, s in tasks]))]
+        return self._augmented_batches(tasks, bounds, images, labels, order, placed, aug)
+
+    @staticmethod
+    def _augmented_batches(tasks, bounds, images, labels, order, placed, aug):
+        for (_, seeds), a, b in zip(tasks, bounds, bounds[1:]):
+            idx = order[a:b]
+            yield aug(images.index_select(0, idx), seeds, [t[a:b] for t in placed]), labels.index_select(0, idx)
 
     def _iter_samples(self, tasks):
         if not tasks:

@@ -202,16 +202,23 @@ class BatchAugment:
         self.device = torch.device(device)
         self.erasing = RandomErasing(cfg.reprob, mode="pixel", device=str(self.device)) if cfg.reprob > 0 else None
 
-    def __call__(self, images, aug_seeds):
-        b, c, h, w = images.shape
+    def placements(self, aug_seeds):
+        """Each sample's crop offsets and flip from its aug seed, host side: int64 (N,) row and column
+        offsets in [0, 2 * crop_padding] and a bool (N,) flip. The memory loader computes them for a
+        whole epoch and moves them to the device once (data/loaders.py)."""
         seeds = np.asarray(aug_seeds, dtype=np.uint64)
         span = np.uint64(2 * self.pad + 1)
         oy = torch.from_numpy((seeds % span).astype(np.int64))
         ox = torch.from_numpy(((seeds >> np.uint64(8)) % span).astype(np.int64))
         uniform = ((seeds >> np.uint64(16)) & np.uint64(0xFFFFFF)).astype(np.float64) / float(1 << 24)
-        flip = torch.from_numpy(uniform < self.hflip)
+        return oy, ox, torch.from_numpy(uniform < self.hflip)
+
+    def __call__(self, images, aug_seeds, placed=None):
+        """`placed`: this batch's (oy, ox, flip) already on the images' device (`placements`), or None
+        to compute and move them here (a synchronous copy each call)."""
+        b, c, h, w = images.shape
         dev = images.device
-        oy, ox, flip = oy.to(dev, non_blocking=True), ox.to(dev, non_blocking=True), flip.to(dev, non_blocking=True)
+        oy, ox, flip = placed if placed is not None else (t.to(dev) for t in self.placements(aug_seeds))
         if self.pad:
             images = F.pad(images, (self.pad,) * 4)  # zero fill, as torchvision RandomCrop(padding=p)
         ar_h = torch.arange(self.size, device=dev)
@@ -222,7 +229,7 @@ class BatchAugment:
         out = images.permute(0, 2, 3, 1)[bidx, rows[:, :, None], cols[:, None, :]]  # (B, S, S, C)
         out = self.normalize(out.permute(0, 3, 1, 2))
         if self.erasing is not None:
-            self._erase(out, seeds)
+            self._erase(out, np.asarray(aug_seeds, dtype=np.uint64))
         return out.contiguous()
 
     def _erase(self, out, seeds):
