@@ -191,8 +191,11 @@ def print_table(res):
             print(f"{name}: exit {part['exit_code']} in {part['wall_s']:.0f}s, table in {part['log']}")
     t = res.get("train")
     if t:
+        top1 = t.get("top1")
+        learned = "" if top1 is None else (f", val top-1 {100 * top1:.1f}%" + (
+            "  ** DID NOT LEARN (chance is 10%): see tests/test_cuda_learning.py **" if top1 < 0.2 else ""))
         print(f"train.py sync-debug run: exit {t['exit_code']}, {t['steps']} steps, "
-              f"{t['steps_per_s'] or float('nan'):.1f} steps/s, {t['img_per_s'] or float('nan'):.0f} img/s")
+              f"{t['steps_per_s'] or float('nan'):.1f} steps/s, {t['img_per_s'] or float('nan'):.0f} img/s{learned}")
 
 
 def main(argv=None):

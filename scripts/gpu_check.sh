@@ -5,7 +5,8 @@
 #   bash scripts/gpu_check.sh            # outputs under $GPU_CHECK_DIR (default: runs/gpu_check)
 #
 # 1. the CUDA tests (pytest -m cuda): every head on CUDA under torch.cuda.set_sync_debug_mode
-#    ("error") against the CPU path, a bf16 training run, the in-memory loader on the device
+#    ("error") against the CPU path, a bf16 training run, the in-memory loader on the device, and
+#    train.py learning on CUDA as on the CPU (compiled or eager, in-memory or per-sample loader)
 # 2. scripts/bench_gpu.py: ResMLP-S12/224 ours vs timm (eager and compiled, bf16, batch 256) with
 #    MFU; every mapping and loss vs the entmax package and F.cross_entropy; the per-head step
 #    overhead at 1000 classes; ~60 s of train.py under sync-debug "error" (steps/s)
@@ -30,8 +31,8 @@ fi
 "$PY" -c "import torch; print('gpu_check:', torch.cuda.get_device_name(0), 'torch', torch.__version__)" | tee -a "$SUMMARY"
 
 echo "== 1. pytest -m cuda"
-timeout 120 "$PY" -m pytest -m cuda -q -p no:cacheprovider tests/test_cuda_heads.py tests/test_train.py \
-  tests/test_data_loaders.py 2>&1 | tail -15 | tee "$OUT/pytest.txt"
+timeout 300 "$PY" -m pytest -m cuda -q -p no:cacheprovider tests/test_cuda_heads.py tests/test_train.py \
+  tests/test_data_loaders.py tests/test_cuda_learning.py 2>&1 | tail -25 | tee "$OUT/pytest.txt"
 echo "pytest -m cuda: $(tail -1 "$OUT/pytest.txt")" >> "$SUMMARY"
 
 echo "== 2. bench_gpu.py"
