@@ -181,10 +181,12 @@ class FenchelYoungLoss(RowGradientLoss):
             proj = regularizer.project(zf, m, alpha, n_iter, need_alpha_grad)
             loss = fenchel_young(proj, zf, m, target)
             extra = (2, proj.alpha_grad(target), alpha.shape) if need_alpha_grad else None
+            # p - q out of place: p (used by the loss above) is never mutated after its use, which
+            # torch.compile's functionalization would otherwise have to order (see tests/test_cuda_heads.py)
             if target.dtype.is_floating_point:
-                grad = proj.p.sub_(target)
+                grad = proj.p - target
             else:
-                grad = proj.p.scatter_add_(1, target.unsqueeze(1), torch.full_like(proj.p[:, :1], -1.0))
+                grad = proj.p.scatter_add(1, target.unsqueeze(1), torch.full_like(proj.p[:, :1], -1.0))
             RowGradientLoss.save_row_gradient(ctx, grad, z, extra)
         return loss
 

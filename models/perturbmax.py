@@ -182,10 +182,10 @@ class _PerturbedFYLoss(RowGradientLoss):
         # unclamped: the estimate's mean is the loss (a per-row clamp at 0 would bias it upward)
         if target.dtype.is_floating_point:
             loss = finite_or_inf(f - shift - masked_dot(zf, target))
-            grad = p.sub_(target)
+            grad = p - target  # out of place: p is not mutated after its use (models/losses.py)
         else:
             loss = finite_or_inf(f - shift - zf.gather(1, target.unsqueeze(1)).squeeze(1))
-            grad = p.scatter_add_(1, target.unsqueeze(1), torch.full_like(p[:, :1], -1.0))
+            grad = p.scatter_add(1, target.unsqueeze(1), torch.full_like(p[:, :1], -1.0))
         RowGradientLoss.save_row_gradient(ctx, grad, z)
         return loss
 

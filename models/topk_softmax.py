@@ -79,7 +79,7 @@ class _TopkSoftmaxLossFunction(RowGradientLoss):
         m = zf.amax(-1, keepdim=True).clamp(min=torch.finfo(zf.dtype).min)
         # lse - <z, q> with sum q = 1, computed on z - m (no cancellation of large logits)
         loss = finish_rows((lse - m.squeeze(-1)) * q.sum(-1) - masked_dot(zf - m, q))
-        RowGradientLoss.save_row_gradient(ctx, p.sub_(q), z)
+        RowGradientLoss.save_row_gradient(ctx, p - q, z)  # out of place, as models/losses.py
         return loss
 
 

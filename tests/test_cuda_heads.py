@@ -57,3 +57,52 @@ def test_device_path_matches_cpu_without_syncs(name, soft):
         return
     for e, o, what in zip(expected, got, ("probabilities", "loss", "gradient")):
         torch.testing.assert_close(o.cpu(), e, rtol=1e-6, atol=1e-8, msg=f"{name} {what}")
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1], ids=["indices", "dense"])
+@pytest.mark.parametrize("name", [n for n in HEAD_NAMES if not HEADS[n].draws])
+def test_compiled_loss_has_the_eager_gradient_on_cuda(name, smoothing):
+    """train.compile (auto: on CUDA) compiles the model with the head's loss: its loss and gradient
+    must be the eager ones. A wrong gradient there trains without learning."""
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(1)
+    logits = (torch.randn(64, 10, generator=g) * 3).cuda()
+    target = torch.randint(0, 10, (64,), generator=g).cuda()
+    head = OutputHead(name, **SETTINGS.get(name, {})).cuda().train()
+
+    def loss_of(z):
+        return head.loss(z, target, label_smoothing=smoothing)
+
+    results = []
+    for fn in (loss_of, torch.compile(loss_of)):
+        z = logits.clone().requires_grad_()
+        loss = fn(z)
+        loss.backward()
+        results.append((loss.detach(), z.grad))
+    (eager_loss, eager_grad), (compiled_loss, compiled_grad) = results
+    torch.testing.assert_close(compiled_loss, eager_loss, rtol=1e-5, atol=1e-6, msg=f"{name}: compiled loss")
+    torch.testing.assert_close(compiled_grad, eager_grad, rtol=1e-4, atol=1e-6, msg=f"{name}: compiled gradient")
+    assert eager_grad.abs().sum() > 0
+
+
+def test_compiled_forward_loss_has_the_eager_gradients_on_cuda():
+    """training/run.py's forward_loss (model + head's loss as one compiled function) against eager, on
+    every parameter of a tiny ResMLP."""
+    from configs.schema import HeadConfig, ModelConfig
+    from models import create_classifier
+    from training.run import build_forward_loss
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = create_classifier(ModelConfig(name="resmlp_tiny"), HeadConfig(), 10, img_size=16).cuda().train()
+    images, target = torch.randn(32, 3, 16, 16).cuda(), torch.randint(0, 10, (32,)).cuda()
+    grads = []
+    for setting in ("false", "true"):
+        model.zero_grad(set_to_none=True)
+        forward_loss = build_forward_loss(setting, model, model.output_head, 0.0, torch.device("cuda"))
+        forward_loss(images, target).backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    eager, compiled = grads
+    for n in eager:
+        torch.testing.assert_close(compiled[n], eager[n], rtol=1e-3, atol=1e-5, msg=f"compiled gradient of {n}")
+    assert eager["head.weight"].abs().sum() > 0 or eager["head.bias"].abs().sum() > 0
