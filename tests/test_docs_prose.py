@@ -14,8 +14,6 @@ def _sentences(text):
     return [" ".join(s) for p in prose_paragraphs(text) for s in split_sentences(p)]
 
 
-# (the pages are being rewritten to pass; strict: the day they all pass, this mark fails the suite until it goes)
-@pytest.mark.xfail(strict=True, reason="issue 42 item 3: the pages are being rewritten in short sentences")
 def test_every_page_reads_in_short_sentences():
     stats = [prose_stats(page) for page in pages()]
     assert {s.page for s in stats} >= {"README.md", "docs/quickstart.md"} and all(s.sentences for s in stats)
