@@ -51,7 +51,8 @@ def build_parser(description=None):
     p.add_argument("--margin", action="append", default=[], metavar="METRIC=DELTA",
                    help="equivalence margin of a metric in its units (points for top1 and ece), e.g. --margin "
                         "top1=0.5; repeat it for several metrics (default: the metric table's margins, "
-                        "evaluation/statistics.py); the report's equivalence and non-inferiority verdicts use it")
+                        "comparison/analysis/statistics.py); the report's equivalence and non-inferiority verdicts "
+                        "use it")
     p.add_argument("--no-mlflow", action="store_true",
                    help="do not log the comparison to MLflow (default when mlflow is installed: one experiment, "
                         "in MLFLOW_TRACKING_URI or RUNS_DIR/mlflow.db; comparison/tracking.py)")
@@ -75,8 +76,9 @@ def build_parser(description=None):
                                   "question against the reference is settled; comparison/settle.py)")
     settle.add_argument("--until-settled", action="store_true",
                         help="train seeds 0, 1, ... in looks; after each look a head that is superior, inferior or "
-                             "equivalent within the margin (group-sequential design, evaluation/sequential.py) gets "
-                             "no more seeds, the others the next look's; replaces --seeds")
+                             "equivalent within the margin (group-sequential design, "
+                             "comparison/analysis/sequential.py) gets no more seeds, the others the next look's; "
+                             "replaces --seeds")
     settle.add_argument("--max-seeds", type=int, default=None, metavar="N",
                         help="the design's last look (default 12; the looks 3 5 8 12 ... up to N); with --looks, or "
                              "a design already recorded, this run stops after the last look <= N")
@@ -103,7 +105,7 @@ def parse_args(argv=None, description=None):
     args = parse_command_line(p, argv, tool=COMMAND)
     overrides = args.overrides
     check_modes(args, options)
-    from evaluation.equivalence import parse_margins  # before anything is planned: a typo is one line at once
+    from comparison.analysis.equivalence import parse_margins  # before anything is planned: a typo is one line at once
 
     args.margins = parse_margins(args.margin)
     args.overrides = overrides + feature_overrides(args.features, overrides)

@@ -14,7 +14,7 @@ from comparison.execution import run_todo, runner
 from comparison.ledger import check_request, request_of
 from comparison.plan import baseline_pairs, config_stem, default_runs_dir
 from comparison.progress import Progress
-from comparison.report import check_report_dir, report_dir_of, write_comparison_report
+from comparison.report.write import check_report_dir, report_dir_of, write_comparison_report
 from comparison.slurm import emit_slurm, report_only_argv
 from comparison.tracking import log_to_mlflow
 

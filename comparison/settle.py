@@ -2,7 +2,7 @@
 
 Each head is compared with its reference (the baseline of its norm) on one metric (--settle-metric,
 top-1 by default) against its margin (--margin, else the metric table's), by the group-sequential
-design of evaluation/sequential.py: looks at n_1 < … < n_K seeds (--looks, or a default schedule up
+design of comparison/analysis/sequential.py: looks at n_1 < … < n_K seeds (--looks, or a default schedule up
 to --max-seeds), α = 5% per head. After each look a head whose question is settled (superior,
 inferior or equivalent; or the last look reached) keeps its seeds; the others get the next look's;
 a reference gets as many as the most of its heads. Seeds are 0, 1, … in order, so a look at n seeds
@@ -27,7 +27,7 @@ from common.io import read_json, write_json
 from comparison.plan import plan_runs
 
 DESIGN_FILE = "sequential_design.json"  # in RUNS_DIR: the design the comparison was started with
-DEFAULT_MAX_SEEDS = 12  # evaluation/sequential.DEFAULT_LOOKS' last
+DEFAULT_MAX_SEEDS = 12  # comparison/analysis/sequential.DEFAULT_LOOKS' last
 _GROWTH = 1.5  # the default schedule past 12 seeds: each look ~1.5× the previous
 SIMULATED_PATHS = 2000  # the expected seeds' plug-in simulation (cost line): s.e. ≲ 0.2 seed
 
@@ -35,7 +35,7 @@ SIMULATED_PATHS = 2000  # the expected seeds' plug-in simulation (cost line): s.
 # ---- the design -------------------------------------------------------------------------------------
 def default_looks(max_seeds):
     """3, 5, 8, 12, 18, 27, … below max_seeds, then max_seeds (a look too close before it dropped)."""
-    from evaluation.sequential import DEFAULT_LOOKS
+    from comparison.analysis.sequential import DEFAULT_LOOKS
 
     looks = list(DEFAULT_LOOKS)
     while looks[-1] < max_seeds:
@@ -48,7 +48,7 @@ def default_looks(max_seeds):
 
 def settle_margin(args):
     """(metric, δ in its written units) the design uses."""
-    from evaluation.equivalence import default_margins
+    from comparison.analysis.equivalence import default_margins
 
     metric = args.settle_metric
     margin = args.margins.get(metric, default_margins().get(metric))
@@ -59,9 +59,9 @@ def settle_margin(args):
 
 def make_design(metric, margin, looks):
     """The Design of `looks` on `metric` at margin δ (its written units), at the comparison's α."""
-    from evaluation.equivalence import ALPHA, margin_as_difference
-    from evaluation.sequential import Design
-    from evaluation.statistics import METRIC_TABLE
+    from comparison.analysis.equivalence import ALPHA, margin_as_difference
+    from comparison.analysis.sequential import Design
+    from comparison.analysis.statistics import METRIC_TABLE
 
     try:
         return Design(margin=margin_as_difference(metric, margin), looks=tuple(looks), alpha=ALPHA,
@@ -78,7 +78,7 @@ def design_record(metric, margin, design):
 def read_design(runs_dir):
     """(metric, margin, Design) recorded in the runs folder, None when none is; UserError when the
     record is unreadable, edited, or its boundaries changed since."""
-    from evaluation.sequential import Design
+    from comparison.analysis.sequential import Design
 
     path = os.path.join(runs_dir, DESIGN_FILE)
     if not os.path.isfile(path):
@@ -179,9 +179,9 @@ class SeedValues:
     def value(self, run_dir):
         """(metric value, labels) of a finished run."""
         if run_dir not in self._cache:
+            from comparison.analysis.paired import per_example
+            from comparison.analysis.statistics import metric_on_rows
             from evaluation.examples import load_examples
-            from evaluation.paired import per_example
-            from evaluation.statistics import metric_on_rows
 
             path = rundir.examples_path(os.path.join(run_dir, self.commands.eval_file))
             records = {k: v.numpy() for k, v in load_examples(path)[0].items()}
@@ -220,8 +220,8 @@ def paired_differences(pairs, dirs, values, cap):
 
 # ---- the planner ------------------------------------------------------------------------------------
 def decide(pairs, differences, design):
-    """{head: evaluation.sequential.Decision} after the differences so far."""
-    from evaluation.sequential import sequential_decision
+    """{head: comparison.analysis.sequential.Decision} after the differences so far."""
+    from comparison.analysis.sequential import sequential_decision
 
     return {head: sequential_decision(differences[head], design) for head, _ in pairs}
 
@@ -251,7 +251,7 @@ def look_plan(plan, wanted):
 # ---- the words --------------------------------------------------------------------------------------
 def interval_words(metric, interval):
     """'95% repeated CI [−2.1, +0.4] pt' (∞ ends when the look cannot stop yet)."""
-    from evaluation.equivalence import format_difference, margin_units
+    from comparison.analysis.equivalence import format_difference, margin_units
 
     def end(x):
         return ("+∞" if x > 0 else "−∞") if math.isinf(x) else format_difference(metric, x)
@@ -279,7 +279,7 @@ def state(decision, design, cap):
 
 def describe(head, ref, decision, design, metric, cap):
     """One sentence: where a head's question stands, at which look and why."""
-    from evaluation.equivalence import margin_text
+    from comparison.analysis.equivalence import margin_text
 
     k, n, looks = decision.interval.look, decision.interval.n, len(design.looks)
     where = state(decision, design, cap)
@@ -320,7 +320,7 @@ def simulated_seeds(pairs, differences, decisions, design, cap, paths=SIMULATED_
     its seeds; one with ≥ 2 differences continues with draws from N(their mean, their s.d.) after its
     own (plug-in: the differences so far taken as the truth) through the design up to `cap`; one with
     fewer goes to `cap` (not known). A reference: per path, the most of its heads."""
-    from evaluation.sequential import walk
+    from comparison.analysis.sequential import walk
 
     rng = np.random.default_rng(seed)
     out, simulated = {}, {}
@@ -375,7 +375,7 @@ class Looks:
 
     def say(self):
         """The looks' state on the terminal."""
-        from evaluation.statistics import METRIC_TABLE
+        from comparison.analysis.statistics import METRIC_TABLE
 
         print(f"until settled ({METRIC_TABLE[self.metric].label}, looks {' '.join(map(str, self.design.looks))}"
               + (f", this run up to {self.cap} seeds" if self.cap < self.design.looks[-1] else "") + "):")
@@ -400,7 +400,7 @@ class Looks:
 
     def document(self):
         """summary.json's "sequential": the design, the seeds this run allowed, and each head's outcome."""
-        from evaluation.equivalence import margin_units
+        from comparison.analysis.equivalence import margin_units
 
         return {"metric": self.metric, "margin": self.margin, "units": margin_units(self.metric) or "own",
                 "design_file": os.path.join(self.runs_dir, DESIGN_FILE), "max_seeds_now": self.cap,

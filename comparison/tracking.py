@@ -101,7 +101,7 @@ def say_logged(count, uri, experiment):
 
 def finished_runs(plan, commands):
     """[(run_dir, eval result, tags)] of the runs of `plan` that are trained and evaluated."""
-    from evaluation.report import flatten_metrics
+    from evaluation.tables import flatten_metrics
 
     runs = []
     for name, seed, run_dir, _ in plan:

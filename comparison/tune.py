@@ -37,7 +37,7 @@ from comparison.execution import runner
 from comparison.ledger import check_request, request_of
 from comparison.modes import compare_plan
 from comparison.plan import config_stem, default_runs_dir, plan_runs, variant_overrides, variants
-from comparison.report import report_dir_of
+from comparison.report.write import report_dir_of
 from comparison.tuning_summary import say_studies, tuned_words, tuning_summary
 from comparison.worker_slots import InProcess, WorkerSlot
 
@@ -173,7 +173,7 @@ def _children_cpu():
 def verdicts(args, argv, commands, studies, tune_dir, report_dir, children, timing):
     """Both arms' verdict runs (or their SLURM array / the reports of what is finished) and the report.
     `children`: the runner both arms share (None: each arm opens its own)."""
-    from evaluation import tuning_report
+    from comparison.report import tuning_section
 
     best = {name: study.best() for name, study in studies.items()}
     missing = [name for name, trial in best.items() if trial is None]
@@ -196,10 +196,10 @@ def verdicts(args, argv, commands, studies, tune_dir, report_dir, children, timi
                                title_note=" (untuned: the config's settings)")
     summary = tuning_summary(studies, best, timing, tune_split(commands.config, args.overrides), commands.config)
     write_json(summary, os.path.join(report_dir, "tuning.json"))
-    lines = tuning_report.tuning_section(summary, tuned[1], untuned[1], report_dir, untuned_report=os.path.join(
+    lines = tuning_section.tuning_section(summary, tuned[1], untuned[1], report_dir, untuned_report=os.path.join(
         "untuned", os.path.basename(untuned[0])), pruner=args.pruner)
-    tuning_report.append_section(tuned[0], lines)
-    print("\n".join(tuning_report.verdict_lines(tuned[1], untuned[1])))
+    tuning_section.append_section(tuned[0], lines)
+    print("\n".join(tuning_section.verdict_lines(tuned[1], untuned[1])))
     tracking.log_tuned_comparison(args, commands, os.path.dirname(tune_dir),
                                   {"tuned": tuned_plan, "untuned": untuned_plan}, report_dir)
     print(f"report: {tuned[0]} (tuned, with the tuning section); {untuned[0]} (untuned)")
@@ -219,11 +219,11 @@ def tune_split(config_path, overrides):
 
 @contextlib.contextmanager
 def plain_words_of_tuned(studies):
-    """The tuned arm's plain-words summary says what was tuned, not to tune (evaluation/summary.py)."""
-    from evaluation import summary
+    """The tuned arm's plain-words summary says what was tuned, not to tune (comparison/report/plain_words.py)."""
+    from comparison.report import plain_words
 
-    token = summary.TUNED.set(tuned_words(studies))
+    token = plain_words.TUNED.set(tuned_words(studies))
     try:
         yield
     finally:
-        summary.TUNED.reset(token)
+        plain_words.TUNED.reset(token)

@@ -1,6 +1,6 @@
 """What --tune shows of its studies: a line per study on the terminal, the plain data of the report's
-tuning section (evaluation/tuning_report.py plots and words it; REPORT_DIR/tuning.json), and what the
-tuned comparison's plain words say was tuned (evaluation/summary.py's TUNED)."""
+tuning section (comparison/report/tuning_section.py plots and words it; REPORT_DIR/tuning.json), and what the
+tuned comparison's plain words say was tuned (comparison/report/plain_words.py's TUNED)."""
 import json
 
 from comparison import tuning
@@ -22,7 +22,7 @@ def trial_note(trial, retried):
 
 
 def tuning_summary(studies, best, timing, tune_split, config_path):
-    """What the report shows of each study (plain data: evaluation/tuning_report.py plots it);
+    """What the report shows of each study (plain data: comparison/report/tuning_section.py plots it);
     `tune_split`: {"images", "fraction"} of the split the trials scored on; `config_path`: the
     config the untuned arm trains (its settings of each tuned key are shown beside the chosen ones)."""
     from comparison.tuning_storage import retry_history
@@ -58,7 +58,8 @@ def config_settings(config_path, study):
 
 
 def tuned_words(studies):
-    """evaluation/summary.py's TUNED: the settings tuned (across the variants) and each one's complete trials."""
+    """comparison/report/plain_words.py's TUNED: the settings tuned (across the variants) and each one's complete
+    trials."""
     keys = []
     for study in studies.values():
         keys += [k for k in study.space if k not in keys]

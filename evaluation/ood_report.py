@@ -1,14 +1,10 @@
-"""Out-of-distribution detection of one run (eval.py --ood-dataset) and its summary over seeds.
+"""Out-of-distribution detection of one run (eval.py --ood-dataset): the OOD set it is measured against
+and the results eval.py stores (the comparison report pools them over seeds: comparison/report/ood_section.py).
 
 Detection numbers are `evaluation.ood.ood_detection` (AUROC, FPR at 95% TPR; definitions and
 references there) on the scores `evaluation.ood.ood_scores`: max probability, entropy and, for the
 sparse heads, support size. Score histograms (in-distribution vs OOD) are stored with fixed bins so
 that the seeds of a head add up: max probability on [0, 1], entropy on [0, ln K], support size 1..K.
-
-On cached features (data.dataset=features) the penultimate features, the memory and the OOD features
-are the backbone's, the same for every head: the scores that read no head output
-(ood_table.HEAD_FREE_SCORES) are then one number per seed for all heads, which
-`shared_feature_scores` collects for the comparison report to show once.
 """
 import math
 
@@ -20,7 +16,6 @@ from data.registry import dataset_names, dataset_spec
 from models.registry import is_sparse
 
 from .ood import ood_detection, ood_scores
-from .ood_table import HEAD_FREE_SCORES
 
 HIST_BINS = 20
 
@@ -82,48 +77,3 @@ def run_summary(probs_in, probs_out, head_name, dataset, extra_in=None, extra_ou
     return {"dataset": dataset, "n_in": int(probs_in.shape[0]), "n_out": int(probs_out.shape[0]), "tpr": tpr,
             "scores": {name: {"auroc": d["auroc"], "fpr_at_tpr": d["fpr_at_tpr"]} for name, d in detection.items()},
             "histograms": _histograms(scores_in, scores_out, int(probs_in.shape[1]))}
-
-
-def pooled_histograms(results):
-    """Add the histograms of several runs' OOD results (same head, same bins) -> {score: {...}}."""
-    out = {}
-    for result in results:
-        for name, h in result["histograms"].items():
-            if name not in out:
-                out[name] = {"edges": h["edges"], "in": list(h["in"]), "out": list(h["out"])}
-            else:
-                out[name]["in"] = [a + b for a, b in zip(out[name]["in"], h["in"])]
-                out[name]["out"] = [a + b for a, b in zip(out[name]["out"], h["out"])]
-    return out
-
-
-def on_cached_features(result):
-    """Whether an eval result is of a run on cached features (its config's data.dataset)."""
-    return result.get("dataset") in dataset_names(features=True)
-
-
-def shared_feature_scores(runs):
-    """The head-free scores of a comparison on cached features, once for every head.
-
-    runs: [(seed, eval result)] of every head and seed that carries OOD results. -> {score: {"auroc": [...],
-    "fpr_at_tpr": [...], "head_spread": max over seeds of max − min across heads (0 when the heads agree,
-    as they should)}}, one value per seed (sorted by seed; the mean over the heads at that seed: with
-    --ood-memory N the memory is drawn with the run's seed). {} unless every run is on cached features;
-    a score is included only when every run has it."""
-    if not runs or not all(on_cached_features(result) for _, result in runs):
-        return {}
-    shared = {}
-    for score in HEAD_FREE_SCORES:
-        if not all(score in result["ood"]["scores"] for _, result in runs):
-            continue
-        by_seed = {}
-        for seed, result in runs:
-            by_seed.setdefault(seed, []).append(result["ood"]["scores"][score])
-        entry = {"auroc": [], "fpr_at_tpr": [], "head_spread": 0.0}
-        for seed in sorted(by_seed, key=str):
-            for key in ("auroc", "fpr_at_tpr"):
-                values = [r[key] for r in by_seed[seed]]
-                entry[key].append(sum(values) / len(values))
-                entry["head_spread"] = max(entry["head_spread"], max(values) - min(values))
-        shared[score] = entry
-    return shared

@@ -7,7 +7,7 @@ head's probabilities) and evaluation/ood_scores.py (from the logits and from a m
 features); the tuples below are the one source of their names, order and labels for those modules,
 eval.py's flags and the reports. A score that `reads_head=False` reads only the penultimate features
 and the memory: on cached features (data.dataset=features) those are the backbone's, shared by every
-head and seed, so the comparison report shows such a score once (evaluation/comparison.py).
+head and seed, so the comparison report shows such a score once (comparison/report/document.py).
 
 The modern-Hopfield energy of a query ξ against stored patterns X is E(ξ) = −lse_β(Xξ) + ½‖ξ‖² + const
 (Ramsauer et al., ICLR 2021); the Hopfield scores are MINUS that energy (and minus its Fenchel–Young

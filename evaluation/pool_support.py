@@ -15,7 +15,7 @@ backbone or the data. evaluation/evaluate.py uses it when it keeps the per-examp
 Outputs (eval.py): the summary (`support_summary`) in eval.json, the per-image count as the
 `pool_support` field of the per-example records, and the support maps of the first few images
 (`save_pool_maps`: the image as evaluated, uint8, with its weights) in OUTPUT.pool_maps.safetensors,
-which the comparison report draws (evaluation/plots.py plot_pool_support_maps).
+which the comparison report draws (comparison/report/plots.py plot_pool_support_maps).
 """
 import os
 import statistics

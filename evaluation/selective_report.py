@@ -1,4 +1,4 @@
-"""Selective prediction of one run and of a head over seeds, from per-example records.
+"""Selective prediction of one run, from its per-example records.
 
 The curves and AURC are `evaluation.selective.risk_coverage` (definitions and references there). The
 confidences: the probability of the predicted class (records' max_prob) for every head and, for the
@@ -6,7 +6,8 @@ sparse heads, also the support (`selective.support_confidence`: 1/support size, 
 probability).
 
 eval.py stores `run_summary` in its JSON; the comparison report recomputes the same numbers from the
-per-example records (`pooled`), and draws its plot from the very values its table shows.
+per-example records of a head's seeds (comparison/report/selective_section.py), and draws its plot from the
+very values its table shows.
 """
 import numpy as np
 
@@ -15,8 +16,6 @@ from models.registry import is_sparse
 from .selective import risk_at_coverage, risk_coverage, support_confidence
 
 COVERAGES = (0.5, 0.8, 0.9, 0.95, 1.0)  # the table's risk-at-coverage columns
-GRID = tuple(np.round(np.arange(1, 101) / 100, 2).tolist())  # coverages of the plotted curves
-CONFIDENCE_LABELS = {"max_prob": "max probability", "support": "1/support size (ties: max prob)"}
 
 
 def confidences(records, head_name):
@@ -44,26 +43,4 @@ def run_summary(records, head_name):
         out[name] = {"aurc": curve["aurc"], "optimal_aurc": curve["optimal_aurc"], "e_aurc": curve["e_aurc"],
                      "risk_full": curve["risk_full"],
                      "risk_at_coverage": {str(c): r for c, r in risk_at_coverage(curve, COVERAGES).items()}}
-    return out
-
-
-def pooled(records_per_seed, head_name):
-    """Over a head's seeds: {confidence: {"aurc": [per seed], "e_aurc": [...], "risk": {c: [per seed]},
-    "curve": [(coverage, mean risk over seeds)] on GRID}}. Table cells and plot points both come from
-    these lists."""
-    out = {}
-    for records in records_per_seed:
-        correct = correct_of(records)
-        for name, conf in confidences(records, head_name).items():
-            curve = risk_coverage(conf, correct)
-            entry = out.setdefault(name, {"aurc": [], "e_aurc": [], "risk": {c: [] for c in COVERAGES},
-                                          "grid": []})
-            entry["aurc"].append(curve["aurc"])
-            entry["e_aurc"].append(curve["e_aurc"])
-            for c, r in risk_at_coverage(curve, COVERAGES).items():
-                entry["risk"][c].append(r)
-            entry["grid"].append(risk_at_coverage(curve, GRID))
-    for entry in out.values():
-        grids = entry.pop("grid")
-        entry["curve"] = [(c, float(np.mean([g[c] for g in grids]))) for c in GRID]
     return out

@@ -12,7 +12,7 @@ from common.errors import UserError
 from common.io import write_json
 from common.runlock import writing_into
 from data.classes import check_class_names
-from evaluation import conformal, feature_memory, ood_eval, ood_report, pool_support, report, selective_report
+from evaluation import conformal, feature_memory, ood_eval, ood_report, pool_support, selective_report, tables
 from evaluation import metrics as M
 from evaluation.calibration_file import conformal_path, save_thresholds
 from evaluation.evaluate import evaluate
@@ -256,7 +256,7 @@ def write_outputs(result, records, output, pool_maps=None):
              wrote(examples_path, "the per-example records: label, prediction, p_y, support size, loss")]
     with writing_into(folder, purpose="eval", names=rundir.eval_outputs(output) + [maps_path]):  # one writer per folder
         write_json(result, output)
-        report.write_csv([report.flatten_metrics(result)], csv_path)
+        tables.write_csv([tables.flatten_metrics(result)], csv_path)
         save_examples(records, examples_path, head=result["head"], split=result["split"],
                       dataset=result["dataset"], weights=result["weights"], checkpoint=result["checkpoint"])
         if pool_maps is not None:
@@ -276,11 +276,11 @@ def print_result(result, cfg, kind):
     world = result["num_processes"]
     print(f"{cfg.name}: {cfg.model.name} + {result['head']} head, {kind} weights, "
           f"{cfg.data.dataset} {result['split']} ({world} process{'es' if world > 1 else ''})")
-    print(report.eval_table(result))
+    print(tables.eval_table(result))
     if result.get("pooling"):
         print(pool_support.describe(result["pooling"]))
     if result.get("ood"):
-        print(report.ood_table(result["ood"]))
+        print(tables.ood_table(result["ood"]))
     ps = result["prediction_sets"]
     if ps and ps["calibration"].get("note"):
         print(f"note: {ps['calibration']['note']}")

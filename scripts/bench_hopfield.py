@@ -8,7 +8,7 @@
 2. Accuracy. Each variant is trained on the built-in data for each of --seeds (train.py, then eval.py, as
    child processes; a tiny recipe on top of the config: --img-size, --train-size, --val-size, --epochs) and evaluated by
    eval.py (which reports the pooling support); each hopfield variant is compared with avg by
-   evaluation.paired.compare_pair: across trainings (per-seed paired differences, t-interval over
+   comparison.analysis.paired.compare_pair: across trainings (per-seed paired differences, t-interval over
    seeds, exact sign-flip p, two-level bootstrap, 80%-power minimum detectable difference, seeds
    needed), and given these trainings (bootstrap over validation images, McNemar).
 
@@ -41,7 +41,9 @@ from common import rundir
 from common.children import ChildProcesses
 from common.cli import run_cli
 from common.errors import UserError
-from evaluation import comparison, paired, report
+from comparison.analysis import paired
+from comparison.report import document
+from evaluation import tables
 from models import create_classifier
 from models.hopfield_pool import POOL_MAPPINGS
 from models.mapping_table import MAPPINGS
@@ -147,7 +149,7 @@ def train_and_evaluate(children, config, overrides, run_dir):
 
 
 def accuracy_runs(args, mappings, runs_dir, children):
-    """{variant: {seed: comparison.load_run(...)}} after training and evaluating every missing run."""
+    """{variant: {seed: document.load_run(...)}} after training and evaluating every missing run."""
     runs = {}
     for mapping in [None] + mappings:
         name = variant_name(mapping)
@@ -157,7 +159,7 @@ def accuracy_runs(args, mappings, runs_dir, children):
             out = train_and_evaluate(children, args.config,
                                      recipe_overrides(args) + pool_overrides(mapping, args.pool_k)
                                      + [f"train.seed={seed}"], run_dir)
-            run = comparison.load_run(run_dir, os.path.basename(out), seed=seed)
+            run = document.load_run(run_dir, os.path.basename(out), seed=seed)
             runs.setdefault(name, {})[seed] = run
             pooling = run["result"].get("pooling")
             print(f"  {name} seed {seed}: top-1 {100 * run['result']['top1']:.2f}%"
@@ -188,10 +190,10 @@ def print_accuracy(runs):
         return []
     print("\nAcross trainings (the seed is the unit):")
     header, rows = paired.across_rows(results)
-    print(report.text_table(header, [r for r in rows if r[1] == "top-1"]))
+    print(tables.text_table(header, [r for r in rows if r[1] == "top-1"]))
     print("\nGiven these trainings (conditional on the seeds):")
     header, rows = paired.markdown_rows(results)
-    print(report.text_table(header, [r for r in rows if r[1] == "top-1"]))
+    print(tables.text_table(header, [r for r in rows if r[1] == "top-1"]))
     print("\nVerdicts:")
     for res in results:
         print(f"- {res['verdict']}")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Measure the error rates of the sequential seed design (evaluation/sequential.py), not assume them.
+"""Measure the error rates of the sequential seed design (comparison/analysis/sequential.py), not assume them.
 
 Simulated comparisons: per-seed differences d_s ~ N(μ, 1) (the unit is the seed-to-seed s.d. of the
 paired differences; the t statistics are scale free, so any s.d. gives the same rates), at true
@@ -7,7 +7,7 @@ differences μ = 0, a difference inside the margin (δ/2), the margin itself (th
 equivalence), and 1, 2 and 3 seed s.d. Each runs through the group-sequential design (looks at
 3, 5, 8, 12 seeds, O'Brien–Fleming-type α-spending, both ways onto the t scale) and through the fixed
 design with the same maximum number of seeds (one look at 12: the plain paired t-test and TOST of
-evaluation/equivalence.py). Every design sees the same simulated seeds (common random numbers).
+comparison/analysis/equivalence.py). Every design sees the same simulated seeds (common random numbers).
 
 Reported per (μ, design): how often each verdict comes out, the mean number of seeds used, and the
 rates the row measures, each with its Monte-Carlo standard error √(p(1 − p)/N): the false-positive
@@ -25,8 +25,8 @@ import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
 import numpy as np
 
-from evaluation.equivalence import VERDICTS
-from evaluation.sequential import DEFAULT_LOOKS, METHODS, Design, walk
+from comparison.analysis.equivalence import VERDICTS
+from comparison.analysis.sequential import DEFAULT_LOOKS, METHODS, Design, walk
 
 
 def settings(margin):

@@ -43,7 +43,7 @@ the runs to do, their wall time on the --jobs slots and their GPU / CPU core-hou
 measured from the finished runs of the runs folder (comparison/cost.py), or that none is measured yet.
 Seeds until settled (--until-settled, comparison/settle.py): seeds 0, 1, ... in looks (--looks, or 3 5 8 12 ...
 up to --max-seeds); after each look each head's question against the baseline (--settle-metric, top-1, at its
---margin) is read by the group-sequential design of evaluation/sequential.py, and a head superior, inferior or
+--margin) is read by the group-sequential design of comparison/analysis/sequential.py, and a head superior, inferior or
 equivalent gets no more seeds. The design is recorded in RUNS_DIR/sequential_design.json and a rerun that
 changes it after a look is refused; the report says at which look each head stopped and why.
 Cached features (--features DIR, a folder of scripts/extract_features.py): the same plan, each run a linear

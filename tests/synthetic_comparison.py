@@ -1,5 +1,5 @@
 """A head comparison without training: synthetic logits with a chosen accuracy per (head, seed),
-turned into what comparison.load_run returns by the same library functions eval.py uses
+turned into what document.load_run returns by the same library functions eval.py uses
 (per-example records, metrics, prediction sets, selective prediction, OOD results).
 
 Used by tests/test_seed_report.py, and to render the report's PNGs for a look:
@@ -14,7 +14,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from evaluation import comparison, conformal, metrics, ood_report, report, selective_report  # noqa: E402
+from comparison.report import document  # noqa: E402
+from evaluation import conformal, metrics, ood_report, selective_report, tables  # noqa: E402
 from models.heads import OutputHead  # noqa: E402
 
 NUM_CLASSES = 10
@@ -35,7 +36,7 @@ def synthetic_logits(gen, labels, accuracy, sharpness):
 
 def synthetic_run(head_name, seed, accuracy, curve, n_val=600, n_cal=400, n_ood=300, sharpness=2.5,
                   coverage_shift=0.0):
-    """One run as comparison.load_run returns it. `curve`: [(epoch, top1)] of the validation curve
+    """One run as document.load_run returns it. `curve`: [(epoch, top1)] of the validation curve
     (its last point is set to the run's top-1). `coverage_shift` > 0 makes the calibration set easier
     than the validation set (its accuracy that much higher): not exchangeable, so conformal coverage
     falls below 1 − ε by more than sampling spread."""
@@ -59,7 +60,7 @@ def synthetic_run(head_name, seed, accuracy, curve, n_val=600, n_cal=400, n_ood=
     numpy_records = {k: v.numpy() for k, v in records.items()}
     result["selective"] = selective_report.run_summary(numpy_records, head_name)
     result["ood"] = ood_report.run_summary(ev["probs"], ood_probs, head_name, "synthetic_ood")
-    flat = report.flatten_metrics(result)
+    flat = tables.flatten_metrics(result)
     flat.update(train_time_s=10.0, train_img_per_s=100.0)
     run_curve = [(e, t) for e, t in curve[:-1]] + [(curve[-1][0], result["top1"])]
     return {"run_dir": f"synthetic/{head_name}-s{seed}", "seed": seed, "result": result, "flat": flat,
@@ -82,9 +83,9 @@ QUICKSTART_LIKE = {  # the issue's 2-epoch quick start: sparse heads ahead, ever
 if __name__ == "__main__":
     out = sys.argv[1] if len(sys.argv) > 1 else "synthetic_report"
     variants = synthetic_variants(QUICKSTART_LIKE)
-    table, path, results = comparison.write_report(
+    table, path, results = document.write_report(
         variants, out, "Synthetic comparison", "python tests/synthetic_comparison.py",
         pairs=[("sparsemax", "softmax"), ("entmax15", "softmax")])
-    verdicts, checks = comparison.verdict_lines(variants, results)
+    verdicts, checks = document.verdict_lines(variants, results)
     print("\n".join(verdicts + checks))
     print(path)

@@ -118,13 +118,13 @@ def fake_steps(monkeypatch, call):
     monkeypatch.setattr(WorkerSlot, "run", lambda self, cmd, log=None: call(cmd, env=self.env))
 
 def test_report_has_every_column_and_plot():
-    from evaluation import comparison, plots
+    from comparison.report import document, plots
 
     root, stdout = tiny_comparison()
     report_dir = os.path.join(root, "report")
     md = open(os.path.join(report_dir, "report.md")).read()
-    runs = {h: [comparison.load_run(os.path.join(root, "runs", f"{h}-s0"), "eval.json", seed=0)] for h in HEADS}
-    labels = [row[0] for row in comparison.summary_table(runs)[1]]
+    runs = {h: [document.load_run(os.path.join(root, "runs", f"{h}-s0"), "eval.json", seed=0)] for h in HEADS}
+    labels = [row[0] for row in document.summary_table(runs)[1]]
     expected = ["top-1 acc", "top-5 acc", "FY loss", "NLL (finite part)", "P(p_y = 0)",
                 "ECE (15 bins), mean of per-run", "ECE (15 bins), pooled over seeds",
                 "support size mean", "support size median", "support contains y",
@@ -344,7 +344,7 @@ def test_report_has_paired_statistics_selective_and_ood_sections():
     row = next(line for line in ood_md.splitlines() if line.startswith("| sparsemax | kNN |")).split("|")
     diff = (evals["sparsemax"]["ood"]["scores"]["knn"]["auroc"]
             - evals["sparsemax"]["ood"]["scores"]["max_prob"]["auroc"])
-    from evaluation.statistics import signed_points
+    from comparison.analysis.statistics import signed_points
 
     assert row[5].strip() == f"{signed_points(diff)} pt (1 seed)"
     assert next(line for line in ood_md.splitlines()
@@ -355,12 +355,12 @@ def test_report_has_paired_statistics_selective_and_ood_sections():
 def test_identical_heads_are_not_significant(tmp_path):
     """A variant whose every run is a copy of the baseline's (two seeds): zero difference, an
     interval [0, 0], McNemar p = 1, "not significant" in every sentence."""
-    from evaluation import comparison
+    from comparison.report import document
 
     root, _ = tiny_comparison()
     run = os.path.join(root, "runs", "softmax-s0")
-    variants = {name: [comparison.load_run(run, "eval.json", seed=s) for s in (0, 1)] for name in ("softmax", "copy")}
-    _, path, paired = comparison.write_report(variants, str(tmp_path), "t", "cmd", pairs=[("copy", "softmax")])
+    variants = {name: [document.load_run(run, "eval.json", seed=s) for s in (0, 1)] for name in ("softmax", "copy")}
+    _, path, paired = document.write_report(variants, str(tmp_path), "t", "cmd", pairs=[("copy", "softmax")])
     md = open(path).read()
     assert paired[0]["seeds"] == [0, 1] and paired[0]["mcnemar"]["p_value"] == 1.0
     assert paired[0]["bootstrap"]["top1"]["n_rows"] == 2 * 101

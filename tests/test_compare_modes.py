@@ -24,7 +24,7 @@ from common.rundir import examples_path  # noqa: E402
 from comparison import slot_env  # noqa: E402
 from comparison.plan import baseline_pairs, plan_runs  # noqa: E402
 from comparison.progress import Progress, duration  # noqa: E402
-from comparison.report import check_report_dir  # noqa: E402
+from comparison.report.write import check_report_dir  # noqa: E402
 from comparison.slot_env import device_env  # noqa: E402
 from comparison.worker_slots import WorkerSlot  # noqa: E402
 
@@ -284,7 +284,7 @@ def test_the_plans_first_line_is_its_cost(sandbox, monkeypatch, capsys):
     """--dry-run's first line: nothing measured yet; then, with finished runs in the runs folder, their
     measured cost (the comparison's step timing, else train.py's and eval.py's own times) scheduled on
     the --jobs slots."""
-    from evaluation import plots
+    from comparison.report import plots
 
     root, source_runs = sandbox
     for name in dir(plots):  # the cost line is under test: no plots

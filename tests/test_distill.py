@@ -197,9 +197,9 @@ def _learned_alpha_is_reported(run_dir):
     assert eval_entry.main(["--checkpoint", run_dir, "--output", out]) in (0, None)
     result = json.load(open(out))
     assert result["learn_alpha"] is True and abs(result["alpha"] - learned["raw"]) < 1e-6
-    from evaluation import report
+    from evaluation import tables
 
-    row = next(line for line in report.eval_table(result).splitlines() if line.startswith("α (learned)"))
+    row = next(line for line in tables.eval_table(result).splitlines() if line.startswith("α (learned)"))
     assert row.split()[-1] == f"{result['alpha']:.4f}"
 
 

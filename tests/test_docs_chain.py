@@ -185,7 +185,7 @@ def _extract(chain, argv):
 def _compare(chain, argv):
     from comparison import cli
     from comparison.plan import config_stem, plan_runs
-    from comparison.report import report_dir_of
+    from comparison.report.write import report_dir_of
 
     with mock.patch.object(cli, "feature_overrides", lambda features, overrides: []):  # it opens the folder
         args = cli.parse_args(argv)
@@ -315,7 +315,7 @@ def test_the_tuning_pages_chain_runs_as_written(tmp_path, monkeypatch, capsys, o
     import extract_features
     import train
     from comparison.plan import config_stem
-    from evaluation import plots
+    from comparison.report import plots
     from test_run_sources import TINY
     from test_train_helpers import reset_accelerate_state
 

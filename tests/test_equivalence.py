@@ -1,4 +1,4 @@
-"""Equivalence, non-inferiority and superiority verdicts (evaluation/equivalence.py) against scipy's t-tests,
+"""Equivalence, non-inferiority and superiority verdicts (comparison/analysis/equivalence.py) against scipy's t-tests,
 Holm's procedure against its step-down definition, the --margin parser, and the margin and verdicts as
 report.md, summary.json and the plain-words summary give them (synthetic comparisons: no training)."""
 import json
@@ -9,8 +9,9 @@ import pytest
 from scipy import stats
 
 from common.errors import UserError
-from evaluation import comparison, equivalence, summary
-from evaluation.statistics import METRIC_TABLE
+from comparison.analysis import equivalence
+from comparison.analysis.statistics import METRIC_TABLE
+from comparison.report import document, plain_words
 from synthetic_comparison import QUICKSTART_LIKE, synthetic_variants
 
 ALPHA = 0.05
@@ -164,38 +165,38 @@ def eight_seeds(tmp_path_factory):
     plan = {"softmax": ([0.85] * 8, CURVE), "sparsemax": ([0.85] * 8, CURVE)}
     variants = synthetic_variants(plan, seeds=tuple(range(8)), **SMALL)
     out = tmp_path_factory.mktemp("report")
-    _, path, results = comparison.write_report(variants, str(out), "t", "cmd", pairs=[("sparsemax", "softmax")],
+    _, path, results = document.write_report(variants, str(out), "t", "cmd", pairs=[("sparsemax", "softmax")],
                                                margins={"top1": 5.0})
     return variants, results, open(path).read(), json.loads((out / "summary.json").read_text())
 
 
 def test_a_given_margin_reaches_report_summary_json_and_plain_words(eight_seeds):
-    variants, results, md, document = eight_seeds
+    variants, results, md, summary_json = eight_seeds
     per_seed = [a["flat"]["top1"] - b["flat"]["top1"] for a, b in zip(variants["sparsemax"], variants["softmax"])]
     low, high = stats.t.interval(0.9, 7, loc=np.mean(per_seed), scale=stats.sem(per_seed))
     assert -0.05 < low and high < 0.05  # the scipy interval lies inside ±5 pt: the verdict must say so
-    top1 = document["comparisons"][0]["equivalence"]["top1"]
+    top1 = summary_json["comparisons"][0]["equivalence"]["top1"]
     assert top1["verdict"] == "equivalent" and top1["equivalent"] and top1["margin"] == pytest.approx(0.05)
     assert top1["interval"] == pytest.approx([low, high], rel=1e-9)
-    assert document["margins"]["top1"] == {"margin": 5.0, "units": "pt", "margin_as_difference": 0.05,
-                                           "source": "given"}
-    assert document["margins"]["ece"]["source"] == "default" and "loss" not in document["margins"]
-    assert document["multiplicity"] == "holm" and document["alpha"] == pytest.approx(ALPHA)
+    assert summary_json["margins"]["top1"] == {"margin": 5.0, "units": "pt", "margin_as_difference": 0.05,
+                                               "source": "given"}
+    assert summary_json["margins"]["ece"]["source"] == "default" and "loss" not in summary_json["margins"]
+    assert summary_json["multiplicity"] == "holm" and summary_json["alpha"] == pytest.approx(ALPHA)
     ends = [f"{100 * x:+.1f}".replace("-", "\u2212") for x in (low, high)]
     sentence = f"sparsemax top-1 is within ±5 pt of softmax (90% CI [{ends[0]}, {ends[1]}] over 8 seeds"
     assert top1["sentence"].startswith(sentence)
     assert "top-1 ±5 pt (given)" in md and "ECE ±1 pt (the default)" in md and "Holm's step-down" in md
     assert "| sparsemax − softmax | top-1 | ±5 pt | 8 |" in md and f"- {top1['sentence']}" in md
-    lines = summary.plain_words(variants, results, comparison.mean_curves(variants))
+    lines = plain_words.plain_words(variants, results, document.mean_curves(variants))
     margin_line = next(line for line in lines if line.startswith("top-1 against a ±5 pt margin (TOST at 5%)"))
-    assert sentence in margin_line and document["plain_words"] == lines
+    assert sentence in margin_line and summary_json["plain_words"] == lines
     assert md.index("## What this comparison found") < md.index(margin_line) < md.index("## Equivalence")
 
 
 def test_default_margins_and_holm_on_the_quickstart_like_comparison(tmp_path):
     variants = synthetic_variants(QUICKSTART_LIKE)
     pairs = [("sparsemax", "softmax"), ("entmax15", "softmax")]
-    _, path, results = comparison.write_report(variants, str(tmp_path), "t", "cmd", pairs=pairs)
+    _, path, results = document.write_report(variants, str(tmp_path), "t", "cmd", pairs=pairs)
     md = open(path).read()
     assert "top-1 ±0.5 pt (the default)" in md and "no margin for FY loss" in md
     for res in results:
@@ -206,16 +207,16 @@ def test_default_margins_and_holm_on_the_quickstart_like_comparison(tmp_path):
         # 3 noisy seeds of a +2-3 pt difference: neither equivalent within ±0.5 pt nor resolved
         assert top1["verdict"] == "undecided" and "undecided at the ±0.5 pt margin" in top1["sentence"]
         assert "loss" not in res["equivalence"]
-    document = json.loads((tmp_path / "summary.json").read_text())
-    assert [c["variant"] for c in document["comparisons"]] == ["sparsemax", "entmax15"]
-    per_comparison, _ = comparison.paired_results(variants, pairs, multiplicity="none")
+    summary_json = json.loads((tmp_path / "summary.json").read_text())
+    assert [c["variant"] for c in summary_json["comparisons"]] == ["sparsemax", "entmax15"]
+    per_comparison, _ = document.paired_results(variants, pairs, multiplicity="none")
     assert all(r["equivalence"]["top1"]["verdict"] == r["equivalence"]["top1"]["unadjusted_verdict"]
                for r in per_comparison)
-    none_md = "\n".join(comparison.equivalence_section(per_comparison))
+    none_md = "\n".join(document.equivalence_section(per_comparison))
     assert "Error rate: per comparison" in none_md
 
 
 def test_a_head_at_chance_gets_no_equivalence_verdict():
     plan = {"softmax": ([0.90, 0.91, 0.92], CURVE), "sparsemax": ([0.105, 0.10, 0.095], CURVE)}
-    results, _ = comparison.paired_results(synthetic_variants(plan, **SMALL), [("sparsemax", "softmax")])
-    assert results[0]["equivalence"] == {} and comparison.equivalence_section(results) == []
+    results, _ = document.paired_results(synthetic_variants(plan, **SMALL), [("sparsemax", "softmax")])
+    assert results[0]["equivalence"] == {} and document.equivalence_section(results) == []

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from common.errors import UserError
+from comparison.report import document
 from configs import config_from_dict
 from configs.schema import HeadConfig
-from evaluation import comparison, conformal, metrics, selective_report
+from evaluation import conformal, metrics, selective_report
 from models import create_classifier, registry
 from models.heads import ENTMAX_HEAD_NAMES, HEAD_NAMES, SPARSE_HEAD_NAMES, OutputHead
 from models.registry import HEADS, HPARAMS, HeadSpec, HParam, check_settings, register
@@ -71,7 +72,7 @@ def test_every_head_trains_one_step_evaluates_and_reports_its_sparse_flag(name):
     assert (records["max_prob"] == probs.gather(1, pred.view(-1, 1)).squeeze(1).numpy()).all()
     assert ("support" in selective_report.confidences(records, name)) == spec.sparse
     assert ("support" in conformal.methods_for_head(name)) == spec.conformal_support
-    points = comparison._plot_inputs({name: [run]})[-1]
+    points = document._plot_inputs({name: [run]})[-1]
     assert (name in points) == spec.sparse, "the comparison plots a support only for sparse heads"
 
 

@@ -1,7 +1,10 @@
 """The import graph reads bottom-up: common <- models, data <- configs <- evaluation <- training <- inference
 <- comparison, exporting <- train.py, eval.py, predict.py, scripts (the entry points). Every import statement
 of every module is parsed (ast), including the ones inside functions, and relative imports are resolved to
-their package."""
+their package.
+
+evaluation/ evaluates one model on one dataset: it imports nothing that reads many runs, i.e. nothing from
+comparison/ (the statistics over seeds in comparison/analysis/, the comparison's report in comparison/report/)."""
 import ast
 import os
 import sys
@@ -51,6 +54,19 @@ def test_package_imports_only_from_below(package):
     assert found, f"no modules found in {package}/"
     bad = {os.path.relpath(p, ROOT): sorted(project_imports(p, package) & FORBIDDEN[package]) for p in found}
     assert {p: names for p, names in bad.items() if names} == {}
+
+
+# What reads many runs (the statistics over seeds, the comparison's report): never imported by evaluation/.
+MANY_RUNS = ("comparison",)
+
+
+def test_evaluation_imports_nothing_that_reads_many_runs():
+    """One model on one dataset (evaluation/) never imports the analysis of many runs (comparison/), whatever the
+    package order above says: code of one evaluation that needs a declaration of the comparison's gets it moved
+    down (as evaluation/ece_bins.py, which the comparison's statistics import)."""
+    found = {os.path.relpath(p, ROOT): sorted(project_imports(p, "evaluation") & set(MANY_RUNS))
+             for p in modules("evaluation")}
+    assert {p: names for p, names in found.items() if names} == {}
 
 
 def test_the_checker_sees_relative_and_function_level_imports(tmp_path):

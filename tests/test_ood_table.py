@@ -65,9 +65,9 @@ def _run(seed, head_shift, dataset="features", free=(0.70, 0.20), spread=0.0):
 
 
 def _section(variants):
-    from evaluation import comparison
+    from comparison.report import ood_section
 
-    text = "\n".join(comparison.ood_section(variants)[0])
+    text = "\n".join(ood_section.ood_section(variants)[0])
     return text, [line for line in text.splitlines() if line.startswith("| ")]
 
 

@@ -15,8 +15,9 @@ import torch.nn as nn
 import data
 from common import rundir
 from common.weights import read_safetensors
+from comparison.report import document, plots, pool_section
 from configs.schema import HeadConfig, ModelConfig
-from evaluation import comparison, plots, pool_report, report
+from evaluation import tables
 from evaluation.evaluate import _gather_examples, evaluate
 from evaluation.pool_support import POOL_SUPPORT_FIELD, display_images, patch_support, support_summary
 from models import create_classifier
@@ -120,7 +121,7 @@ def test_average_pooling_changes_nothing(runs):
     assert "pooling" not in result
     assert POOL_SUPPORT_FIELD not in read_safetensors(rundir.examples_path(out))
     assert not os.path.exists(rundir.pool_maps_path(out))
-    assert "pool_support_mean" not in report.flatten_metrics(result)
+    assert "pool_support_mean" not in tables.flatten_metrics(result)
     # the keys eval.json has for both, except the pooling
     assert set(_result(runs["hopfield"])) - set(result) == {"pooling"}
 
@@ -215,21 +216,21 @@ def _png_ok(path):
 
 
 def test_report_draws_support_maps_for_hopfield_runs_only(runs, tmp_path):
-    hop = comparison.load_run(runs["hopfield"], rundir.EVAL_RESULT, seed=0)
-    avg = comparison.load_run(runs["avg"], rundir.EVAL_RESULT, seed=0)
+    hop = document.load_run(runs["hopfield"], rundir.EVAL_RESULT, seed=0)
+    avg = document.load_run(runs["avg"], rundir.EVAL_RESULT, seed=0)
     both = tmp_path / "both"
-    table, md_path, _ = comparison.write_report({"hopfield": [hop], "avg": [avg]}, str(both), "t", "cmd")
+    table, md_path, _ = document.write_report({"hopfield": [hop], "avg": [avg]}, str(both), "t", "cmd")
     _png_ok(both / plots.POOL_MAPS_FILE)
     md = open(md_path).read()
     assert "## Hopfield pooling support" in md and f"]({plots.POOL_MAPS_FILE})" in md
     assert "| hopfield | sparsemax | 16 | 1 |" in md and "| avg |" not in md.split("## Hopfield pooling support")[1]
     assert "pooling support mean (patches)" in table
-    rows = pool_report.map_rows({"hopfield": [hop], "avg": [avg]})
+    rows = pool_section.map_rows({"hopfield": [hop], "avg": [avg]})
     assert len(rows) == 1 and len(rows[0]["images"]) == 4 and rows[0]["grid"] == 4
     assert all(c.endswith(f"/{N_PATCHES} patches") for c in rows[0]["captions"])
 
     only_avg = tmp_path / "avg"
-    table, md_path, _ = comparison.write_report({"avg": [avg]}, str(only_avg), "t", "cmd")
+    table, md_path, _ = document.write_report({"avg": [avg]}, str(only_avg), "t", "cmd")
     assert not (only_avg / plots.POOL_MAPS_FILE).exists()
     assert "Hopfield pooling" not in open(md_path).read() and "pooling support" not in table
 

@@ -7,9 +7,9 @@ import shutil
 
 import pytest
 
-import readme_numbers as rn
 from common.cli import run_cli
 from common.errors import UserError
+from comparison.report import readme_numbers as rn
 from project_files import ROOT, tracked_files
 
 RECORD = os.path.join(ROOT, rn.RECORD_DIR)

@@ -21,7 +21,7 @@ from common.cli import run_cli
 from common.io import WriteError
 from common.removal import removal_blockers, remove, remove_all
 from common.runlock import RunLock
-from evaluation import report
+from evaluation import tables
 from evaluation.metrics import RECORD_FIELDS
 from test_train_helpers import ROOT, reset_accelerate_state, run_inprocess, tiny_cfg, write_cfg
 from training.checkpoint import files as ck
@@ -323,7 +323,7 @@ KILL_DURING_CSV = textwrap.dedent("""
     import os, signal, sys
     sys.path.insert(0, {root!r})
     from common import io as common_io
-    from evaluation import report
+    from evaluation import tables
 
     real_open = common_io._open_for_write
 
@@ -343,7 +343,7 @@ KILL_DURING_CSV = textwrap.dedent("""
             self.file.close()
 
     common_io._open_for_write = KilledMidWrite
-    report.write_csv([{{"top1": 0.9, "loss": 0.1}}], {path!r})
+    tables.write_csv([{{"top1": 0.9, "loss": 0.1}}], {path!r})
 """)
 
 
@@ -359,7 +359,7 @@ def test_a_kill_during_the_csv_write_keeps_the_old_file_and_the_next_eval_cleans
 
     output = str(tmp_path / "eval.json")
     csv_path = rundir.eval_csv_path(output)
-    report.write_csv([{"top1": 0.5, "loss": 0.7}], csv_path)
+    tables.write_csv([{"top1": 0.5, "loss": 0.7}], csv_path)
     old = open(csv_path).read()
     done = subprocess.run([sys.executable, "-c", KILL_DURING_CSV.format(root=ROOT, path=csv_path)], timeout=120)
     assert done.returncode == -signal.SIGKILL

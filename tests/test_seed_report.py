@@ -1,12 +1,13 @@
-"""The comparison report's verdicts and sanity lines (evaluation/comparison.py) and its plots
-(evaluation/plots.py), on synthetic comparisons (tests/synthetic_comparison.py: no training)."""
+"""The comparison report's verdicts and sanity lines (comparison/report/document.py) and its plots
+(comparison/report/plots.py), on synthetic comparisons (tests/synthetic_comparison.py: no training)."""
 import os
 
 import matplotlib
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-from evaluation import comparison, plots, sanity, statistics
+from comparison.analysis import sanity, statistics
+from comparison.report import document, ood_section, plots
 from synthetic_comparison import QUICKSTART_LIKE, synthetic_variants
 
 MINUS = "\u2212"
@@ -17,13 +18,13 @@ PAIRS = [("sparsemax", "softmax"), ("entmax15", "softmax")]
 def quickstart_like(tmp_path_factory):
     out = tmp_path_factory.mktemp("report")
     variants = synthetic_variants(QUICKSTART_LIKE)
-    _, path, results = comparison.write_report(variants, str(out), "t", "cmd", pairs=PAIRS)
+    _, path, results = document.write_report(variants, str(out), "t", "cmd", pairs=PAIRS)
     return variants, open(path).read(), results, out
 
 
 def test_one_verdict_per_head_across_trainings_with_the_details_in_tables(quickstart_like):
     variants, md, results, _ = quickstart_like
-    verdicts, checks = comparison.verdict_lines(variants, results)
+    verdicts, checks = document.verdict_lines(variants, results)
     assert len(verdicts) == len(PAIRS)
     for (variant, baseline), res, verdict in zip(PAIRS, results, verdicts):
         top1 = res["across"]["top1"]
@@ -45,7 +46,7 @@ def test_one_verdict_per_head_across_trainings_with_the_details_in_tables(quicks
 
 def test_budget_guard_says_the_verdict_is_about_a_fixed_budget(quickstart_like):
     variants, md, results, _ = quickstart_like
-    _, checks = comparison.verdict_lines(variants, results)
+    _, checks = document.verdict_lines(variants, results)
     budget = next(c for c in checks if c.startswith("Budget:"))
     assert "still rising" in budget and "fixed budget (2 epochs), not at convergence" in budget
     for head in QUICKSTART_LIKE:
@@ -56,7 +57,7 @@ def test_budget_guard_says_the_verdict_is_about_a_fixed_budget(quickstart_like):
     for runs in flat_variants.values():  # the last evaluation is the run's top-1: level it with epoch 3
         for run in runs:
             run["curve"][2] = (3, run["curve"][3][1])
-    flat_line = comparison.budget_lines(flat_variants)[0]
+    flat_line = document.budget_lines(flat_variants)[0]
     assert flat_line.startswith("Budget: no rise beyond noise between the last epochs for any head")
     assert "artefact" not in flat_line and "artefact" not in budget
 
@@ -65,10 +66,10 @@ def test_chance_level_head_gets_no_comparison():
     plan = {"softmax": ([0.90, 0.91, 0.92], [(1, 0.8), (2, 0.9)]),
             "sparsemax": ([0.105, 0.10, 0.095], [(1, 0.1), (2, 0.1)])}
     variants = synthetic_variants(plan)
-    results, _ = comparison.paired_results(variants, [("sparsemax", "softmax")])
+    results, _ = document.paired_results(variants, [("sparsemax", "softmax")])
     assert results[0]["verdict"].startswith("sparsemax vs softmax: no comparison: nothing learned (sparsemax within")
-    assert f"- {results[0]['verdict']}" in "\n".join(comparison.verdict_section([results[0]["verdict"]], []))
-    _, checks = comparison.verdict_lines(variants, results)
+    assert f"- {results[0]['verdict']}" in "\n".join(document.verdict_section([results[0]["verdict"]], []))
+    _, checks = document.verdict_lines(variants, results)
     assert any(c.startswith("sparsemax: no comparison: nothing learned") for c in checks)
     assert not any(c.startswith("softmax:") for c in checks)
 
@@ -76,14 +77,14 @@ def test_chance_level_head_gets_no_comparison():
 def test_coverage_below_its_band_is_flagged_and_inside_it_explained(tmp_path):
     plan = {"softmax": ([0.9, 0.9, 0.9], [(1, 0.9), (2, 0.9)])}
     shifted = synthetic_variants(plan, coverage_shift=0.08)  # calibration images easier than validation ones
-    flags = [line for line in comparison.coverage_lines(shifted) if line.startswith("Coverage FLAG")]
-    assert flags, comparison.coverage_lines(shifted)
+    flags = [line for line in document.coverage_lines(shifted) if line.startswith("Coverage FLAG")]
+    assert flags, document.coverage_lines(shifted)
     run = shifted["softmax"][0]["result"]["prediction_sets"]
     low = run["methods"]["lac"]["eps"]["0.1"]["coverage"]
     assert sanity.coverage_check(low, 400, 600, 0.1)[0] == "below band"
     assert any("lac at ε=0.1" in f and "below its 99% finite-sample band" in f for f in flags)
     fair = synthetic_variants(plan)
-    lines = comparison.coverage_lines(fair)
+    lines = document.coverage_lines(fair)
     assert not any(line.startswith("Coverage FLAG") for line in lines)
     below = [(m, e, r["coverage"]) for run in fair["softmax"]
              for m, res in run["result"]["prediction_sets"]["methods"].items()
@@ -112,7 +113,7 @@ def _overlaps(box, other):
 def test_reliability_legend_covers_no_bar_and_counts_are_readable(quickstart_like, monkeypatch, tmp_path):
     variants = quickstart_like[0]
     figures = _captured_figures(monkeypatch)
-    diagrams = comparison._plot_inputs(variants)[2]
+    diagrams = document._plot_inputs(variants)[2]
     plots.plot_reliability(diagrams, str(tmp_path / "r.png"))
     fig = figures[-1]
     canvas = FigureCanvasAgg(fig)  # the closed figure's own canvas is detached
@@ -133,7 +134,7 @@ def test_reliability_legend_covers_no_bar_and_counts_are_readable(quickstart_lik
 def test_ood_histograms_have_labels_one_legend_and_no_empty_panel(quickstart_like, monkeypatch, tmp_path):
     variants = quickstart_like[0]
     figures = _captured_figures(monkeypatch)
-    hists = comparison.ood_section(variants)[1]
+    hists = ood_section.ood_section(variants)[1]
     plots.plot_ood_histograms(hists, str(tmp_path / "o.png"), "synthetic_ood")
     fig = figures[-1]
     assert len(fig.legends) == 1 and all(ax.get_legend() is None for ax in fig.axes)

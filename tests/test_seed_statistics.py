@@ -1,5 +1,5 @@
-"""Seed-aware statistics (evaluation/statistics.py, across trainings) and the comparison's sanity
-checks (evaluation/sanity.py), on simulated per-seed, per-example outcomes with a known seed
+"""Seed-aware statistics (comparison/analysis/statistics.py, across trainings) and the comparison's sanity
+checks (comparison/analysis/sanity.py), on simulated per-seed, per-example outcomes with a known seed
 variance and effect. References are independent: closed forms, brute-force enumeration, Monte Carlo."""
 import itertools
 import math
@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from evaluation import paired, sanity
-from evaluation import statistics as st
+from comparison.analysis import paired, sanity
+from comparison.analysis import statistics as st
 
 MINUS = "\u2212"
 

@@ -1,4 +1,4 @@
-"""The sequential seed design (evaluation/sequential.py): its z boundaries against published Lan–DeMets
+"""The sequential seed design (comparison/analysis/sequential.py): its z boundaries against published Lan–DeMets
 values and against scipy's multivariate normal, its t boundaries against scipy and an independent
 simulation, the replayed decisions and repeated intervals against their formula, the design's
 serialisation, and a small simulation of its error rates (the full one: scripts/bench_sequential.py)."""
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from evaluation import equivalence, sequential
+from comparison.analysis import equivalence, sequential
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

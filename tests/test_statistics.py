@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from evaluation import statistics as st
+from comparison.analysis import statistics as st
 from evaluation.metrics import calibration_from_confidence
 
 

@@ -1,4 +1,4 @@
-"""The plain-words summary (evaluation/summary.py) is derived from the comparison's numbers: fed
+"""The plain-words summary (comparison/report/plain_words.py) is derived from the comparison's numbers: fed
 synthetic comparisons (a clear win, no difference, too few seeds), it says what the verdicts and
 the table say, quoting the table's own cells. Its first line, the bottom line, is checked against the
 verdicts it is built from: each kind of verdict (better, worse, equivalent, non-inferior, not
@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from comparison import settle
-from evaluation import comparison, paired, summary
-from evaluation.equivalence import margin_as_difference
-from evaluation.sequential import Design, sequential_decision
-from evaluation.statistics import signed_points
+from comparison.analysis import paired
+from comparison.analysis.equivalence import margin_as_difference
+from comparison.analysis.sequential import Design, sequential_decision
+from comparison.analysis.statistics import signed_points
+from comparison.report import document, plain_words
 from synthetic_comparison import synthetic_variants
 
 CURVE = [(1, 0.5), (2, 0.8)]
@@ -24,8 +25,8 @@ N_EXACT = 400  # examples per run where the per-seed top-1 is set exactly (steps
 
 def _found(plan, seeds=(0, 1, 2)):
     variants = synthetic_variants(plan, seeds=seeds, **SMALL)
-    results, _ = comparison.paired_results(variants, [(v, "softmax") for v in variants if v != "softmax"])
-    lines = summary.plain_words(variants, results, comparison.mean_curves(variants))
+    results, _ = document.paired_results(variants, [(v, "softmax") for v in variants if v != "softmax"])
+    lines = plain_words.plain_words(variants, results, document.mean_curves(variants))
     return variants, results, lines
 
 
@@ -47,8 +48,8 @@ def _exact(correct, margins=None):
                               "max_prob": np.full(N_EXACT, 0.5), "loss": np.ones(N_EXACT)}
     fewer = functools.partial(paired.compare_pair, n_boot=100)  # the verdicts read t-intervals, not the bootstrap
     with mock.patch.object(paired, "compare_pair", fewer):
-        results, _ = comparison.paired_results(variants, [(v, "softmax") for v in correct if v != "softmax"], margins)
-    return variants, results, summary.plain_words(variants, results, comparison.mean_curves(variants))
+        results, _ = document.paired_results(variants, [(v, "softmax") for v in correct if v != "softmax"], margins)
+    return variants, results, plain_words.plain_words(variants, results, document.mean_curves(variants))
 
 
 def _keeps(variants, head):
@@ -62,7 +63,7 @@ def _verdict(results, head):
 
 
 def _table_cells(variants):
-    header, rows = comparison.summary_table(variants)
+    header, rows = document.summary_table(variants)
     return {(row[0], name): cell for row in rows for name, cell in zip(header[1:], row[1:])}
 
 
@@ -70,7 +71,7 @@ def _agrees_with_the_table(variants, lines):
     cells = _table_cells(variants)
     text = "\n".join(lines)
     for name in variants:
-        assert f"{name} {cells[(comparison.ECE_MEAN_LABEL, name)]}" in text  # the table's ECE cell, as shown
+        assert f"{name} {cells[(document.ECE_MEAN_LABEL, name)]}" in text  # the table's ECE cell, as shown
     for name in ("sparsemax",):
         assert f"keeps {cells[('support size mean', name)]}" in text
         assert f"{name} {cells[('support ε=0.1 mean set size', name)]} (coverage" in text
@@ -94,7 +95,7 @@ def test_no_difference_says_so_and_what_would_settle_it():
     assert not r["significant"] and "not significant" in results[0]["verdict"]
     assert lines[1].startswith("top-1: no head distinguishable from softmax at this budget of 2 epochs (3 seeds)")
     settle = next(line for line in lines if line.startswith("to settle it:"))
-    from evaluation.statistics import mdd_range_text, seeds_range_text
+    from comparison.analysis.statistics import mdd_range_text, seeds_range_text
 
     assert f"sparsemax {mdd_range_text(r)}" in settle and f"sparsemax {seeds_range_text(r)}" in settle
     assert mdd_range_text(r) in results[0]["verdict"] and seeds_range_text(r) in results[0]["verdict"]  # as the verdict
@@ -114,12 +115,12 @@ def test_one_seed_is_too_few_to_tell():
 
 def test_a_per_seed_difference_of_exactly_zero_is_named():
     r = {"difference": 0.01, "t_low": -0.02, "t_high": 0.04, "per_seed": [0.0, 0.02, 0.01], "n_seeds": 3}
-    assert summary._zero_note(r) == " (in 1 of 3 seeds the difference is exactly 0)"
+    assert plain_words._zero_note(r) == " (in 1 of 3 seeds the difference is exactly 0)"
 
 
 def test_no_pairs_still_describes_the_heads():
     variants = synthetic_variants({"sparsemax": ([0.9], CURVE)}, seeds=(0,), **SMALL)
-    lines = summary.plain_words(variants, [], comparison.mean_curves(variants))
+    lines = plain_words.plain_words(variants, [], document.mean_curves(variants))
     assert lines[1].startswith("prediction sets") and "against" not in lines[1] and lines[2].startswith("sparsity:")
     assert lines[0] == (f"On this data, sparsemax is the only head, so there is nothing to compare it with; "
                         f"it keeps {_keeps(variants, 'sparsemax')} of 10 classes on average.")
@@ -133,10 +134,10 @@ def test_the_report_opens_with_the_summary_and_shows_the_learned_alpha(tmp_path)
     for run, alpha in zip(variants["entmax_bisect"], (1.5644, 1.5712)):  # as eval.json gives a learned α
         run["result"].update(learn_alpha=True, alpha=alpha)
         run["flat"]["alpha"] = alpha
-    _, path, results = comparison.write_report(variants, str(tmp_path), "t", "cmd",
+    _, path, results = document.write_report(variants, str(tmp_path), "t", "cmd",
                                                pairs=[("entmax_bisect", "softmax")])
     md = open(path).read()
-    lines = summary.plain_words(variants, results, comparison.mean_curves(variants))
+    lines = plain_words.plain_words(variants, results, document.mean_curves(variants))
     assert md.index("## What this comparison found") < md.index("Command:") < md.index("| metric |")
     assert all(f"- {line}\n" in md for line in lines)
     assert "| α (learned) | n/a | 1.5678 ± 0.0048 |" in md  # mean ± s.d. over seeds
@@ -196,7 +197,7 @@ def test_without_a_top1_margin_the_t_interval_decides():
     variants, results, _ = _exact({"softmax": [320, 320, 320], "sparsemax": [321, 319, 320]})
     for res in results:
         del res["equivalence"]["top1"]  # as results without a top-1 margin would be
-    line = summary.bottom_line(variants, results)
+    line = plain_words.bottom_line(variants, results)
     assert not results[0]["across"]["top1"]["significant"]
     assert line.startswith("On this data, sparsemax is not distinguishable from softmax in accuracy with 3 seeds")
 
@@ -222,12 +223,12 @@ def test_a_head_at_chance_is_not_compared():
 
 def test_a_tuned_comparison_says_each_head_ran_its_tuned_settings():
     variants, results, _ = _exact({"softmax": [320, 320, 320], "sparsemax": [340, 344, 348]})
-    untuned = summary.bottom_line(variants, results)
-    token = summary.TUNED.set({"settings": ["optim.lr"], "complete": {"softmax": 5, "sparsemax": 5}})
+    untuned = plain_words.bottom_line(variants, results)
+    token = plain_words.TUNED.set({"settings": ["optim.lr"], "complete": {"softmax": 5, "sparsemax": 5}})
     try:
-        tuned = summary.bottom_line(variants, results)
+        tuned = plain_words.bottom_line(variants, results)
     finally:
-        summary.TUNED.reset(token)
+        plain_words.TUNED.reset(token)
     assert tuned == untuned.replace("On this data, ", "On this data, with each head's tuned settings, ")
 
 
@@ -241,9 +242,9 @@ def test_the_until_settled_design_gives_the_verdicts():
         for head, d in differences.items()]}
     assert [(c["state"], c["verdict"]) for c in doc["comparisons"]] == [("settled", "inferior"),
                                                                        ("last look", "undecided")]
-    with summary.sequential_verdicts(doc):
-        line = summary.plain_words(variants, results, comparison.mean_curves(variants))[0]
-    assert summary.SEQUENTIAL.get() is None
+    with plain_words.sequential_verdicts(doc):
+        line = plain_words.plain_words(variants, results, document.mean_curves(variants))[0]
+    assert plain_words.SEQUENTIAL.get() is None
     assert line == (f"On this data, by the until-settled design on top-1, sparsemax is less accurate than softmax "
                     f"(settled at 3 seeds) and keeps {_keeps(variants, 'sparsemax')} of 10 classes on average; "
                     f"entmax15 is not distinguishable from softmax in accuracy with 5 seeds (the design's last look) "
@@ -253,8 +254,8 @@ def test_the_until_settled_design_gives_the_verdicts():
                        cap=5),
         settle.outcome("entmax15", "softmax", sequential_decision([0.01], design), design, "top1", cap=5)]}
     assert [c["state"] for c in waiting["comparisons"]] == ["continues", "no look"]
-    with summary.sequential_verdicts(waiting):
-        line = summary.bottom_line(variants, results)
+    with plain_words.sequential_verdicts(waiting):
+        line = plain_words.bottom_line(variants, results)
     assert "sparsemax is not settled against softmax yet after 3 seeds" in line
     assert "entmax15 has too few seeds yet (1) for the design's first look against softmax" in line
     assert "no head was" not in line and "accurate" not in line
@@ -265,7 +266,7 @@ def test_a_design_on_ece_speaks_of_calibration():
     design = Design(margin=margin_as_difference("ece", 1.0), looks=(3, 5), higher_is_better=False, method="nominal-t")
     entry = settle.outcome("sparsemax", "softmax", sequential_decision([-0.03] * 3, design), design, "ece", cap=5)
     assert (entry["state"], entry["verdict"]) == ("settled", "superior")  # lower ECE is better
-    with summary.sequential_verdicts({"metric": "ece", "margin": 1.0, "comparisons": [entry]}):
-        line = summary.bottom_line(variants, results)
+    with plain_words.sequential_verdicts({"metric": "ece", "margin": 1.0, "comparisons": [entry]}):
+        line = plain_words.bottom_line(variants, results)
     assert line.startswith("On this data, by the until-settled design on ECE, sparsemax is better calibrated than "
                            "softmax (settled at 3 seeds) and keeps")

@@ -201,7 +201,7 @@ def _check_side_by_side(report, untuned_csv, tuned_csv):
     (runs.csv: eval.py's numbers; one seed each) and their difference."""
     import csv
 
-    from evaluation.statistics import METRIC_TABLE
+    from comparison.analysis.statistics import METRIC_TABLE
     from test_tuning_report import side_by_side_rows
 
     arms = [{r["variant"]: r for r in csv.DictReader(open(path))} for path in (untuned_csv, tuned_csv)]
@@ -312,14 +312,14 @@ def test_the_sampler_is_seeded_per_trial_number(tmp_path):
 
 
 def test_a_tuned_comparisons_plain_words_say_what_was_tuned(monkeypatch):
-    from evaluation import summary
+    from comparison.report import plain_words
 
     res = {"variant": "sparsemax", "baseline": "softmax", "learned": {},
            "across": {"top1": {"n_seeds": 3, "significant": False}}}
-    assert "tuning each head" in summary.settle_line([res], rising=True)
-    token = summary.TUNED.set({"settings": ["optim.lr", "head.k"], "complete": {"softmax": 5, "sparsemax": 5}})
+    assert "tuning each head" in plain_words.settle_line([res], rising=True)
+    token = plain_words.TUNED.set({"settings": ["optim.lr", "head.k"], "complete": {"softmax": 5, "sparsemax": 5}})
     try:
-        line = summary.settle_line([res], rising=True)
+        line = plain_words.settle_line([res], rising=True)
     finally:
-        summary.TUNED.reset(token)
+        plain_words.TUNED.reset(token)
     assert "tuning each head" not in line and "tuned already: optim.lr, head.k; 5 complete trials per head" in line

@@ -1,5 +1,5 @@
-"""The tuning section of compare_heads --tune's report (evaluation/tuning_report.py) on plain data:
-both arms' paired results made by evaluation/comparison.py from synthetic runs (tests/synthetic_comparison.py:
+"""The tuning section of compare_heads --tune's report (comparison/report/tuning_section.py) on plain data:
+both arms' paired results made by comparison/report/document.py from synthetic runs (tests/synthetic_comparison.py:
 no training) and a hand-made tuning summary (comparison/tuning_summary.py's shape). The real --tune
 run that writes one: tests/test_tune.py."""
 import re
@@ -7,9 +7,9 @@ import statistics
 
 import pytest
 
+from comparison.analysis.statistics import METRIC_TABLE, signed_points
+from comparison.report import document, tuning_section
 from comparison.tuning import shown_settings
-from evaluation import comparison, tuning_report
-from evaluation.statistics import METRIC_TABLE, signed_points
 from synthetic_comparison import synthetic_variants
 
 MINUS = "\u2212"
@@ -41,14 +41,14 @@ def section(tmp_path_factory):
     """(markdown, untuned variants, tuned variants, untuned results, tuned results, report folder)."""
     untuned = synthetic_variants(UNTUNED, **SIZES)
     tuned = synthetic_variants(TUNED, **SIZES)
-    untuned_res, tuned_res = (comparison.paired_results(v, PAIRS)[0] for v in (untuned, tuned))
-    few, enough = tuning_report.MIN_TRIALS_FOR_IMPORTANCE - 1, tuning_report.MIN_TRIALS_FOR_IMPORTANCE
+    untuned_res, tuned_res = (document.paired_results(v, PAIRS)[0] for v in (untuned, tuned))
+    few, enough = tuning_section.MIN_TRIALS_FOR_IMPORTANCE - 1, tuning_section.MIN_TRIALS_FOR_IMPORTANCE
     summary = {"timing": None, "tune_split": TUNE_SPLIT,
                "variants": {"softmax": _variant(few, {"optim.lr": 0.7, "optim.weight_decay": 0.3}),
                             "sparsemax": _variant(enough, {"optim.lr": 0.6, "optim.weight_decay": 0.4}),
                             "entmax15": _variant(2, None)}}
     out = tmp_path_factory.mktemp("tuned")
-    lines = tuning_report.tuning_section(summary, tuned_res, untuned_res, str(out), "untuned/report.md", "median")
+    lines = tuning_section.tuning_section(summary, tuned_res, untuned_res, str(out), "untuned/report.md", "median")
     return "\n".join(lines), untuned, tuned, untuned_res, tuned_res, out
 
 
@@ -91,7 +91,7 @@ def test_one_short_line_per_verdict_with_what_changed_and_both_intervals(section
              for arm, e in (("untuned", before), ("tuned", after))}
     assert line.endswith(f"; untuned {shown['untuned']}, tuned {shown['tuned']}")
     assert len(line) < 140 and "Tuning changed 1 of 1 verdict(s)" in markdown
-    assert tuning_report.verdict_lines(tuned_res, tuned_res) == [
+    assert tuning_section.verdict_lines(tuned_res, tuned_res) == [
         f"- sparsemax − softmax: same: within training noise; untuned {shown['tuned']}, "
         f"tuned {shown['tuned']}"]
 
@@ -107,7 +107,7 @@ def test_the_tune_splits_size_and_settings_to_four_significant_digits(section):
 
 def test_an_importance_plot_from_few_complete_trials_has_a_caveat(section):
     markdown, out = section[0], section[5]
-    few = tuning_report.MIN_TRIALS_FOR_IMPORTANCE - 1
+    few = tuning_section.MIN_TRIALS_FOR_IMPORTANCE - 1
     assert f"- softmax: caveat: this importance plot is fitted to {few} complete trials" in markdown
     assert "- sparsemax: caveat" not in markdown and "- entmax15: no importance plot" in markdown
     assert {p.name for p in out.iterdir()} == {"tuning_softmax_history.png", "tuning_softmax_importance.png",

@@ -18,8 +18,8 @@ import compare_heads  # scripts/ is on sys.path (tests/conftest.py)
 from common import rundir
 from common.errors import UserError
 from comparison import settle
+from comparison.analysis.sequential import Decision, Design, Interval
 from evaluation.examples import save_examples
-from evaluation.sequential import Decision, Design, Interval
 from test_compare import TINY_CONFIG, fake_steps, time_runs, tiny_comparison
 
 HEADS = ("softmax", "sparsemax", "entmax15")
@@ -60,7 +60,7 @@ def _fake_call(calls, source_runs):
 
 @pytest.fixture()
 def sandbox(tmp_path, monkeypatch):
-    from evaluation import plots
+    from comparison.report import plots
 
     source, _ = tiny_comparison()
     (tmp_path / "tiny.yaml").write_text(TINY_CONFIG)

@@ -1,7 +1,7 @@
 """Sanity checks a head comparison states before its verdicts: did the head learn anything, is a
 coverage below 1 − ε more than sampling spread, did the training budget end before convergence.
 
-Pure functions of numbers (no I/O); evaluation/comparison.py turns them into report lines.
+Pure functions of numbers (no I/O); comparison/report/document.py turns them into report lines.
 
 Chance. The best constant guess is right on the most frequent validation class, a fraction c of the
 images (1/K on balanced classes). A head whose top-1, pooled over its S·n (seed, image) rows, is not

@@ -1,5 +1,5 @@
 """The hand-off to the report: which folder it goes to (and that the folder is this comparison's),
-the finished runs it is written from (evaluation/comparison.py writes it), --until-settled's section
+the finished runs it is written from (document.py writes it), --until-settled's section
 (the look each head stopped at and why: report.md and summary.json), and what the terminal shows of
 it: the table, the verdicts, the sanity checks and the plain-words summary."""
 import json
@@ -54,15 +54,15 @@ def write_comparison_report(plan, commands, args, pairs, stem, command, report_d
     """Report the finished runs (naming the missing ones) and print its table and sentences;
     -> (report.md path, missing run dirs, paired results). `sequential`: --until-settled's outcome
     (comparison/settle.Looks.document), added to report.md and summary.json; the plain words' bottom
-    line then reads its verdicts (evaluation/summary.py's SEQUENTIAL)."""
-    from evaluation import comparison, summary
+    line then reads its verdicts (plain_words.py's SEQUENTIAL)."""
+    from comparison.report import document, plain_words
 
     weights = "ema" if args.ema else "raw"
     variants, missing = {}, []
     for name, seed, run_dir, _ in plan:
         if all(commands.status(run_dir)):
             variants.setdefault(name, []).append(
-                comparison.load_run(run_dir, commands.eval_file, weights=weights, seed=seed))
+                document.load_run(run_dir, commands.eval_file, weights=weights, seed=seed))
         else:
             missing.append(run_dir)
     if not variants:
@@ -75,16 +75,16 @@ def write_comparison_report(plan, commands, args, pairs, stem, command, report_d
     calib = (first.get("prediction_sets") or {}).get("calibration") or {}
     notes = [calib["note"]] if calib.get("note") else []
     pairs = [(a, b) for a, b in pairs if a in variants and b in variants]
-    with summary.sequential_verdicts(sequential), \
+    with plain_words.sequential_verdicts(sequential), \
             RunLock(report_dir, purpose="compare_heads report"):  # one writer of the report folder
         check_report_dir(report_dir, runs_dir, args.overwrite, record=True)
-        table, path, paired_results = comparison.write_report(
+        table, path, paired_results = document.write_report(
             variants, report_dir, f"Head comparison: {stem}{title_note}", command, weights=weights,
             notes=notes, pairs=pairs, missing=missing, margins=args.margins)
         if sequential is not None:
             add_sequential(report_dir, sequential)
     print(f"\n{table}\n")
-    with summary.sequential_verdicts(sequential):
+    with plain_words.sequential_verdicts(sequential):
         say_conclusions(variants, paired_results)
     if sequential is not None:
         print("Until settled (sequential design; report.md's section says how to read it):")
@@ -95,7 +95,9 @@ def write_comparison_report(plan, commands, args, pairs, stem, command, report_d
 def add_sequential(report_dir, doc):
     """--until-settled's outcome into the report: summary.json's "sequential", and report.md's section
     before the equivalence verdicts (which read the same seeds as a fixed design would)."""
-    summary_path = os.path.join(report_dir, "summary.json")
+    from comparison.report.document import SUMMARY_FILE
+
+    summary_path = os.path.join(report_dir, SUMMARY_FILE)
     write_json({**read_json(summary_path), "sequential": doc}, summary_path)
     path = os.path.join(report_dir, "report.md")
     with open(path) as f:
@@ -108,9 +110,9 @@ def add_sequential(report_dir, doc):
 
 def sequential_section(doc):
     """Markdown lines: how the seeds were added, then one row and one sentence per head."""
-    from evaluation.equivalence import margin_text
-    from evaluation.report import markdown_table
-    from evaluation.statistics import METRIC_TABLE
+    from comparison.analysis.equivalence import margin_text
+    from comparison.analysis.statistics import METRIC_TABLE
+    from evaluation.tables import markdown_table
 
     design, metric = doc["design"], doc["metric"]
     label, looks = METRIC_TABLE[metric].label, ", ".join(map(str, design["looks"]))
@@ -122,7 +124,7 @@ def sequential_section(doc):
             f"Seeds were added in looks (at {looks} seeds; this run up to {doc['max_seeds_now']}) until each "
             f"head's question against its reference was settled on {label} against the "
             f"{margin_text(metric, design['margin'])} margin: the group-sequential design of "
-            f"evaluation/sequential.py (Lan–DeMets O'Brien–Fleming-type α-spending on the paired t statistic, "
+            f"comparison/analysis/sequential.py (Lan–DeMets O'Brien–Fleming-type α-spending on the paired t statistic, "
             f"{design['method']} boundaries, α = {100 * alpha:g}% per head, not adjusted across heads), recorded in "
             f"`{doc['design_file']}`. A head stops at the first look where its repeated confidence interval (its "
             f"level holds at every look at once) shows it superior or inferior (the {100 * (1 - alpha):g}% "
@@ -136,7 +138,7 @@ def sequential_section(doc):
 
 def _sequential_row(entry, metric):
     """One head's row: the look it stopped at, its seeds, verdict, repeated interval and state."""
-    from evaluation.equivalence import format_difference, with_unit
+    from comparison.analysis.equivalence import format_difference, with_unit
 
     def end(x, sign):
         return sign + "∞" if x is None or math.isinf(x) else format_difference(metric, x)  # JSON's ∞: None
@@ -151,9 +153,9 @@ def _sequential_row(entry, metric):
 
 def say_conclusions(variants, paired_results):
     """The verdicts and sanity checks, then the plain-words summary: what a user takes away."""
-    from evaluation import comparison, summary
+    from comparison.report import document, plain_words
 
-    verdicts, checks = comparison.verdict_lines(variants, paired_results)
+    verdicts, checks = document.verdict_lines(variants, paired_results)
     if verdicts:
         print("Verdicts (across trainings: would another training differ too? details and the numbers given "
               "these trainings in report.md):")
@@ -161,7 +163,7 @@ def say_conclusions(variants, paired_results):
     if checks:
         print("Sanity checks:")
         print("\n".join(f"- {c}" for c in checks))
-    print(f"\n{summary.HEADER}")  # last: what a user takes away, derived from the numbers above
-    print("\n".join(f"- {line}" for line in summary.plain_words(variants, paired_results,
-                                                                comparison.mean_curves(variants))))
+    print(f"\n{plain_words.HEADER}")  # last: what a user takes away, derived from the numbers above
+    print("\n".join(f"- {line}" for line in plain_words.plain_words(variants, paired_results,
+                                                                    document.mean_curves(variants))))
     print()

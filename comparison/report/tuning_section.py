@@ -4,16 +4,17 @@ head's untuned and tuned values side by side, one line per verdict saying whethe
 (with both arms' intervals), and the plots.
 
 Input is plain data (comparison/tuning_summary.py, the paired results of both arms' comparisons:
-evaluation/comparison.py's paired_results), so this module knows nothing of Optuna or the runs.
+document.py's paired_results), so this module knows nothing of Optuna or the runs.
 """
 import os
 
 from common.io import atomic_write_text
+from comparison.analysis.equivalence import format_difference, with_unit
+from comparison.analysis.statistics import METRIC_TABLE
+from evaluation import tables
 
-from . import plots, report
-from .comparison import interval_cell
-from .equivalence import format_difference, with_unit
-from .statistics import METRIC_TABLE
+from . import plots
+from .document import interval_cell
 
 # Optuna's fANOVA fits a random forest to the complete trials' settings and scores: with fewer
 # trials than this its shares are mostly noise, so the report says so beside the plot.
@@ -75,7 +76,7 @@ def head_values(results):
 
 def _value(metric, value):
     """A value in the units its differences are written in (top-1 and ECE in %, the loss in its own)."""
-    return report.format_value(value, "pct" if METRIC_TABLE[metric].in_points else "f4")
+    return tables.format_value(value, "pct" if METRIC_TABLE[metric].in_points else "f4")
 
 
 def _metric_heading(metric):
@@ -109,7 +110,7 @@ def side_by_side(tuned, untuned):
                  with_unit(metric, format_difference(metric, after[h][metric] - before[h][metric]))]
                 for h in heads if metric in before[h] and metric in after[h]]
         if rows:
-            lines += [_metric_heading(metric), "", report.markdown_table(header, rows), ""]
+            lines += [_metric_heading(metric), "", tables.markdown_table(header, rows), ""]
     return lines
 
 
@@ -168,7 +169,7 @@ def trials_table(variants):
         rows.append([name, v["config_settings"]["text"] or "—", (best["text"] or "—") if best else "—",
                      f"{100 * best['value']:.2f}% (trial {best['number']})" if best else "—",
                      _counts(v["trials"]), f"{trained} of {len(finished) * v['budget_epochs']}"])
-    return [report.markdown_table(header, rows), ""]
+    return [tables.markdown_table(header, rows), ""]
 
 
 def plot_lines(name, v, report_dir):

@@ -6,7 +6,7 @@ claim follows the same rule as the verdicts: a difference is called a win only w
 t-interval over seeds excludes 0; otherwise the line says the heads are not distinguishable at
 this budget and what would settle it (more seeds, a longer run, tuning). Not distinguishable is not
 the same as equally good: the margin lines say, per metric with a margin, whether each head is
-within ±δ of its baseline (TOST), non-inferior, better, worse or undecided (evaluation/equivalence.py,
+within ±δ of its baseline (TOST), non-inferior, better, worse or undecided (comparison/analysis/equivalence.py,
 the sentences the report's equivalence section gives). Nothing here is a fixed conclusion: with other
 numbers the sentences change.
 
@@ -20,10 +20,10 @@ import contextlib
 import contextvars
 from typing import NamedTuple
 
+from comparison.analysis import equivalence, sanity
+from comparison.analysis.statistics import METRIC_TABLE, mdd_range_text, seeds_range_text, signed_points, two_figures
+from evaluation import tables
 from models.registry import is_sparse
-
-from . import equivalence, report, sanity
-from .statistics import METRIC_TABLE, mdd_range_text, seeds_range_text, signed_points, two_figures
 
 MINUS = "\u2212"
 
@@ -33,7 +33,7 @@ HEADER = "In plain words (from the numbers above; 'across trainings' = would ano
 
 def _cell(runs, key, fmt):
     """A metric of one variant as the table shows it (mean ± s.d. over seeds)."""
-    return report.format_mean_std([r["flat"].get(key) for r in runs], fmt)
+    return tables.format_mean_std([r["flat"].get(key) for r in runs], fmt)
 
 
 def _mean(runs, key):
@@ -203,7 +203,7 @@ def budget_text(variants, curves):
 
 
 # ---- the bottom line ---------------------------------------------------------------------------------------
-# compare_heads --until-settled sets it around its report (comparison/report.py): the sequential design's
+# compare_heads --until-settled sets it around its report (comparison/report/write.py): the sequential design's
 # outcome (comparison/settle.Looks.document); its verdicts are the comparison's.
 SEQUENTIAL = contextvars.ContextVar("sequential", default=None)
 

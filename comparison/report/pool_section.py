@@ -9,9 +9,10 @@ import os
 
 from common import rundir
 from data.classes import load_class_names
+from evaluation import tables
+from evaluation.pool_support import load_pool_maps
 
-from . import plots, report
-from .pool_support import load_pool_maps
+from . import plots
 
 
 def run_pool_maps(run_dir, eval_file, result):
@@ -64,16 +65,16 @@ def pool_section(variants, report_dir):
         hist = [sum(h) for h in zip(*(r["result"]["pooling"]["support_hist"] for r in runs))]
         spread = ", ".join(f"{i + 1}: {c}" for i, c in enumerate(hist) if c)
         rows.append([variant, first["mapping"], str(first["num_patches"]), str(len(runs)),
-                     report.format_mean_std([r["result"]["pooling"]["support_mean"] for r in runs], "f2"),
-                     report.format_mean_std([r["result"]["pooling"]["support_median"] for r in runs], "f1"),
-                     report.format_mean_std([r["result"]["pooling"]["support_fraction_mean"] for r in runs], "pct"),
+                     tables.format_mean_std([r["result"]["pooling"]["support_mean"] for r in runs], "f2"),
+                     tables.format_mean_std([r["result"]["pooling"]["support_median"] for r in runs], "f1"),
+                     tables.format_mean_std([r["result"]["pooling"]["support_fraction_mean"] for r in runs], "pct"),
                      spread if len(spread) <= 120 else spread[:117] + "..."])
     lines = ["## Hopfield pooling support", "",
              "model.pool=hopfield pools the final patch tokens with weights entmax(β X q) over the patches; a "
              "patch is used by an image when its weight is > 0 (any pooling head). Support: patches used per "
              "validation image (eval.py, the same forward pass as the metrics), mean ± std over seeds; the "
              "histogram pools the seeds (support: images).", "",
-             report.markdown_table(header, rows), ""]
+             tables.markdown_table(header, rows), ""]
     maps = map_rows(variants)
     if maps:
         plots.plot_pool_support_maps(maps, os.path.join(report_dir, plots.POOL_MAPS_FILE))

@@ -72,7 +72,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-ECE_BINS = 15  # equal-width confidence bins of every ECE (evaluation/metrics.py computes it)
+from evaluation.ece_bins import ECE_BINS  # the bins of every ECE (evaluation/metrics.py's too)
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ class Metric:
     differences read as percentage points (a fraction) or in its own units, the decimals a
     sentence gives them, whether a higher value is better, and the default equivalence margin δ
     of its head − reference difference in the units its differences read in (points when
-    in_points; None: no equivalence verdict unless a margin is given; evaluation/equivalence.py)."""
+    in_points; None: no equivalence verdict unless a margin is given; comparison/analysis/equivalence.py)."""
 
     label: str
     needs: Tuple[str, ...]
@@ -91,7 +91,7 @@ class Metric:
     margin: Optional[float]
 
 
-# The compared metrics, in report order (results, tables and sentences of evaluation/paired.py).
+# The compared metrics, in report order (results, tables and sentences of comparison/analysis/paired.py).
 # The margins are judgements of what difference does not matter, not statistics; each is stated in
 # the report, and `--margin METRIC=δ` (equivalence.parse_margins) replaces it:
 #   top-1 0.5 pt: below the gains usually reported for a changed head or recipe on CIFAR-scale image

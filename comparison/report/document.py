@@ -6,14 +6,13 @@ each holding train.py's summary.json / metrics.jsonl and eval.py's JSON with its
 single seed shows the value alone). Sections: the metric table; the verdicts (one sentence per
 variant against its baseline, across trainings) with the sanity lines (a head at chance, a
 conformal coverage below 1 − ε against its finite-sample band, a budget that ended while validation
-accuracy was still rising: evaluation/sanity.py) and the validation curves; the equivalence and
-non-inferiority verdicts against a margin per metric (evaluation/equivalence.py; also in summary.json,
-machine-readable); paired differences of
-each variant against its baseline, across trainings and given these trainings (evaluation/paired.py);
-selective prediction (evaluation/selective_report.py); OOD detection when the runs were evaluated
-with an OOD set (evaluation/ood_report.py; on cached features the scores that read no head output
-once, not per head); the pooling support and its maps for hopfield-pooled
-runs (evaluation/pool_report.py); plots.
+accuracy was still rising: comparison/analysis/sanity.py) and the validation curves; the equivalence and
+non-inferiority verdicts against a margin per metric (comparison/analysis/equivalence.py; also in
+summary.json, machine-readable); paired differences of each variant against its baseline, across
+trainings and given these trainings (comparison/analysis/paired.py); selective prediction
+(selective_section.py); OOD detection when the runs were evaluated with an OOD set (ood_section.py; on
+cached features the scores that read no head output once, not per head); the pooling support and its
+maps for hopfield-pooled runs (pool_section.py); plots.
 
 Numbers shown twice come from one place: the accuracy plot's last point is the table's top-1 (both
 fp32 evaluations of the same weights; a mismatch is reported), the risk-coverage plot and the AURC
@@ -26,12 +25,15 @@ import statistics
 
 from common import rundir
 from common.io import atomic_write_text, prepare_output, read_json, write_json
+from comparison.analysis import equivalence, paired, sanity
+from comparison.analysis.statistics import METRIC_TABLE, signed_points
+from evaluation import metrics, tables
+from evaluation.examples import load_examples
 from models.registry import is_sparse
 
-from . import equivalence, metrics, ood_report, paired, plots, pool_report, report, sanity, selective_report, summary
-from .examples import load_examples
-from .ood_table import score_label
-from .statistics import METRIC_TABLE, sign_flip_p_value, signed_points, t_interval
+from . import plain_words, plots, pool_section
+from .ood_section import ood_section
+from .selective_section import selective_section
 
 TRAIN_COLUMNS = [
     ("train_time_s", "train time (s)", "f1"),
@@ -39,7 +41,7 @@ TRAIN_COLUMNS = [
 ]
 ECE_MEAN_LABEL = "ECE (15 bins), mean of per-run"
 ECE_POOLED_LABEL = "ECE (15 bins), pooled over seeds"
-SAME_TOLERANCE = 1e-9  # AUROC / FPR of the same scores: equal up to float rounding
+SUMMARY_FILE = "summary.json"  # in the report folder: the verdicts, machine-readable (summary_document)
 LOAD_NOTE = ("Train times and img/s depend on what else the machine was running: compare them only "
              "between runs made at the same time on an otherwise idle machine.")
 
@@ -78,7 +80,7 @@ def load_run(run_dir, eval_file, weights="raw", seed=None):
     (numpy arrays, None when the run's eval wrote none)."""
     result = read_json(os.path.join(run_dir, eval_file))
     summary = read_json(os.path.join(run_dir, rundir.SUMMARY))
-    flat = report.flatten_metrics(result)
+    flat = tables.flatten_metrics(result)
     flat["train_time_s"] = summary.get("train_time_s")
     flat["train_img_per_s"] = summary.get("img_per_s")
     curve = {}
@@ -92,7 +94,7 @@ def load_run(run_dir, eval_file, weights="raw", seed=None):
     if os.path.isfile(path):
         records = {k: v.numpy() for k, v in load_examples(path)[0].items()}
     return {"run_dir": run_dir, "seed": seed, "result": result, "flat": flat, "curve": sorted(curve.items()),
-            "records": records, "pool_maps": pool_report.run_pool_maps(run_dir, eval_file, result)}
+            "records": records, "pool_maps": pool_section.run_pool_maps(run_dir, eval_file, result)}
 
 
 def _mean_std(values):
@@ -119,12 +121,12 @@ def table_columns(variants):
     """Every metric column that applies to at least one variant, in display order (ECE: the mean of
     the per-run ECEs; summary_table adds the pooled ECE after it)."""
     methods, epsilons = _prediction_set_layout(variants)
-    cols = [(k, ECE_MEAN_LABEL if k == "ece" else label, fmt) for k, label, fmt in report.METRIC_COLUMNS]
+    cols = [(k, ECE_MEAN_LABEL if k == "ece" else label, fmt) for k, label, fmt in tables.METRIC_COLUMNS]
     if any(r["result"].get("learn_alpha") for runs in variants.values() for r in runs):
-        cols.insert(0, report.ALPHA_COLUMN)  # mean ± s.d. here; each run's in learned_alpha_section
+        cols.insert(0, tables.ALPHA_COLUMN)  # mean ± s.d. here; each run's in learned_alpha_section
     pooled = any(r["result"].get("pooling") for runs in variants.values() for r in runs)  # model.pool=hopfield
-    return cols + (report.POOL_COLUMNS if pooled else []) + report.prediction_set_columns(methods, epsilons) \
-        + TRAIN_COLUMNS + report.SPEED_COLUMNS
+    return cols + (tables.POOL_COLUMNS if pooled else []) + tables.prediction_set_columns(methods, epsilons) \
+        + TRAIN_COLUMNS + tables.SPEED_COLUMNS
 
 
 def pooled_reliability(runs):
@@ -147,11 +149,11 @@ def summary_table(variants):
     header = ["metric"] + names
     rows = [["seeds"] + [str(len(variants[v])) for v in names]]
     for key, label, fmt in table_columns(variants):
-        cells = [report.format_mean_std([r["flat"].get(key) for r in variants[v]
+        cells = [tables.format_mean_std([r["flat"].get(key) for r in variants[v]
                                          if key != "alpha" or r["result"].get("learn_alpha")], fmt) for v in names]
         rows.append([label] + cells)
         if key == "ece":
-            rows.append([ECE_POOLED_LABEL] + [report.format_value(pooled_reliability(variants[v])["ece"], "f4")
+            rows.append([ECE_POOLED_LABEL] + [tables.format_value(pooled_reliability(variants[v])["ece"], "f4")
                                               for v in names])
     return header, rows
 
@@ -234,7 +236,7 @@ def chosen_margins(margins=None):
 def add_equivalence(results, margins=None, multiplicity=equivalence.MULTIPLICITY):
     """res["equivalence"] = {metric: verdict} for every pair and metric with a margin, from the
     across-trainings per-seed differences at the comparison's α (1 − their level); one Holm family per
-    baseline, metric and kind of claim (evaluation/equivalence.py). A pair where a head learned nothing
+    baseline, metric and kind of claim (comparison/analysis/equivalence.py). A pair where a head learned nothing
     gets none (its verdict is "no comparison"); one seed gives an undecided one."""
     for res in results:
         res["equivalence"] = {}
@@ -277,7 +279,7 @@ def paired_section(results, skipped, pairs):
                   "poorly, so both are ranges over its 95% χ² interval (with 3 seeds that interval spans a factor "
                   "of 12); the observed mean is not the true difference either: plan seeds from a pilot. The "
                   "verdicts above use this table's top-1 t-interval.", "",
-                  report.markdown_table(header, rows), ""]
+                  tables.markdown_table(header, rows), ""]
         header, rows = paired.markdown_rows(results)
         lines += ["### (b) Given these trainings (conditional on the seeds)", "",
                   f"Paired bootstrap ({paired.N_BOOT} resamples of validation examples, one draw shared by every "
@@ -285,7 +287,7 @@ def paired_section(results, skipped, pairs):
                   "top-1 correctness (discordant pairs summed over seeds, which treats the seeds' answers on one "
                   "image as independent: anti-conservative). Both hold the trainings fixed: they answer \"on "
                   "these validation images, for these trainings\", not whether another training would differ.",
-                  "", report.markdown_table(header, rows), ""]
+                  "", tables.markdown_table(header, rows), ""]
         for res in results:
             lines += [f"- {s}" for s in res["sentences"]]
         lines.append("")
@@ -361,7 +363,7 @@ def equivalence_section(results):
             "lower for ECE and loss. Normal per-seed differences assumed; the noise is the seed-to-seed "
             "training noise with each seed's validation sample.", "",
             margins_line(results), "", control_line(results), "",
-            report.markdown_table(header, rows), ""] + [f"- {s}" for s in sentences] + [""]
+            tables.markdown_table(header, rows), ""] + [f"- {s}" for s in sentences] + [""]
 
 
 def interval_cell(metric, interval):
@@ -506,118 +508,6 @@ def verdict_section(verdicts, checks):
     return lines
 
 
-def selective_section(variants):
-    """(markdown lines, plot curves) of risk-coverage per variant and confidence."""
-    header = ["variant", "confidence", "AURC", "E-AURC"] + [f"risk @ {100 * c:g}% coverage"
-                                                             for c in selective_report.COVERAGES]
-    rows, curves = [], {}
-    for variant, runs in variants.items():
-        recs = [r["records"] for r in runs if r["records"] is not None]
-        if not recs:
-            continue
-        for name, entry in selective_report.pooled(recs, runs[0]["result"]["head"]).items():
-            curves[(variant, name)] = entry["curve"]
-            rows.append([variant, selective_report.CONFIDENCE_LABELS[name],
-                         report.format_mean_std(entry["aurc"], "f4"), report.format_mean_std(entry["e_aurc"], "f4")]
-                        + [report.format_mean_std(entry["risk"][c], "pct") for c in selective_report.COVERAGES])
-    if not rows:
-        return [], curves
-    lines = ["## Selective prediction", "",
-             "Answer the most confident examples, abstain on the rest: selective risk (error rate among "
-             "the answered) at each coverage, and its area AURC (lower is better; E-AURC = AURC minus the "
-             "oracle's, comparable across accuracies; Geifman et al., ICLR 2019). Sparse heads also rank "
-             "by 1/support size (ties broken by max probability). Mean ± std over seeds; the plot shows "
-             "the same per-seed curves averaged.", "",
-             report.markdown_table(header, rows), "",
-             f"![Risk–coverage]({plots.PLOT_FILES['risk_coverage']})", ""]
-    return lines, curves
-
-
-def ood_section(variants):
-    """(markdown lines, pooled histograms, OOD set name) when the runs carry OOD results. On cached
-    features the head-free scores are one table of their own, once for every head (shared_ood_lines)."""
-    rows, hists, names = [], {}, set()
-    shared = ood_report.shared_feature_scores([(r["seed"], r["result"]) for runs in variants.values() for r in runs
-                                               if r["result"].get("ood")])
-    for variant, runs in variants.items():
-        oods = [r["result"]["ood"] for r in runs if r["result"].get("ood")]
-        if not oods:
-            continue
-        names.update(f"{o['source']} (cached features)" if o.get("source") else o["dataset"] for o in oods)
-        hists[variant] = ood_report.pooled_histograms(oods)
-        for score in (s for s in oods[0]["scores"] if s not in shared):
-            rows.append([variant, score_label(score),
-                         report.format_mean_std([o["scores"][score]["auroc"] for o in oods], "pct"),
-                         report.format_mean_std([o["scores"][score]["fpr_at_tpr"] for o in oods], "pct"),
-                         auroc_difference_text(oods, score)])
-    if not rows:
-        return [], hists, None
-    name = ", ".join(sorted(names))
-    first = next(r["result"]["ood"] for runs in variants.values() for r in runs if r["result"].get("ood"))
-    lines = ["## Out-of-distribution detection", "",
-             f"In-distribution: the evaluated split (n={first['n_in']} per run); OOD: {name} "
-             f"(n={first['n_out']}). AUROC (higher is better; 50% = chance) and FPR at 95% TPR (the "
-             "fraction of OOD images accepted when 95% of in-distribution images are; lower is better) "
-             "for each score: max probability and entropy (Hendrycks & Gimpel, ICLR 2017) and, for "
-             "sparse heads, support size; energy and max logit; with a feature memory (eval.py "
-             "--ood-memory) minus the modern-Hopfield energy (E = −lse_β(Xξ) + ½‖ξ‖², Ramsauer et al., "
-             "ICLR 2021) and minus its sparsemax / 1.5-entmax counterparts, the retrieval support (how "
-             "many stored patterns a sparsemax retrieval keeps; more = more in-distribution), SHE and kNN "
-             "(evaluation/ood_scores.py). Mean ± std over seeds; histograms pool the seeds. Δ AUROC vs "
-             "max prob: the mean over seeds of each run's difference to its own max-probability AUROC, "
-             "with a 95% t-interval and the exact sign-flip p over the seeds, so it includes seed-to-seed "
-             "training noise (the smallest p S seeds can give is 2/2^S: 0.25 at 3; one seed: the "
-             "difference alone).", "",
-             report.markdown_table(["variant", "score", "AUROC", "FPR@95%TPR", "Δ AUROC vs max prob"], rows), "",
-             *shared_ood_lines(shared),
-             f"![OOD score histograms]({plots.PLOT_FILES['ood']})", ""]
-    return lines, hists, name
-
-
-def _once(values):
-    """The per-seed values as format_mean_std should see them: one value when every seed gave it."""
-    return values[:1] if max(values) - min(values) <= SAME_TOLERANCE else values
-
-
-def shared_ood_lines(shared):
-    """Markdown lines of the head-free scores on cached features (ood_report.shared_feature_scores), or []."""
-    if not shared:
-        return []
-    rows = [[score_label(score), report.format_mean_std(_once(e["auroc"]), "pct"),
-             report.format_mean_std(_once(e["fpr_at_tpr"]), "pct")] for score, e in shared.items()]
-    spread = max(e["head_spread"] for e in shared.values())
-    by_seed = any(len(_once(e[key])) > 1 for e in shared.values() for key in ("auroc", "fpr_at_tpr"))
-    seeds = ("Mean ± std over seeds where the seeds differ: a memory subsampled with each run's seed (eval.py "
-             "--ood-memory N), so the std is the subsample's, with no training noise in it. " if by_seed else
-             "Every head and seed gave the same value (the whole training split as memory). ")
-    lines = ["Scores of the cached features alone, the same for every head: on cached features "
-             "(data.dataset=features) the evaluated split, the OOD set and the memory are the backbone's "
-             "features for every run, and these scores read no head output, so they are shown once, not per "
-             f"head. {seeds}No Δ AUROC vs max prob: against the same number for every run, its interval and p "
-             "would measure max probability's seed-to-seed noise alone. SHE reads the head's predicted classes "
-             "and stays in the table above.", "",
-             report.markdown_table(["score (every head)", "AUROC", "FPR@95%TPR"], rows), ""]
-    if spread > SAME_TOLERANCE:  # the premise failed: say so rather than hide it in a mean
-        lines += [f"Note: the heads' values of one seed differ by up to {100 * spread:.2g} pt; the table shows "
-                  "their mean.", ""]
-    return lines
-
-
-def auroc_difference_text(oods, score, base="max_prob"):
-    """AUROC(score) − AUROC(base) per run (seed), summarised across the seeds (see ood_section)."""
-    if score == base:
-        return "—"
-    diffs = [o["scores"][score]["auroc"] - o["scores"][base]["auroc"] for o in oods
-             if score in o["scores"] and base in o["scores"]]
-    if not diffs:
-        return "n/a"
-    mean, _, low, high = t_interval(diffs)
-    if len(diffs) < 2:
-        return f"{signed_points(mean)} pt (1 seed)"
-    return (f"{signed_points(mean)} pt [{signed_points(low)}, {signed_points(high)}], "
-            f"p={sign_flip_p_value(diffs):.2g}")
-
-
 def degenerate_notes(variants):
     """One line per (variant, ε) whose support calibration gave T = 0 in some seed."""
     notes = []
@@ -649,7 +539,7 @@ def write_report(variants, report_dir, title, command, weights="raw", notes=(), 
     variants: {name: [load_run(...)]}; pairs: [(variant, baseline variant)] for the paired statistics;
     missing: planned run directories without results (named in the report); margins: {metric: δ} over
     the metric table's defaults (equivalence.parse_margins of --margin); multiplicity: "holm" or "none"
-    across the heads (evaluation/equivalence.py). Returns (table text, report.md path, paired results)."""
+    across the heads (comparison/analysis/equivalence.py). Returns (table text, report.md path, paired results)."""
     prepare_output(report_dir, folder=True)
     header, rows = summary_table(variants)
     acc_curves, hists, diagrams, cov_curves, points = _plot_inputs(variants)
@@ -672,28 +562,28 @@ def write_report(variants, report_dir, title, command, weights="raw", notes=(), 
     for variant, runs in variants.items():
         for run in runs:
             run_rows.append({"variant": variant, "seed": run["seed"], "run_dir": run["run_dir"], **run["flat"]})
-    report.write_csv(run_rows, os.path.join(report_dir, "runs.csv"))
-    report.write_csv([dict(zip(header, r)) for r in rows], os.path.join(report_dir, "summary.csv"))
+    tables.write_csv(run_rows, os.path.join(report_dir, "runs.csv"))
+    tables.write_csv([dict(zip(header, r)) for r in rows], os.path.join(report_dir, "summary.csv"))
     write_json(paired_res, os.path.join(report_dir, "paired_statistics.json"))
-    found = summary.plain_words(variants, paired_res, mean_curves(variants))
-    write_json(summary_document(paired_res, found), os.path.join(report_dir, "summary.json"))
+    found = plain_words.plain_words(variants, paired_res, mean_curves(variants))
+    write_json(summary_document(paired_res, found), os.path.join(report_dir, SUMMARY_FILE))
 
     first = next(iter(variants.values()))[0]["result"]
     calib = (first.get("prediction_sets") or {}).get("calibration") or {}
     lines = [
         f"# {title}", "",
-        *summary.section(found),
+        *plain_words.section(found),
         f"Command: `{command}`", "",
         f"Dataset: {first['dataset']} ({first['split']} split, n={first['n']} per run), "
         f"model {first['model']}, {weights} weights. Cells are mean ± std over seeds; every number is "
         f"eval.py's float32 evaluation. Two ECEs: the mean of each run's ECE, and the ECE of all seeds' "
         f"examples binned together (the reliability plot's).", "",
-        report.markdown_table(header, rows), "",
+        tables.markdown_table(header, rows), "",
         LOAD_NOTE, "",
     ]
     lines += verdict_section(verdicts, checks) + equivalence_section(paired_res) + paired_lines + selective_lines \
         + ood_lines
-    lines += pool_report.pool_section(variants, report_dir)  # hopfield-pooled runs only
+    lines += pool_section.pool_section(variants, report_dir)  # hopfield-pooled runs only
     lines += [
         "## Prediction sets", "",
         "Campos et al., AISTATS 2025, *Sparse Activations as Conformal Predictors*: `support` is the sparse "
@@ -722,5 +612,4 @@ def write_report(variants, report_dir, title, command, weights="raw", notes=(), 
                   "leave them out:", ""] + [f"- `{m}`" for m in missing]
     path = os.path.join(report_dir, "report.md")
     atomic_write_text(path, "\n".join(lines) + "\n")
-    return report.text_table(header, rows), path, paired_res
-
+    return tables.text_table(header, rows), path, paired_res

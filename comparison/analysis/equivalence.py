@@ -96,7 +96,7 @@ def parse_margins(texts):
 def claims_from_bounds(diff_low, diff_high, eq_low, eq_high, margin, higher_is_better):
     """(superior, inferior, equivalent, non_inferior) boolean arrays from interval ends (numpy, any
     shape): diff_* the two-sided 1 − α interval of d, eq_* the 1 − 2α one (or, for a sequential look,
-    its repeated intervals). The claims read off intervals, as evaluation/sequential.py does at each
+    its repeated intervals). The claims read off intervals, as comparison/analysis/sequential.py does at each
     look; equivalence_verdict reads the same tests by their p-values (Holm adjusts p-values), and
     tests/test_sequential.py checks that a one-look design and equivalence_verdict agree."""
     diff_low, diff_high, eq_low, eq_high = (np.asarray(v, dtype=np.float64) for v in (diff_low, diff_high,

@@ -7,11 +7,11 @@ units), the metric's direction. At look k the first n_k per-seed differences (he
 give d̄_k, s_k, se_k = s_k / √n_k and, for a shift μ0, T_k(μ0) = (d̄_k − μ0) / se_k. Four one-sided
 tests, each with its own boundary sequence c_1, …, c_K on the t scale:
   - superiority and inferiority (H0: d ≤ 0, H0: d ≥ 0), α/2 each (the two-sided test of the fixed
-    design, as in evaluation/equivalence.py): T_k(0) > c_k(α/2), T_k(0) < −c_k(α/2);
+    design, as in comparison/analysis/equivalence.py): T_k(0) > c_k(α/2), T_k(0) < −c_k(α/2);
   - the two halves of TOST (H0: d ≤ −δ, H0: d ≥ +δ), α each: T_k(−δ) > c_k(α) and T_k(+δ) < −c_k(α).
 Equivalently the repeated confidence intervals (Jennison & Turnbull 1989, JRSS B 51:305)
 d̄_k ± c_k(α/2)·se_k and d̄_k ± c_k(α)·se_k, whose coverage holds at every look at once (≥ 1 − α and
-≥ 1 − 2α), are read by the one rule of evaluation/equivalence.py (claims_from_bounds).
+≥ 1 − 2α), are read by the one rule of comparison/analysis/equivalence.py (claims_from_bounds).
 Stopping rule per head: stop at the first look where superior, inferior or equivalent holds; at
 the last look the verdict is whatever holds (non-inferior, or undecided). Error rates: each
 boundary sequence gives its one-sided test probability ≤ its α of ever crossing under its null, and

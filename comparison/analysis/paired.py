@@ -2,7 +2,7 @@
 
 For a pair (variant A, baseline B) the rows are every (seed, validation example) both have: seed s of
 A is paired with seed s of B (same validation images, same order; checked on the labels). The
-numbers are evaluation.statistics (paired bootstrap of top-1, ECE and FY loss differences with a 95%
+numbers are comparison.analysis.statistics (paired bootstrap of top-1, ECE and FY loss differences with a 95%
 percentile interval; McNemar's exact test on top-1 correctness), with `example_ids` so that one
 bootstrap draw of validation examples is shared by every seed. ECE is the mean of the per-run ECEs
 (the main table's "mean of per-run" row), not the ECE of all seeds' rows binned together.
@@ -15,7 +15,7 @@ Two kinds of numbers, each labelled with the noise it includes:
       per variant) is the top-1 of (a): would another training of this recipe also differ?
   (b) given these trainings: the bootstrap over validation images and McNemar's test, both holding
       the trainings fixed (conditional on the seeds).
-Before either, each head's top-1 is checked against chance (evaluation/sanity.py): a pair where a
+Before either, each head's top-1 is checked against chance (comparison/analysis/sanity.py): a pair where a
 head learned nothing gets "no comparison: nothing learned" as its verdict.
 """
 import numpy as np
@@ -47,7 +47,7 @@ def _stack(runs_by_seed, seeds):
 
 
 def learned(runs_by_seed, seeds):
-    """{"top1", "chance", "n_rows", "nothing_learned"} of one head over `seeds` (evaluation/sanity.py)."""
+    """{"top1", "chance", "n_rows", "nothing_learned"} of one head over `seeds` (comparison/analysis/sanity.py)."""
     correct = np.concatenate([per_example(runs_by_seed[s])["correct"] for s in seeds])
     labels = np.concatenate([np.asarray(runs_by_seed[s]["label"]) for s in seeds])
     top1, chance = float(correct.mean()), sanity.chance_level(labels)

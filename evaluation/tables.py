@@ -1,6 +1,6 @@
 """Turning metric dicts into CSV rows and terminal/markdown tables (JSON: common.io.write_json).
 
-Shared by eval.py (one checkpoint) and scripts/compare_heads.py (mean ± std over seeds).
+Shared by eval.py (one checkpoint) and the comparison's report (comparison/report/: mean ± std over seeds).
 """
 import csv
 import io
