@@ -14,7 +14,9 @@ timm's or the original FB/DeiT ResMLP format) needs --config or --model/--datase
 build (inference/trained_run.py opens all three). Weights that differ from the sha256 their run
 recorded (inference/weights_record.py) are refused unless --accept-changed-weights.
 Extra `key.sub=value` or `--key.sub VALUE` arguments override the config (configs/overrides.py: the
-dialect of every command).
+dialect of every command); the model a run trained (model.*, head.*, its input size, eval transform and
+held-out splits) only with --accept-changed-model, recorded in the JSON (inference/run_config.py). A run
+directory whose training stopped before the end (no summary.json) is refused (inference/run_status.py).
 
 Metrics (evaluation/metrics.py, through evaluation/evaluate.py, the loop train.py's periodic eval
 uses too; float32, autocast off): top-1/5, the head's Fenchel-Young loss, NLL where finite and the
@@ -55,7 +57,7 @@ def main(argv=None):
     args = parse_args(argv)
     arguments.check_eval_args(args)
     say_loading("eval.py")  # before the imports' seconds, so the command does not look hung
-    from inference import eval_command
+    from inference import eval_command  # heavy: torch, timm and Accelerate (seconds), after the checks
 
     return eval_command.main(args)
 

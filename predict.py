@@ -35,7 +35,7 @@ def main(argv=None):
     args = parse_args(argv)
     arguments.check_predict_args(args)
     say_loading("predict.py")  # before the imports' seconds, so the command does not look hung
-    from inference import predict_command
+    from inference import predict_command  # heavy: torch, timm and Accelerate (seconds), after the checks
 
     return predict_command.main(args)
 

@@ -108,7 +108,7 @@ def main(argv=None, hooks=None):
     cfg = configs.load_config(args.config, args.overrides)
     check_start(cfg, args.resume, args.overwrite)  # the run directory's refusals, before torch's seconds
     say_loading("train.py")
-    from training.loop import train
+    from training.loop import train  # heavy: torch, timm and Accelerate (seconds), after the checks
 
     return train(cfg, resume=args.resume, overwrite=args.overwrite, hooks=hooks,
                  accept_changes=args.resume_with_changes)

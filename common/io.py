@@ -20,7 +20,8 @@ for the outputs of eval.py, predict.py, scripts/export.py and scripts/extract_fe
 
 Before the expensive work: `prepare_output(path)` creates the folder an output goes into and
 checks that a file can be created there, with the same error mapping (one line, exit 74), so a
-bad --output is refused before a forward pass over a dataset rather than after it.
+bad --output is refused before a forward pass over a dataset rather than after it (`make=False`:
+checked the same way, then the folders it made are removed, so a later refusal leaves none behind).
 
 JSON: strict JSON everywhere (checkpoints, summary.json, metrics.jsonl, eval results). JSON has
 no NaN or infinity, so a non-finite float is written as null: a skipped update's loss, an empty
@@ -173,18 +174,38 @@ def ensure_folder(path):
         raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path) from None
 
 
-def prepare_output(path, *, folder=False):
+def prepare_output(path, *, folder=False, make=True):
     """Before the expensive work: create the folder `path` will be written into (`path` itself
     when `folder`) and create and remove a temporary file there, so a path through a file, a
     read-only filesystem or a folder without write permission is WriteError (one line naming
     `path` and the cause, exit 74) now, not after the work. The probe is this process's own
-    temporary name, so a kill in between leaves what the next writer removes anyway."""
+    temporary name, so a kill in between leaves what the next writer removes anyway.
+    `make=False`: the folders made for the probe are removed again (the writer makes them when it
+    writes, as atomic_write and common.runlock.writing_into do), so a refusal after this check
+    leaves no empty folder behind."""
     where = path if folder else os.path.dirname(os.path.abspath(path))
     probe = temp_path(os.path.join(where, ".write-check") if folder else path)
-    with writing(path):
-        ensure_folder(where)
-        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT, 0o600))
-        os.remove(probe)
+    made = _missing_folders(where)
+    try:
+        with writing(path):
+            ensure_folder(where)
+            os.close(os.open(probe, os.O_WRONLY | os.O_CREAT, 0o600))
+            os.remove(probe)
+    finally:
+        for folder_made in made if not make else ():  # deepest first; one another process filled stays
+            try:
+                os.rmdir(folder_made)
+            except OSError:
+                break
+
+
+def _missing_folders(path):
+    """The folders of `path` that do not exist yet, deepest first."""
+    missing, path = [], os.path.abspath(path)
+    while not os.path.lexists(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    return missing
 
 
 def through_file(write_to):
@@ -281,6 +302,52 @@ def write_json(obj, path, **describe):
 def read_json(path):
     with open(path) as f:
         return json.load(f)
+
+
+class DamagedJSON(ValueError):
+    """A record that is not the strict JSON this project writes; the message says how, without the path."""
+
+
+def read_json_record(path, *, max_bytes=1 << 20, max_depth=8):
+    """The JSON value of a small record this project wrote, read whole; DamagedJSON for a file of more
+    than `max_bytes`, not UTF-8, not JSON, with NaN or Infinity (never written: strict JSON), or nested
+    deeper than `max_depth` (deep nesting overflows Python's stack in the parser, or after it)."""
+    try:
+        size = os.path.getsize(path)
+        if size > max_bytes:
+            raise DamagedJSON(f"it holds {size} bytes, far more than such a record")
+        with open(path, "rb") as f:
+            raw = f.read()
+        value = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
+    except OSError as err:
+        raise DamagedJSON(f"it cannot be read ({err.strerror or err})") from None
+    except UnicodeDecodeError as err:
+        raise DamagedJSON(f"it is not UTF-8 text (byte {err.start})") from None
+    except RecursionError:
+        raise DamagedJSON(f"its JSON is nested deeper than {max_depth} levels") from None
+    except DamagedJSON:
+        raise
+    except ValueError as err:  # json.JSONDecodeError, and _refuse_constant's
+        raise DamagedJSON(f"it is not JSON ({str(err).splitlines()[0][:200]})") from None
+    if _depth_over(value, max_depth):
+        raise DamagedJSON(f"its JSON is nested deeper than {max_depth} levels")
+    return value
+
+
+def _refuse_constant(name):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _depth_over(value, limit):
+    """Whether lists and objects nest more than `limit` deep in `value` (iteratively: no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > limit:
+                return True
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return False
 
 
 def remove_stale_temp(folder, names=None):

@@ -33,6 +33,11 @@ import socket
 import time
 import uuid
 
+try:
+    import fcntl  # POSIX: the flock on the run directory
+except ImportError:  # Windows: the lock file alone
+    fcntl = None
+
 from common import rundir
 from common.errors import UserError
 from common.io import ensure_folder, pid_alive, remove_stale_temp, through_file, write_error, write_file
@@ -116,11 +121,11 @@ def held_by_this_process(run_dir):
 @contextlib.contextmanager
 def _directory_flock(path):
     """Exclusive flock on the directory itself (best effort: some network filesystems refuse it)."""
-    try:
-        import fcntl
-
-        fd = os.open(path, os.O_RDONLY)
-    except (ImportError, OSError):
+    fd = None
+    if fcntl is not None:
+        with contextlib.suppress(OSError):
+            fd = os.open(path, os.O_RDONLY)
+    if fd is None:
         yield
         return
     try:
@@ -136,10 +141,12 @@ def _directory_flock(path):
 class RunLock:
     """Exclusive lock on a run directory (see the module docstring). Re-entrant use is an error."""
 
-    def __init__(self, run_dir, *, purpose="training", enabled=True, warn=print):
+    def __init__(self, run_dir, *, purpose="training", enabled=True, warn=print, holder="run",
+                 ways_out="use another train.output_dir"):
         self.run_dir = run_dir
         self.path = os.path.join(run_dir, rundir.LOCK)
         self.purpose = purpose
+        self.holder, self.ways_out = holder, ways_out  # the refusal's words: 'in use by another <holder>'
         self.enabled = enabled
         self.warn = warn
         self.held = False
@@ -182,8 +189,8 @@ class RunLock:
     def _refusal(self, holder):
         who = _describe(holder) if holder else "an unreadable lock record"
         return RunLockHeld(
-            f"{self.run_dir} is in use by another run ({who}); wait for it to finish, use another "
-            f"train.output_dir, or delete {self.path} if that process no longer exists")
+            f"{self.run_dir} is in use by another {self.holder} ({who}); wait for it to finish, {self.ways_out}, "
+            f"or delete {self.path} if that process no longer exists")
 
     def _take_over(self, holder, reason):
         """Delete the stale lock `holder` unless someone replaced it meanwhile (under flock)."""

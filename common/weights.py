@@ -51,12 +51,13 @@ def save_safetensors(state_dict, path, metadata=None, **describe):
     atomic_write(path, safetensors_writer(state_dict, metadata), needed=tensors_nbytes(state_dict), **describe)
 
 
-def read_safetensors(path):
-    """The tensors of a safetensors file; UserError naming it when missing, truncated or corrupt."""
+def read_safetensors(path, what="weights file"):
+    """The tensors of a safetensors file; UserError naming it (`what` it is) when missing, truncated or
+    corrupt."""
     try:
         return load_file(path)
     except (SafetensorError, OSError, ValueError, RuntimeError) as err:
-        raise UserError(f"weights file {path} is truncated or corrupt: {first_line(err)}") from None
+        raise UserError(f"{what} {path} is truncated or corrupt: {first_line(err)}") from None
 
 
 def read_safetensors_metadata(path):

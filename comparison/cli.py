@@ -5,14 +5,36 @@ import os
 import shlex
 import sys
 
+import configs
 from common.errors import UserError
+from comparison.analysis.equivalence import parse_margins
+from comparison.limits import (
+    MAX_JOBS,
+    MAX_LOOKS,
+    MAX_SEED_VALUE,
+    MAX_SEEDS,
+    MAX_TRIALS,
+    MAX_VARIANTS,
+    MIN_SEEDS,
+    PLAIN_NUMBER,
+    WHOLE_NUMBER,
+)
 from comparison.paths import COMMAND
+from comparison.plan import variants
+from comparison.storage_url import check_url
 from configs.overrides import parse_command_line, split_command_line
 from models.registry import HEAD_NAMES
 
 FEATURE_IDENTITY_KEYS = ("features_source_sha256", "features_settings_sha256")  # data.* keys, data/features.py
 TUNE_OPTIONS = ("--trials", "--pruner", "--storage", "--tune-only")  # meaningful with --tune only
 SETTLE_OPTIONS = ("--max-seeds", "--looks", "--settle-metric")  # meaningful with --until-settled only
+# the whole-number options: (least, most, what the number is), checked on the line as written (comparison/limits.py)
+_LOOK = "seeds per variant: a look needs 2 for a seed-to-seed s.d., and the design's calibration grows with them"
+WHOLE_NUMBERS = {"--seeds": (0, MAX_SEED_VALUE, "a 32-bit seed"),
+                 "--jobs": (1, MAX_JOBS, "local runs at once"),
+                 "--trials": (1, MAX_TRIALS, "complete trials per variant"),
+                 "--max-seeds": (MIN_SEEDS, MAX_SEEDS, _LOOK),
+                 "--looks": (MIN_SEEDS, MAX_SEEDS, _LOOK)}
 
 
 def build_parser(description=None):
@@ -102,12 +124,11 @@ def parse_args(argv=None, description=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     options = split_command_line(p, argv)[0]
     check_list_values(p, options)  # before argparse reads `--seeds 0,1` as a bad number
+    check_numbers(p, options)  # and `--max-seeds 1_000` as 1000, or 10^20 seeds as a plan
     args = parse_command_line(p, argv, tool=COMMAND)
     overrides = args.overrides
     check_modes(args, options)
-    from comparison.analysis.equivalence import parse_margins  # before anything is planned: a typo is one line at once
-
-    args.margins = parse_margins(args.margin)
+    args.margins = parse_margins(args.margin)  # before anything is planned: a typo is one line at once
     args.overrides = overrides + feature_overrides(args.features, overrides)
     return args
 
@@ -116,53 +137,92 @@ def resolved_config(args):
     """The config the comparison starts from, resolved with the command line's overrides, and the
     variants checked: a bad config, override, --heads or --alphas is one line here, before torch
     loads and before anything runs."""
-    import configs
-    from comparison.plan import variants
-
     variants(args)
     return configs.load_config(os.path.abspath(args.config), args.overrides)
+
+
+def _given(parser, options, wanted):
+    """[[flag, value, ...]] of each option of `wanted` on the line, as written (a list option's values,
+    else its one value)."""
+    flags = [s for a in parser._actions for s in a.option_strings]
+    lists = {s for a in parser._actions if a.nargs == "+" for s in a.option_strings}
+    given, values = [], None
+    for token in options:
+        if token.startswith("--"):
+            flag, eq, value = token.partition("=")
+            named = [f for f in flags if f == flag] or [f for f in flags if f.startswith(flag)]  # argparse's prefixes
+            values = [named[0]] + ([value] if eq else []) if len(named) == 1 and named[0] in wanted else None
+            if values is not None:
+                given.append(values)
+        elif values is not None and (values[0] in lists or len(values) == 1):
+            values.append(token)
+    return given
 
 
 def check_list_values(parser, options):
     """A list option's values are separated by spaces: `--heads softmax,sparsemax` is one line showing
     `--heads softmax sparsemax` (a comma is in no head, norm or number)."""
-    flags = [s for a in parser._actions for s in a.option_strings]
     lists = {s for a in parser._actions if a.nargs == "+" for s in a.option_strings}
-    given, values = [], None  # given: [flag, value, ...] per list option on the line
-    for token in options:
-        if token.startswith("--"):
-            flag, eq, value = token.partition("=")
-            named = [f for f in flags if f == flag] or [f for f in flags if f.startswith(flag)]  # argparse's prefixes
-            values = [named[0]] + ([value] if eq else []) if len(named) == 1 and named[0] in lists else None
-            if values is not None:
-                given.append(values)
-        elif values is not None:
-            values.append(token)
-    for flag, *items in given:
+    for flag, *items in _given(parser, options, lists):
         if any("," in item for item in items):
             spaced = " ".join(part for item in items for part in item.split(",") if part)
             raise UserError(f"{flag} takes values separated by spaces, not commas: {flag} {spaced}")
 
 
+def check_numbers(parser, options):
+    """The numeric options as written, before argparse reads them: digits only (int() and float() also
+    read `1_0` as 10, and `nan`), and each whole number within its WHOLE_NUMBERS limits, the limit named."""
+    floats = {s for a in parser._actions if a.type is float for s in a.option_strings}
+    for flag, *items in _given(parser, options, set(WHOLE_NUMBERS) | floats):
+        pattern = PLAIN_NUMBER if flag in floats else WHOLE_NUMBER
+        for item in items:
+            if not pattern.fullmatch(item):
+                kind, example = ("numbers", "1.5") if flag in floats else ("whole numbers", "3")
+                raise UserError(f"{flag} takes {kind} written in digits (e.g. {flag} {example}), got {_cut(item)!r}")
+            if flag in WHOLE_NUMBERS:
+                low, high, why = WHOLE_NUMBERS[flag]
+                digits = item.lstrip("+-").lstrip("0") or "0"
+                negative = item.startswith("-") and digits != "0"  # (every least is >= 0)
+                value = low - 1 if negative else int(digits) if len(digits) <= len(str(high)) \
+                    else high + 1  # (int() of thousands of digits is refused by Python itself)
+                if not low <= value <= high:
+                    bound = f"at least {low}" if value < low else f"at most {high}"
+                    raise UserError(f"{flag} must be {bound} ({why}), got {_cut(item)}")
+
+
+def _cut(text, limit=30):
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def check_modes(args, options):
     """Refuse the combinations that cannot mean anything (before any run is planned)."""
-    if args.jobs < 1:
-        raise UserError(f"--jobs must be at least 1, got {args.jobs}")
     if args.jobs > 1 and (args.emit_slurm or args.report_only):  # (--dry-run: its cost line counts the slots)
         raise UserError("--jobs runs local trainings; it does not combine with --emit-slurm or --report-only")
     if args.emit_slurm and args.launcher:
         raise UserError("--launcher does not apply to --emit-slurm: each array task launches through "
                         "scripts/slurm_train.sh (accelerate launch per node); set GPUS_PER_NODE instead")
-    if args.trials < 1:
-        raise UserError(f"--trials must be at least 1, got {args.trials}")
+    if len(args.seeds) > MAX_SEEDS:
+        raise UserError(f"--seeds: at most {MAX_SEEDS} seeds per variant, got {len(args.seeds)}")
+    for flag, values in (("--seeds", args.seeds), ("--heads", args.heads), ("--norms", args.norms or ()),
+                         ("--alphas", args.alphas or ())):
+        twice = [v for i, v in enumerate(values) if v in values[:i]]
+        if twice:  # the same runs planned twice
+            raise UserError(f"{flag}: {twice[0]} is given twice; give each once")
+    count = variant_count(args)
+    if count > MAX_VARIANTS:
+        raise UserError(f"at most {MAX_VARIANTS} variants per comparison (heads × norms × alphas), got {count}")
     given = [a for a in TUNE_OPTIONS if any(o.split("=")[0] == a for o in options)]
     if given and not args.tune:
         raise UserError(f"{given[0]} applies to --tune; add --tune")
     check_settle(args, options)
     if args.storage is not None:  # before the config is read: a mistyped storage is one line at once
-        from comparison.tuning_storage import check_url
-
         check_url(args.storage)
+
+
+def variant_count(args):
+    """How many variants comparison/plan.py's variants() plans: each head (entmax_bisect once per --alphas) per norm."""
+    per_norm = sum(len(args.alphas or [None]) if head == "entmax_bisect" else 1 for head in args.heads)
+    return per_norm * len(args.norms or [None])
 
 
 def check_settle(args, options):
@@ -178,9 +238,11 @@ def check_settle(args, options):
     if any(o.split("=")[0] == "--seeds" for o in options):
         raise UserError("--until-settled chooses the seeds (0, 1, ... up to each look); drop --seeds, and give "
                         "--max-seeds N or --looks N ... instead")
-    if args.max_seeds is not None and args.max_seeds < 2:
-        raise UserError(f"--max-seeds must be at least 2 (a look needs 2 seeds for a seed-to-seed s.d.), got "
-                        f"{args.max_seeds}")
+    if args.looks and len(args.looks) > MAX_LOOKS:
+        raise UserError(f"--looks: at most {MAX_LOOKS} looks per design, got {len(args.looks)}")
+    if args.looks and any(b <= a for a, b in zip(args.looks, args.looks[1:])):
+        raise UserError(f"--looks {' '.join(map(str, args.looks))}: the looks' seed counts must increase, e.g. "
+                        f"--looks 3 5 8 12")
     if args.looks and args.max_seeds is not None and args.max_seeds > args.looks[-1]:
         raise UserError(f"--max-seeds {args.max_seeds} lies past the last of --looks ({args.looks[-1]}); the design "
                         f"ends at its last look")
@@ -190,6 +252,7 @@ def feature_overrides(features, overrides):
     """The overrides --features DIR adds to every run (checked: DIR must be a feature folder)."""
     if features is None:
         return []
+    # heavy: data/features.py loads torch (seconds); --features is checked before torch loads
     from data.features import identity as feature_identity
     from data.features import read_meta
 

@@ -4,10 +4,14 @@ commands of every run, then one plan through its mode, --tune's studies and both
 --until-settled's looks."""
 import os
 
+from common.errors import UserError
 from comparison import tune
-from comparison.commands import Commands, resolve_ood
+from comparison.commands import Commands
 from comparison.modes import compare_plan, compare_until_settled
 from comparison.plan import plan_runs
+from data import is_features
+from data.features import ood_root
+from evaluation.ood_report import default_ood_dataset, ood_dataset_names
 
 
 def run(args, argv, base_cfg):
@@ -21,3 +25,31 @@ def run(args, argv, base_cfg):
     plan, runs_dir = plan_runs(args)
     compare_plan(args, argv, plan, runs_dir, commands)
     return 0
+
+
+def resolve_ood(args, cfg):
+    """The OOD dataset name eval.py gets (None: no OOD detection)."""
+    if args.ood_dataset == "none":
+        return None
+    if is_features(cfg.data):
+        return _feature_ood(args, cfg)
+    if args.ood_dataset == "auto":
+        return default_ood_dataset(cfg.data.dataset)
+    if args.ood_dataset not in ood_dataset_names():
+        raise UserError(f"unknown --ood-dataset '{args.ood_dataset}'; valid: auto, none, "
+                        f"{', '.join(ood_dataset_names())}")
+    return args.ood_dataset
+
+
+def _feature_ood(args, cfg):
+    """On cached features the OOD set is OOD features: the folder's own (DIR/ood) or --ood-root's."""
+    if args.ood_dataset not in ("auto", "features"):
+        raise UserError(f"--ood-dataset {args.ood_dataset}: on cached features the OOD set is OOD features; use "
+                        f"auto (DIR/ood, scripts/extract_features.py --ood NAME), features with --ood-root DIR, "
+                        f"or none")
+    if args.ood_root is None and ood_root(cfg.data.root) is None:
+        if args.ood_dataset == "auto":
+            return None
+        raise UserError(f"--ood-dataset features: {cfg.data.root} holds no OOD features; extract them with "
+                        f"scripts/extract_features.py --ood NAME, or give --ood-root OOD_FEATURE_DIR")
+    return "features"

@@ -1,7 +1,8 @@
 """What a planned run needs and the commands that do it: the train.py and eval.py command lines (the
-same in every mode: run here, by a job worker, or by a SLURM array task), the OOD set eval.py is
-asked for, and whether a run is trained and evaluated already (a finished step is never redone)."""
-import json
+same in every mode: run here, by a job worker, or by a SLURM array task) and whether a run is trained
+and evaluated already (a finished step is never redone). Torch-free: a SLURM array task's question
+(comparison/slurm.py) reads it before anything heavy loads; the OOD set eval.py is asked for is
+comparison/command.py's `resolve_ood`."""
 import os
 import shlex
 import sys
@@ -9,39 +10,7 @@ import sys
 from common import rundir
 from common.errors import UserError
 from comparison.paths import EVAL_SCRIPT, TRAIN_SCRIPT
-
-
-def resolve_ood(args, cfg):
-    """The OOD dataset name eval.py gets (None: no OOD detection)."""
-    from data import is_features
-    from evaluation.ood_report import default_ood_dataset, ood_dataset_names
-
-    if args.ood_dataset == "none":
-        return None
-    if is_features(cfg.data):
-        return _feature_ood(args, cfg)
-    if args.ood_dataset == "auto":
-        return default_ood_dataset(cfg.data.dataset)
-    if args.ood_dataset not in ood_dataset_names():
-        raise UserError(f"unknown --ood-dataset '{args.ood_dataset}'; valid: auto, none, "
-                        f"{', '.join(ood_dataset_names())}")
-    return args.ood_dataset
-
-
-def _feature_ood(args, cfg):
-    """On cached features the OOD set is OOD features: the folder's own (DIR/ood) or --ood-root's."""
-    from data.features import ood_root
-
-    if args.ood_dataset not in ("auto", "features"):
-        raise UserError(f"--ood-dataset {args.ood_dataset}: on cached features the OOD set is OOD features; use "
-                        f"auto (DIR/ood, scripts/extract_features.py --ood NAME), features with --ood-root DIR, "
-                        f"or none")
-    if args.ood_root is None and ood_root(cfg.data.root) is None:
-        if args.ood_dataset == "auto":
-            return None
-        raise UserError(f"--ood-dataset features: {cfg.data.root} holds no OOD features; extract them with "
-                        f"scripts/extract_features.py --ood NAME, or give --ood-root OOD_FEATURE_DIR")
-    return "features"
+from comparison.run_results import not_evaluated
 
 
 class Commands:
@@ -75,23 +44,20 @@ class Commands:
 
     def status(self, run_dir):
         """(trained, evaluated) of `run_dir` for these commands."""
-        return is_trained(run_dir), is_evaluated(run_dir, self.eval_file, self.ood)
+        return is_trained(run_dir), self.evaluation(run_dir) is None
+
+    def evaluation(self, run_dir):
+        """None when `run_dir` is evaluated for these commands, else why not (run_results.NotEvaluated:
+        no evaluation yet, another OOD set's, or a damaged or foreign one, which is evaluated again)."""
+        return not_evaluated(run_dir, self.eval_file, self.ood)
+
+    def eval_line(self, run_dir):
+        """The eval.py command of `run_dir` as a user types it in this directory (the fix of a damaged
+        evaluation)."""
+        launcher = self.launcher if self.launcher != [sys.executable] else ["python"]
+        return shlex.join(launcher + [os.path.relpath(EVAL_SCRIPT)] + self.eval_args(run_dir))
 
 
 def is_trained(run_dir):
     """train.py wrote its summary.json: the training finished."""
     return os.path.isfile(os.path.join(run_dir, rundir.SUMMARY))
-
-
-def is_evaluated(run_dir, eval_file, ood=None):
-    """The eval JSON and its per-example records are there, with the results of the OOD set `ood`
-    when one is asked for (a run evaluated against another OOD set is evaluated again)."""
-    path = os.path.join(run_dir, eval_file)
-    evaluated = os.path.isfile(path) and os.path.isfile(rundir.examples_path(path))
-    if evaluated and ood:
-        try:
-            with open(path) as f:
-                evaluated = (json.load(f).get("ood") or {}).get("dataset") == ood
-        except (OSError, ValueError):
-            evaluated = False
-    return evaluated

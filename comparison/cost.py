@@ -16,7 +16,9 @@ import os
 import numpy as np
 
 from common import rundir
+from common.errors import UserError
 from common.io import read_json, write_json
+from comparison import run_results, settle
 from comparison.progress import duration, time_left
 
 TIMING_FILE = "compare_timing.json"  # in a run directory: the comparison's wall time of its steps
@@ -61,8 +63,12 @@ def run_cost(run_dir, eval_file):
     GPUs), "timed" (by the comparison)} of a finished run, None when it is not finished. A train step
     timed after a resume counts only its last session: the longer of that and train.py's own
     (cumulative) time is taken."""
-    summary, result = _read(os.path.join(run_dir, rundir.SUMMARY)), _read(os.path.join(run_dir, eval_file))
-    if summary is None or result is None:
+    summary = _read(os.path.join(run_dir, rundir.SUMMARY))
+    try:
+        result = run_results.read_result(run_dir, eval_file)
+    except UserError:  # not evaluated yet, or an evaluation to redo: nothing measured
+        return None
+    if summary is None:
         return None
     timing = _read(os.path.join(run_dir, TIMING_FILE)) or {}
     own_train, own_eval = summary.get("train_time_s") or 0.0, result.get("wall_seconds") or 0.0
@@ -167,8 +173,6 @@ def settle_lines(looks, missing, slots, paths=None):
     """The cost lines of an --until-settled comparison (comparison/settle.Looks after `now()`): the runs
     expected (the plug-in simulation of settle.simulated_seeds) and at most, their wall time and device
     hours, then the seeds per head."""
-    from comparison import settle
-
     kwargs = {} if paths is None else {"paths": paths}
     design, cap = looks.design, looks.cap
     sim, simulated = settle.simulated_seeds(looks.pairs, looks.differences, looks.decisions, design, cap, **kwargs)

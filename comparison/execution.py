@@ -54,6 +54,9 @@ def run_todo(todo, commands, requests, jobs, children, progress=None):
             print(f"{tag}: evaluating", flush=True)
             start = time.perf_counter()
             run_step(children, commands.evaluate(run_dir), f"evaluating {run_dir}", worker)
+            unread = commands.evaluation(run_dir)  # (a loop of looks would otherwise evaluate it forever)
+            if unread is not None:
+                raise UserError(f"eval.py finished, but {unread.reason}; fix that and {RERUN}")
             evaluated_now += 1
             cost.record_step(run_dir, "eval", time.perf_counter() - start, device_env(0, 1), gpus)
             if progress:
@@ -134,6 +137,11 @@ def run_parallel(todo, commands, jobs, children, progress=None):
                     if what == "training" and not is_trained(run_dir):
                         with lock:
                             failures.append(f"{run_dir} (train.py wrote no summary.json; see {log})")
+                        return
+                    unread = commands.evaluation(run_dir) if what == "evaluating" else None
+                    if unread is not None:
+                        with lock:
+                            failures.append(f"{run_dir} (eval.py finished, but {unread.reason}; see {log})")
                         return
                     cost.record_step(run_dir, "train" if what == "training" else "eval", time.perf_counter() - start,
                                      env, gpus)  # the step's wall time on its slot: the next plan's estimate

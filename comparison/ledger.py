@@ -4,16 +4,15 @@ other settings is refused, never mixed into a report of these."""
 import json
 import os
 
+import configs
 from common import rundir
 from common.errors import UserError
-from common.io import json_text, write_json
+from common.io import DamagedJSON, json_text, read_json_record, write_json
 from common.runlock import RunLock
 
 
 def request_of(config, overrides):
     """What a run asks for: the config file, its overrides and the config they resolve to."""
-    import configs
-
     return {"config": config, "overrides": overrides,
             "resolved": configs.config_to_dict(configs.load_config(config, overrides))}
 
@@ -25,8 +24,7 @@ def check_request(run_dir, request, create=True):
     path = os.path.join(run_dir, rundir.COMPARE_REQUEST)
     request = json.loads(json_text(request))  # tuples -> lists, as stored
     if os.path.isfile(path):
-        with open(path) as f:
-            previous = _in_todays_schema(json.load(f))
+        previous = _in_todays_schema(_recorded(path, run_dir))
         if _settings(previous) != _settings(request):
             diff = _first_difference(previous.get("resolved", {}), request.get("resolved", {})) \
                 or " ".join(previous.get("overrides", []))
@@ -35,6 +33,19 @@ def check_request(run_dir, request, create=True):
     elif create:
         with RunLock(run_dir, purpose="compare_heads"):  # not while another process trains or evaluates there
             write_json(request, path)
+
+
+def _recorded(path, run_dir):
+    """The request a run folder recorded; a damaged record (not JSON, not an object, absurdly deep) is one line."""
+    try:
+        recorded = read_json_record(path)
+    except DamagedJSON as err:
+        recorded = err
+    if not isinstance(recorded, dict):
+        why = recorded if isinstance(recorded, DamagedJSON) else f"it holds a JSON {type(recorded).__name__}"
+        raise UserError(f"{path} is damaged: {why}; the settings {run_dir} was trained with are unknown: move that "
+                        f"run away to train it again, or use another --runs-dir")
+    return recorded
 
 
 def _settings(request):
@@ -46,8 +57,6 @@ def _in_todays_schema(request):
     """A stored request with its resolved config read by today's loader: keys added since at their
     defaults, so an older comparison continues. A resolved config today's loader refuses is compared
     as stored."""
-    import configs
-
     if not isinstance(request.get("resolved"), dict):
         return request
     try:

@@ -5,11 +5,14 @@
 import os
 import time
 
+from common import rundir
 from common.children import ChildProcesses
 from common.errors import UserError
 from common.io import prepare_output
 from comparison import cost, settle, tracking
 from comparison.cli import command_line
+from comparison.commands import is_trained
+from comparison.design_record import runs_folder
 from comparison.execution import run_todo, runner
 from comparison.ledger import check_request, request_of
 from comparison.plan import baseline_pairs, config_stem, default_runs_dir
@@ -58,12 +61,29 @@ def check_folders(args, runs_dir, report_dir=None):
 
 def plan_requests(plan, commands):
     """{run_dir: request} of a plan, each checked against what its folder recorded (finished runs
-    too: no stale reuse)."""
-    requests = {}
-    for _, _, run_dir, ov in plan:
-        requests[run_dir] = request_of(commands.config, ov)
-        check_request(run_dir, requests[run_dir], create=False)
+    too: no stale reuse). A request is made when first needed (a config read each): now for every
+    run started (its folder records one) and each variant's first run (its settings checked before
+    anything runs), else when the run is about to start, so a long --until-settled plan costs no more
+    than its started runs."""
+    requests = _Requests(commands.config, {run_dir: ov for _, _, run_dir, ov in plan})
+    first = {}
+    for name, _, run_dir, _ in plan:
+        first.setdefault(name, run_dir)
+        if first[name] == run_dir or os.path.isfile(os.path.join(run_dir, rundir.COMPARE_REQUEST)):
+            check_request(run_dir, requests[run_dir], create=False)
     return requests
+
+
+class _Requests(dict):
+    """{run_dir: request of its overrides}, each made when first asked for."""
+
+    def __init__(self, config, overrides):
+        super().__init__()
+        self.config, self.overrides = config, overrides
+
+    def __missing__(self, run_dir):
+        self[run_dir] = request_of(self.config, self.overrides[run_dir])
+        return self[run_dir]
 
 
 def unfinished(plan, commands):
@@ -107,17 +127,27 @@ def report_and_log(args, argv, plan, runs_dir, commands, pairs, stem, report_dir
 def runs_to_do(plan, commands, args):
     """Print each planned run's state; -> [(tag, run_dir, overrides, trained)] still to train or evaluate
     (none under --dry-run / --report-only, which only say what is missing)."""
+    states = [(is_trained(run_dir), commands.evaluation(run_dir)) for _, _, run_dir, _ in plan]
+    damaged = [(run_dir, why) for (_, _, run_dir, _), (trained, why) in zip(plan, states)
+               if trained and why is not None and why.damaged]
+    if args.report_only and damaged:  # before any line: it reports nothing it cannot read
+        run_dir, why = damaged[0]
+        raise UserError(f"{why.reason}; --report-only evaluates nothing: evaluate the run again with "
+                        f"{commands.eval_line(run_dir)}, or rerun without --report-only (it does that)"
+                        + (f" ({len(damaged) - 1} more run(s) like it)" if len(damaged) > 1 else ""))
     todo = []
-    for i, (name, seed, run_dir, ov) in enumerate(plan, 1):
+    for i, ((name, seed, run_dir, ov), (trained, why)) in enumerate(zip(plan, states), 1):
         tag = f"[{i}/{len(plan)}] {name} seed {seed}"
-        trained, evaluated = commands.status(run_dir)
-        if trained and evaluated:
+        again = f" again ({why.reason})" if trained and why is not None and why.damaged else ""
+        if trained and why is None:
             print(f"{tag}: done, skipped ({run_dir})", flush=True)
         elif args.dry_run:
-            print(f"{tag}: would {'evaluate' if trained else 'train and evaluate'} {run_dir}")
+            print(f"{tag}: would {'evaluate' if trained else 'train and evaluate'}{again} {run_dir}")
         elif args.report_only:
             print(f"{tag}: missing (not {'evaluated' if trained else 'trained'}) {run_dir}")
         else:
+            if again:
+                print(f"{tag}: {why.reason}; evaluating it again", flush=True)
             todo.append((tag, run_dir, ov, trained))
     return todo
 
@@ -132,7 +162,14 @@ def compare_until_settled(args, argv, commands):
     pairs, stem, report_dir = check_folders(args, runs_dir)
     if not pairs:
         raise UserError("--until-settled settles each head against a reference: give at least two --heads")
-    looks = settle.Looks(args, runs_dir, commands, pairs)
+    # one comparison at a time writes the runs folder's design and runs its looks (comparison/design_record.py)
+    with runs_folder(runs_dir, writes=not (args.dry_run or args.report_only)) as holder:
+        return _looks_held(args, argv, commands, runs_dir, pairs, stem, report_dir, holder)
+
+
+def _looks_held(args, argv, commands, runs_dir, pairs, stem, report_dir, holder):
+    """compare_until_settled's looks, the runs folder held (`holder`: settle.Looks')."""
+    looks = settle.Looks(args, runs_dir, commands, pairs, holder)
     requests = plan_requests(looks.full, commands)
     plan, missing = looks.now()
     if not args.report_only:  # (--report-only: its report says where each head stands)

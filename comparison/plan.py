@@ -4,6 +4,7 @@ same in every mode (sequential, --jobs, --emit-slurm, --report-only, --dry-run, 
 import os
 
 from common.errors import UserError
+from configs.loader import suggest_value
 from models.registry import HEAD_NAMES, check_settings
 
 
@@ -11,8 +12,6 @@ def variants(args):
     """[(variant name, variant stem without the norm, norm, head, alpha)] in plan order."""
     for head in args.heads:
         if head not in HEAD_NAMES:
-            from configs.loader import suggest_value
-
             raise UserError(f"unknown head '{head}' in --heads; valid: {', '.join(HEAD_NAMES)}"
                             f"{suggest_value(head, HEAD_NAMES)}")
     if args.alphas and "entmax_bisect" not in args.heads:

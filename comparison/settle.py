@@ -6,14 +6,19 @@ design of comparison/analysis/sequential.py: looks at n_1 < … < n_K seeds (--l
 to --max-seeds), α = 5% per head. After each look a head whose question is settled (superior,
 inferior or equivalent; or the last look reached) keeps its seeds; the others get the next look's;
 a reference gets as many as the most of its heads. Seeds are 0, 1, … in order, so a look at n seeds
-reads seeds 0..n−1 of both, wherever and whenever they were trained.
+reads seeds 0..n−1 of both, wherever and whenever they were trained. A pair where a head is within
+noise of chance over the look's seeds (comparison/analysis/sanity.py, the report's own check) stops
+there with no comparison ("nothing learned"), whatever the design would read: a verdict on it would
+compare nothing, and more seeds of a head that learns nothing would not change that.
 
 The design is fixed before the data are read: RUNS_DIR/sequential_design.json records it (its
 fingerprint and boundaries, Design.to_dict) at the first run and every rerun checks it
 (Design.from_dict): once a look has been taken a changed design (margin, metric, looks, a larger
 --max-seeds) is refused, since boundaries chosen after seeing the data no longer bound the error
-rates; before any look it is replaced, and said so. A --max-seeds below the design's last look only
-stops this invocation at the last look it allows; a rerun continues the same design.
+rates; before any look it is replaced, and said so, unless a live comparison holds the runs folder.
+A --max-seeds below the design's last look only stops this invocation at the last look it allows; a
+rerun continues the same design. The record is guarded (comparison/design_record.py): written under
+the runs folder's lock, read whole or refused in one line, and required where finished runs are.
 """
 import copy
 import math
@@ -21,12 +26,24 @@ import os
 
 import numpy as np
 
-from common import rundir
 from common.errors import UserError
-from common.io import read_json, write_json
+from comparison import run_results
+from comparison.analysis import sanity
+from comparison.analysis.equivalence import (
+    ALPHA,
+    default_margins,
+    format_difference,
+    margin_as_difference,
+    margin_text,
+    margin_units,
+)
+from comparison.analysis.paired import per_example
+from comparison.analysis.sequential import DEFAULT_LOOKS, Design, sequential_decision, walk
+from comparison.analysis.statistics import METRIC_TABLE, metric_on_rows
+from comparison.design_record import DESIGN_FILE, DamagedRecord, design_path, read_design, write_design
+from comparison.limits import MIN_SEEDS
 from comparison.plan import plan_runs
 
-DESIGN_FILE = "sequential_design.json"  # in RUNS_DIR: the design the comparison was started with
 DEFAULT_MAX_SEEDS = 12  # comparison/analysis/sequential.DEFAULT_LOOKS' last
 _GROWTH = 1.5  # the default schedule past 12 seeds: each look ~1.5× the previous
 SIMULATED_PATHS = 2000  # the expected seeds' plug-in simulation (cost line): s.e. ≲ 0.2 seed
@@ -35,8 +52,6 @@ SIMULATED_PATHS = 2000  # the expected seeds' plug-in simulation (cost line): s.
 # ---- the design -------------------------------------------------------------------------------------
 def default_looks(max_seeds):
     """3, 5, 8, 12, 18, 27, … below max_seeds, then max_seeds (a look too close before it dropped)."""
-    from comparison.analysis.sequential import DEFAULT_LOOKS
-
     looks = list(DEFAULT_LOOKS)
     while looks[-1] < max_seeds:
         looks.append(int(round(looks[-1] * _GROWTH)))
@@ -48,8 +63,6 @@ def default_looks(max_seeds):
 
 def settle_margin(args):
     """(metric, δ in its written units) the design uses."""
-    from comparison.analysis.equivalence import default_margins
-
     metric = args.settle_metric
     margin = args.margins.get(metric, default_margins().get(metric))
     if margin is None:
@@ -59,36 +72,11 @@ def settle_margin(args):
 
 def make_design(metric, margin, looks):
     """The Design of `looks` on `metric` at margin δ (its written units), at the comparison's α."""
-    from comparison.analysis.equivalence import ALPHA, margin_as_difference
-    from comparison.analysis.sequential import Design
-    from comparison.analysis.statistics import METRIC_TABLE
-
     try:
         return Design(margin=margin_as_difference(metric, margin), looks=tuple(looks), alpha=ALPHA,
                       higher_is_better=METRIC_TABLE[metric].higher_is_better)
     except ValueError as err:
         raise UserError(f"--looks {' '.join(map(str, looks))}: {err}") from None
-
-
-def design_record(metric, margin, design):
-    """The JSON of RUNS_DIR/sequential_design.json."""
-    return {"metric": metric, "margin": margin, "design": design.to_dict()}
-
-
-def read_design(runs_dir):
-    """(metric, margin, Design) recorded in the runs folder, None when none is; UserError when the
-    record is unreadable, edited, or its boundaries changed since."""
-    from comparison.analysis.sequential import Design
-
-    path = os.path.join(runs_dir, DESIGN_FILE)
-    if not os.path.isfile(path):
-        return None
-    try:
-        data = read_json(path)
-        return data["metric"], float(data["margin"]), Design.from_dict(data["design"])
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise UserError(f"{path}: {err}; the design a comparison was started with cannot change: use another "
-                        f"--runs-dir for another design") from None
 
 
 def _changes(old, new):
@@ -100,12 +88,24 @@ def _changes(old, new):
     return ", ".join(f"{k} {x} -> {y}" for k, x, y in pairs if x != y)
 
 
-def resolve_design(args, runs_dir, looks_taken):
+def resolve_design(args, runs_dir, looks_taken, holder=None):
     """(metric, margin, Design, cap): the design of this comparison and the seeds this invocation may
     reach (the last look ≤ --max-seeds). `looks_taken(first_look)`: whether any pair has that many
-    paired seeds finished (a look was taken). Records a new design unless --dry-run / --report-only."""
+    paired seeds finished (a look was taken). Records a new design unless --dry-run / --report-only
+    (a writer holds the runs folder's lock: comparison/design_record.py). `holder`: for those two, the
+    common.runlock.RunLockHeld of a live comparison holding the folder, whose design they may not
+    replace. A damaged record, or finished runs without one, is one line (the module docstring)."""
     metric, margin = settle_margin(args)
-    recorded = read_design(runs_dir)
+    path = design_path(runs_dir)
+    try:
+        recorded = read_design(runs_dir)
+    except DamagedRecord as err:
+        raise UserError(f"{path} is damaged: {err}; {_damaged_fix(looks_taken)}") from None
+    if recorded is None and looks_taken(MIN_SEEDS):
+        raise UserError(f"{runs_dir} holds finished runs (both heads of a pair, {MIN_SEEDS} seeds or more) but no "
+                        f"{DESIGN_FILE}: the design they were compared under is unknown, and one chosen now, after "
+                        f"their results, would not bound its error rates; restore {path} from a copy, or use "
+                        f"another --runs-dir")
     if args.looks:
         looks = tuple(args.looks)
     elif recorded and (args.max_seeds is None or args.max_seeds <= recorded[2].looks[-1]):
@@ -114,19 +114,29 @@ def resolve_design(args, runs_dir, looks_taken):
         looks = default_looks(args.max_seeds or DEFAULT_MAX_SEEDS)
     asked = (metric, margin, make_design(metric, margin, looks))
     cap = _cap(args.max_seeds, asked[2])
-    path = os.path.join(runs_dir, DESIGN_FILE)
     if recorded and (recorded[0], recorded[2].fingerprint()) != (metric, asked[2].fingerprint()):
         if looks_taken(recorded[2].looks[0]):
             raise UserError(f"the sequential design recorded in {path} has taken its first look, and this command "
                             f"asks for another ({_changes(recorded, asked)}): {_why_fixed(recorded[2], asked[2])}; "
                             f"rerun with the recorded design ({_flags(recorded)}) or use another --runs-dir")
+        if holder is not None:
+            raise UserError(f"the design recorded in {path} took no look yet, but this command asks for another "
+                            f"({_changes(recorded, asked)}) while {holder}")
         kept = args.dry_run or args.report_only
         print(f"the design recorded in {path} took no look yet: {'would be ' if kept else ''}replaced "
               f"({_changes(recorded, asked)})")
         recorded = None
     if recorded is None and not (args.dry_run or args.report_only):
-        write_json(design_record(*asked), path)
+        write_design(runs_dir, *asked)
     return metric, margin, asked[2], cap
+
+
+def _damaged_fix(looks_taken):
+    """How to go on from a damaged record: anew only where no pair has finished runs."""
+    if looks_taken(MIN_SEEDS):
+        return ("finished runs are there, so the design cannot be chosen anew after their results: restore the "
+                "file from a copy, or use another --runs-dir")
+    return "no pair has finished runs yet: delete the file and rerun to record the design anew"
 
 
 def _cap(max_seeds, design):
@@ -171,7 +181,7 @@ class SeedValues:
     across-trainings differences are), cached per run folder for the looks of one invocation."""
 
     def __init__(self, metric, commands):
-        self.metric, self.commands, self._cache = metric, commands, {}
+        self.metric, self.commands, self._cache, self._correct = metric, commands, {}, {}
 
     def finished(self, run_dir):
         return all(self.commands.status(run_dir))
@@ -179,16 +189,19 @@ class SeedValues:
     def value(self, run_dir):
         """(metric value, labels) of a finished run."""
         if run_dir not in self._cache:
-            from comparison.analysis.paired import per_example
-            from comparison.analysis.statistics import metric_on_rows
-            from evaluation.examples import load_examples
-
-            path = rundir.examples_path(os.path.join(run_dir, self.commands.eval_file))
-            records = {k: v.numpy() for k, v in load_examples(path)[0].items()}
+            records = run_results.read_records(run_dir, self.commands.eval_file)
             values, n = per_example(records), len(records["label"])
             value = metric_on_rows(values, self.metric, np.arange(n)[None], np.zeros(n, dtype=np.int64))[0]
             self._cache[run_dir] = float(value), np.asarray(records["label"])
+            self._correct[run_dir] = int(np.count_nonzero(values["correct"]))
         return self._cache[run_dir]
+
+    def at_chance(self, run_dirs):
+        """(top-1, chance) of one head pooled over these finished runs when it is within noise of chance
+        (comparison/analysis/sanity.py, as the report checks it), else None."""
+        labels = np.concatenate([self.value(d)[1] for d in run_dirs])
+        top1, chance = sum(self._correct[d] for d in run_dirs) / labels.size, sanity.chance_level(labels)
+        return (top1, chance) if sanity.nothing_learned(top1, chance, labels.size) else None
 
     def differences(self, head_dirs, ref_dirs):
         """Per-seed differences head − reference over the seeds 0, 1, … both have finished (in order,
@@ -221,8 +234,6 @@ def paired_differences(pairs, dirs, values, cap):
 # ---- the planner ------------------------------------------------------------------------------------
 def decide(pairs, differences, design):
     """{head: comparison.analysis.sequential.Decision} after the differences so far."""
-    from comparison.analysis.sequential import sequential_decision
-
     return {head: sequential_decision(differences[head], design) for head, _ in pairs}
 
 
@@ -251,8 +262,6 @@ def look_plan(plan, wanted):
 # ---- the words --------------------------------------------------------------------------------------
 def interval_words(metric, interval):
     """'95% repeated CI [−2.1, +0.4] pt' (∞ ends when the look cannot stop yet)."""
-    from comparison.analysis.equivalence import format_difference, margin_units
-
     def end(x):
         return ("+∞" if x > 0 else "−∞") if math.isinf(x) else format_difference(metric, x)
 
@@ -263,46 +272,77 @@ def interval_words(metric, interval):
 
 _WHY = {"superior": "excludes 0 on the better side", "inferior": "excludes 0 on the worse side",
         "equivalent": "lies inside the margin", "non-inferior": "has its worse end inside the margin",
-        "undecided": "reaches past the margin and includes 0"}
+        "undecided": "reaches past the margin"}  # undecided: and the 1 − α interval includes 0 (_reading)
 
 
 def state(decision, design, cap):
     """'settled', 'last look', 'capped' (not settled at the last look --max-seeds allows), 'continues',
-    or 'no look' (fewer seeds than the first look)."""
+    'nothing learned' (a head within noise of chance: stopped, no comparison) or 'no look' (fewer seeds
+    than the first look)."""
     if not decision.interval.look:
         return "no look"
+    if decision.idle:
+        return "nothing learned"
     if decision.stop:
         return "settled" if decision.interval.look < len(design.looks) else "last look"
     ahead = design.next_look(decision.interval.n)
     return "capped" if ahead is None or ahead > cap else "continues"
 
 
+def _no_evidence(interval, design):
+    """Why a look's interval is not finite ('' when it is): the spending leaves that look no α, the
+    per-seed differences are all equal (s.d. 0: comparison/analysis/sequential.py), or one is not a number."""
+    if math.isnan(interval.low):
+        return "a per-seed difference is not a finite number, so this look shows nothing"
+    if not math.isinf(interval.low):
+        return ""
+    kind = "difference" if interval.level == 1 - design.alpha else "equivalence"
+    if math.isinf(design.boundaries()[kind][interval.look - 1]):
+        return "this look spends no α, so it cannot stop"
+    return "the per-seed differences are all equal (s.d. 0), which measures no noise: no evidence"
+
+
+def _reading(decision, design, metric):
+    """The verdict and the interval(s) that decided it: for undecided, the 1 − 2α one reaches past the
+    margin and the 1 − α one includes 0 (else the head would be superior or inferior)."""
+    why = _no_evidence(decision.interval, design)
+    if why:
+        return f"{decision.verdict}: the {interval_words(metric, decision.interval)} ({why})"
+    text = (f"{decision.verdict}: the {interval_words(metric, decision.interval)} {_WHY[decision.verdict]} "
+            f"({margin_text(metric, design.margin)})")
+    if decision.verdict == "undecided" and decision.difference_interval is not None:
+        text += f" and the {interval_words(metric, decision.difference_interval)} includes 0"
+    return text
+
+
+def _chance_words(idle):
+    """'sparsemax within noise of chance: top-1 10.2% vs 10.0% for the best constant guess'."""
+    return (f"{' and '.join(name for name, _, _ in idle)} within noise of chance: top-1 "
+            + ", ".join(f"{name} {100 * top1:.1f}%" for name, top1, _ in idle)
+            + f" vs {100 * idle[0][2]:.1f}% for the best constant guess")
+
+
 def describe(head, ref, decision, design, metric, cap):
     """One sentence: where a head's question stands, at which look and why."""
-    from comparison.analysis.equivalence import margin_text
-
     k, n, looks = decision.interval.look, decision.interval.n, len(design.looks)
     where = state(decision, design, cap)
     if where == "no look":
         return f"{head} vs {ref}: no look yet ({n} of the first look's {design.looks[0]} seeds finished)"
-    reading = (f"{decision.verdict}: the {interval_words(metric, decision.interval)} "
-               f"{_WHY[decision.verdict]} ({margin_text(metric, design.margin)})")
+    if where == "nothing learned":
+        return (f"{head} vs {ref}: no comparison at look {k} of {looks} ({n} seeds): nothing learned "
+                f"({_chance_words(decision.idle)}); no more seeds")
+    reading = _reading(decision, design, metric)
     if where == "settled":
         return f"{head} vs {ref}: settled at look {k} of {looks} ({n} seeds), {reading}"
     if where == "last look":
         return f"{head} vs {ref}: the last look ({k} of {looks}, {n} seeds) reached, {reading}"
+    why = _no_evidence(decision.interval, design)
+    shown = interval_words(metric, decision.interval) + (f": {why}" if why else "")
     if where == "capped":
         return (f"{head} vs {ref}: not settled at look {k} of {looks} ({n} seeds, the last look --max-seeds "
-                f"{cap} allows): {interval_words(metric, decision.interval)}; rerun with a larger --max-seeds (up to "
-                f"{design.looks[-1]}) to continue")
-    return (f"{head} vs {ref}: not settled at look {k} of {looks} ({n} seeds; "
-            f"{interval_words(metric, decision.interval)}{_cannot_stop(decision.interval)}), continues to "
+                f"{cap} allows): {shown}; rerun with a larger --max-seeds (up to {design.looks[-1]}) to continue")
+    return (f"{head} vs {ref}: not settled at look {k} of {looks} ({n} seeds; {shown}), continues to "
             f"{design.next_look(n)} seeds")
-
-
-def _cannot_stop(interval):
-    """Why an interval is infinite: the O'Brien–Fleming spending leaves that look no α."""
-    return ": this look spends no α, so it cannot stop" if math.isinf(interval.low) else ""
 
 
 def outcome(head, ref, decision, design, metric, cap):
@@ -311,6 +351,7 @@ def outcome(head, ref, decision, design, metric, cap):
             "look": decision.interval.look, "looks": len(design.looks), "seeds": decision.interval.n,
             "verdict": decision.verdict, "interval": [decision.interval.low, decision.interval.high],
             "interval_level": decision.interval.level,
+            "idle": [{"variant": name, "top1": top1, "chance": chance} for name, top1, chance in decision.idle],
             "reason": describe(head, ref, decision, design, metric, cap)}
 
 
@@ -320,8 +361,6 @@ def simulated_seeds(pairs, differences, decisions, design, cap, paths=SIMULATED_
     its seeds; one with ≥ 2 differences continues with draws from N(their mean, their s.d.) after its
     own (plug-in: the differences so far taken as the truth) through the design up to `cap`; one with
     fewer goes to `cap` (not known). A reference: per path, the most of its heads."""
-    from comparison.analysis.sequential import walk
-
     rng = np.random.default_rng(seed)
     out, simulated = {}, {}
     for head, _ in pairs:
@@ -342,12 +381,13 @@ def simulated_seeds(pairs, differences, decisions, design, cap, paths=SIMULATED_
 # ---- one comparison's looks -------------------------------------------------------------------------
 class Looks:
     """The looks of one --until-settled comparison: its design (checked against the recorded one), the
-    runs any look up to the cap could ask for (`full`), and after each look what the decisions ask."""
+    runs any look up to the cap could ask for (`full`), and after each look what the decisions ask.
+    `holder`: resolve_design's (a live comparison holding the runs folder, for --dry-run / --report-only)."""
 
-    def __init__(self, args, runs_dir, commands, pairs):
+    def __init__(self, args, runs_dir, commands, pairs, holder=None):
         self.args, self.runs_dir, self.commands, self.pairs = args, runs_dir, commands, pairs
         self.values = SeedValues(settle_margin(args)[0], commands)
-        self.metric, self.margin, self.design, self.cap = resolve_design(args, runs_dir, self._looks_taken)
+        self.metric, self.margin, self.design, self.cap = resolve_design(args, runs_dir, self._looks_taken, holder)
         self.full = full_plan(args, self.cap)[0]
         self.dirs = run_dirs(self.full)
 
@@ -358,11 +398,22 @@ class Looks:
     def now(self):
         """(the plan the decisions ask for now, the run folders of it still missing)."""
         self.differences = paired_differences(self.pairs, self.dirs, self.values, self.cap)
-        self.decisions = decide(self.pairs, self.differences, self.design)
+        decisions = decide(self.pairs, self.differences, self.design)
+        self.decisions = {head: self._sanity(head, ref, decisions[head]) for head, ref in self.pairs}
         paired = {head: len(d) for head, d in self.differences.items()}
         self.wanted = targets(self.pairs, self.decisions, paired, self.design, self.cap)
         plan = look_plan(self.full, self.wanted)
         return plan, {run_dir for _, _, run_dir, _ in plan if not self.values.finished(run_dir)}
+
+    def _sanity(self, head, ref, decision):
+        """The decision, or, when a head of the pair is within noise of chance over the look's seeds, a stop
+        with no comparison: the design's verdict would compare nothing (and more seeds would not help)."""
+        if not decision.interval.look:
+            return decision
+        n = decision.interval.n
+        idle = tuple((name, *level) for name in (head, ref)
+                     if (level := self.values.at_chance(self.dirs[name][:n])) is not None)
+        return decision._replace(stop=True, verdict="undecided", idle=idle) if idle else decision
 
     def finished_seeds(self):
         """{variant: set of its seeds (< cap) finished}."""
@@ -375,8 +426,6 @@ class Looks:
 
     def say(self):
         """The looks' state on the terminal."""
-        from comparison.analysis.statistics import METRIC_TABLE
-
         print(f"until settled ({METRIC_TABLE[self.metric].label}, looks {' '.join(map(str, self.design.looks))}"
               + (f", this run up to {self.cap} seeds" if self.cap < self.design.looks[-1] else "") + "):")
         for line in self.lines():
@@ -396,12 +445,12 @@ class Looks:
         states = {state(self.decisions[h], self.design, self.cap) for h, _ in self.pairs}
         if states <= {"settled", "last look"}:
             return "every head is settled or at the design's last look"
+        if states <= {"settled", "last look", "nothing learned"}:
+            return "every head is settled, at the design's last look or not compared (a head learned nothing)"
         return f"the heads not settled are at the last look --max-seeds {self.cap} allows"
 
     def document(self):
         """summary.json's "sequential": the design, the seeds this run allowed, and each head's outcome."""
-        from comparison.analysis.equivalence import margin_units
-
         return {"metric": self.metric, "margin": self.margin, "units": margin_units(self.metric) or "own",
                 "design_file": os.path.join(self.runs_dir, DESIGN_FILE), "max_seeds_now": self.cap,
                 "design": self.design.to_dict(),

@@ -2,6 +2,8 @@
 over the same GPUs or oversubscribe the CPU cores."""
 import os
 
+import torch
+
 
 def device_env(slot, jobs, environ=None, gpu_count=None, cpu_count=None):
     """Environment of job slot `slot` (0..jobs-1): with GPUs, CUDA_VISIBLE_DEVICES = the visible GPUs
@@ -26,8 +28,6 @@ def device_env(slot, jobs, environ=None, gpu_count=None, cpu_count=None):
 
 
 def count_gpus():
-    import torch
-
     return torch.cuda.device_count()
 
 

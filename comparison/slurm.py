@@ -2,11 +2,12 @@
 comparison/slurm_array.sh, filled in here), and the check a task calls back before it evaluates."""
 import os
 import shlex
+import sys
 
 from common.errors import UserError
 from common.io import atomic_write_text, writing
-from comparison.commands import is_evaluated
 from comparison.paths import ROOT
+from comparison.run_results import not_evaluated
 
 TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "slurm_array.sh")
 SHEBANG = "#!/bin/bash"  # the template's notes end here: the script starts with it
@@ -62,6 +63,10 @@ def report_only_argv(argv):
 
 def check_evaluated(argv):
     """`compare_heads.py --check-evaluated RUN_DIR EVAL_FILE [OOD]`: exit 0 when evaluated (for the
-    array task, which evaluates otherwise; the same rule as the local modes)."""
+    array task, which evaluates otherwise; the same rule as the local modes). A damaged or foreign
+    evaluation is said in the task's log before it is redone."""
     run_dir, eval_file = argv[0], argv[1]
-    return 0 if is_evaluated(run_dir, eval_file, argv[2] if len(argv) > 2 else None) else 1
+    why = not_evaluated(run_dir, eval_file, argv[2] if len(argv) > 2 else None)
+    if why is not None and why.damaged:
+        print(f"{why.reason}; evaluating it again", file=sys.stderr, flush=True)
+    return 0 if why is None else 1

@@ -9,14 +9,18 @@ started beforehand:
 
 The experiment is named after the runs folder in its own store (RUNS_DIR/mlflow.db holds one comparison), and by
 the runs folder's absolute path in a shared store (MLFLOW_TRACKING_URI), where two comparisons' folders may share a
-name. Each run holds the resolved config as parameters, tags (kind=run, head, seed, variant, norm: the run's
-model.norm, alpha: entmax_bisect's α or "none", run_dir; arm=tuned|untuned in a tuned comparison), its per-epoch
-curve (train loss, lr, val metrics of the raw and EMA weights, epochs.csv, at each epoch's step) and its final
-metrics (eval.py's result), each timestamped when logged. A run trained with train.log_with=mlflow into the same
-store is completed in place (its id is in RUN_DIR/trackers.json; what train.py logged already is not logged
-twice); otherwise the run is found again by its run_dir tag, so rerunning the comparison updates it rather than
-adding a second one. The report folder (report.md, the CSV and JSON files, the plots, subfolders as they are) is
-logged as the artifacts of one more MLflow run, tagged kind=report and report_dir.
+name. Every run of the comparison is an MLflow run of that experiment, named by its folder under the runs folder
+(softmax-s0; tune/tuned/softmax-s0). It holds the resolved config as parameters, tags (kind=run, head, seed,
+variant, norm: the run's model.norm, alpha: entmax_bisect's α or "none", run_dir; arm=tuned|untuned in a tuned
+comparison), its per-epoch curve (train loss, lr, val metrics of the raw and EMA weights, epochs.csv, at each
+epoch's step and at the time its row was written, epochs.csv's wall_time) and its final metrics (eval.py's result,
+at the evaluation's time). A run trained with train.log_with=mlflow into the same store and experiment is completed
+in place (its id is in RUN_DIR/trackers.json; a step train.py logged already is not logged twice); one trained
+into another experiment (the config's) stays there, and the comparison's experiment gets its own run. A run is
+found again by its run_dir tag, so rerunning the comparison updates it rather than adding a second one. The report
+folder (report.md, the CSV and JSON files, the plots, subfolders as they are) is logged as the artifacts of one
+more MLflow run, tagged kind=report and report_dir. Artifacts go to the store's own place: beside an SQLite store
+(RUNS_DIR/mlartifacts for the comparison's own), never the current folder (training.trackers.artifact_location).
 
 compare_heads --tune (comparison/tune.py) logs once, after its report is complete: both arms' verdict runs
 (RUNS_DIR/tune/tuned/, RUNS_DIR/tune/untuned/, told apart by their arm tag) into the comparison's own store and
@@ -29,13 +33,23 @@ import csv
 import importlib.util
 import math
 import os
-import time
 
 import configs
 from common import rundir
 from common.errors import UserError
 from common.io import read_json
-from training.trackers import MLFLOW_DB, MLFLOW_URI_ENV, flat_params, open_mlflow_store, quiet_mlflow
+from comparison import run_results
+from evaluation.tables import flatten_metrics
+from training.logging import WALL_TIME
+from training.trackers import (
+    MLFLOW_DB,
+    MLFLOW_URI_ENV,
+    artifact_location,
+    flat_params,
+    open_mlflow_store,
+    quiet_mlflow,
+    shown_uri,
+)
 
 REPORT_TAG = "report"
 RUN_TAG = "run"
@@ -56,8 +70,8 @@ def log_tuned_comparison(args, commands, runs_dir, arms, report_dir):
     (the untuned report in its untuned/ subfolder) as the report run's artifacts."""
     if not wanted(args):
         return
-    runs = [(run_dir, result, {**tags, "arm": arm})
-            for arm, plan in arms.items() for run_dir, result, tags in finished_runs(plan, commands)]
+    runs = [(run_dir, result, {**tags, "arm": arm}, evaluated_ms)
+            for arm, plan in arms.items() for run_dir, result, tags, evaluated_ms in finished_runs(plan, commands)]
     uri, experiment = log_comparison(runs, runs_dir, report_dir)
     say_logged(len(runs), uri, experiment)
 
@@ -90,24 +104,25 @@ def check_mlflow_store(args, runs_dir):
     uri = tracking_uri(runs_dir)
     _, problem = open_mlflow_store(uri)
     if problem:
-        raise UserError(f"the comparison cannot log to the MLflow store {uri}: {problem}; set {MLFLOW_URI_ENV} to "
-                        f"another store, or pass --no-mlflow")
+        raise UserError(f"the comparison cannot log to the MLflow store {shown_uri(uri)}: {problem}; "
+                        f"set {MLFLOW_URI_ENV} to another store, or pass --no-mlflow")
 
 
 def say_logged(count, uri, experiment):
     print(f"mlflow: {count} run(s) and the report in experiment '{experiment}'; see them with: "
-          f"mlflow ui --backend-store-uri {uri}")
+          f"mlflow ui --backend-store-uri {shown_uri(uri)}")
 
 
 def finished_runs(plan, commands):
-    """[(run_dir, eval result, tags)] of the runs of `plan` that are trained and evaluated."""
-    from evaluation.tables import flatten_metrics
-
+    """[(run_dir, eval result, tags, when it was evaluated in ms)] of the runs of `plan` that are trained and
+    evaluated."""
     runs = []
     for name, seed, run_dir, _ in plan:
         if all(commands.status(run_dir)):
             tags = {"seed": seed, "variant": name}
-            runs.append((run_dir, flatten_metrics(read_json(os.path.join(run_dir, commands.eval_file))), tags))
+            evaluated_ms = int(os.path.getmtime(os.path.join(run_dir, commands.eval_file)) * 1000)
+            runs.append((run_dir, flatten_metrics(run_results.read_result(run_dir, commands.eval_file)), tags,
+                         evaluated_ms))
     return runs
 
 
@@ -146,15 +161,18 @@ def _float(text):
 
 
 def _find_run(client, experiment_id, run_dir, uri):
-    """The MLflow run of `run_dir`: its own (train.log_with=mlflow, same store) or an earlier sync's."""
+    """The MLflow run of `run_dir` in the comparison's experiment: its own (train.log_with=mlflow into the same store
+    and experiment) or an earlier sync's. Its own run in another experiment (the config's) stays there."""
     saved = os.path.join(run_dir, rundir.TRACKERS)
     if os.path.isfile(saved):
         record = read_json(saved)
         if record.get(MLFLOW_URI_ENV) == uri and record.get("mlflow_run_id"):
             try:
-                return client.get_run(record["mlflow_run_id"]).info.run_id
+                own = client.get_run(record["mlflow_run_id"]).info
             except Exception:
-                pass
+                own = None
+            if own is not None and own.experiment_id == experiment_id:
+                return own.run_id
     found = client.search_runs([experiment_id], filter_string=f"tags.run_dir = '{os.path.abspath(run_dir)}'",
                                max_results=1)
     return found[0].info.run_id if found else None
@@ -168,48 +186,68 @@ def run_tags(cfg, run_dir, tags):
             "run_dir": os.path.abspath(run_dir)}
 
 
-def run_metrics(run_dir, result, now_ms):
-    """[mlflow Metric]: the per-epoch curve (epochs.csv, at each epoch's step) and eval.py's final metrics."""
-    from mlflow.entities import Metric
+def _epoch_times_ms(run_dir, rows):
+    """Each epochs.csv row's time in ms: its wall_time column. A row of a run trained before epochs.csv had one is
+    dated back from the file's last change through the later rows' time_s (an estimate, in order)."""
+    later = os.path.getmtime(os.path.join(run_dir, rundir.EPOCHS))
+    times = []
+    for row in reversed(rows):
+        at = _float(row.get(WALL_TIME))
+        at = later if at is None else at
+        times.append(int(at * 1000))
+        later = at - (_float(row.get("time_s")) or 0.0)
+    return times[::-1]
+
+
+def run_metrics(run_dir, result, evaluated_ms):
+    """[mlflow Metric]: the per-epoch curve (epochs.csv, at each epoch's step and time) and eval.py's final
+    metrics (at the evaluation's time)."""
+    from mlflow.entities import Metric  # optional: mlflow (seconds to import; --no-mlflow never does)
 
     metrics = []
-    for row in _epoch_rows(run_dir):
+    rows = _epoch_rows(run_dir)
+    for row, at_ms in zip(rows, _epoch_times_ms(run_dir, rows) if rows else []):
         step = int(_float(row.get("step")) or 0)
         for key, text in row.items():
             value = _float(text)
-            if key not in ("epoch", "step") and value is not None:
-                metrics.append(Metric(f"epoch/{key}", value, now_ms, step))
-    return metrics + [Metric(f"final/{k}", float(v), now_ms, 0) for k, v in result.items() if _finite(v)]
+            if key not in ("epoch", "step", WALL_TIME) and value is not None:
+                metrics.append(Metric(f"epoch/{key}", value, at_ms, step))
+    return metrics + [Metric(f"final/{k}", float(v), evaluated_ms, 0) for k, v in result.items() if _finite(v)]
 
 
 def _not_logged(client, run, metrics):
-    """`metrics` less those the run already holds at the same step with the same value (logged by train.py, or
-    by an earlier sync): a rerun adds no duplicate point."""
+    """`metrics` less those the run already holds at the same step (logged by train.py, or by an earlier sync): a
+    rerun adds no second point at a step."""
     held = set()
     for key in {m.key for m in metrics} & set(run.data.metrics):
-        held |= {(key, m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)}
-    return [m for m in metrics if (m.key, m.step, m.value) not in held]
+        held |= {(key, m.step) for m in client.get_metric_history(run.info.run_id, key)}
+    return [m for m in metrics if (m.key, m.step) not in held]
 
 
-def log_run(client, experiment_id, uri, run_dir, result, tags):
-    """Create or complete the MLflow run of one finished, evaluated run."""
-    from mlflow.entities import Param, RunTag
+def log_run(client, experiment_id, uri, run_dir, result, tags, evaluated_ms, name):
+    """Create or complete the MLflow run `name` of one finished, evaluated run. A run it creates spans the times
+    of its points (the training's, not the sync's)."""
+    from mlflow.entities import Param, RunTag  # optional: mlflow, as above
 
     cfg = configs.load_run_config(run_dir)
+    points = run_metrics(run_dir, result, evaluated_ms)
     run_id = _find_run(client, experiment_id, run_dir, uri)
     if run_id is None:
-        run_id = client.create_run(experiment_id, run_name=os.path.basename(os.path.normpath(run_dir))).info.run_id
+        first_ms = min((m.timestamp for m in points), default=None)
+        run_id = client.create_run(experiment_id, start_time=first_ms, run_name=name).info.run_id
     run = client.get_run(run_id)
+    if run.info.run_name != name:  # train.py's own run, named after its config like its siblings
+        client.update_run(run_id, name=name)
     own = bool(run.data.params)  # params already logged (by train.py, or an earlier sync)
     params = [] if own else [Param(k, str(v)[:6000]) for k, v in flat_params(configs.config_to_dict(cfg)).items()]
-    metrics = _not_logged(client, run, run_metrics(run_dir, result, int(time.time() * 1000)))
+    metrics = _not_logged(client, run, points)
     all_tags = [RunTag(k, str(v)) for k, v in run_tags(cfg, run_dir, tags).items()]
     for start in range(0, len(metrics), 900):  # MLflow's log_batch takes at most 1000 metrics
         client.log_batch(run_id, metrics=metrics[start:start + 900])
     for start in range(0, len(params), 90):  # and 100 params
         client.log_batch(run_id, params=params[start:start + 90])
     client.log_batch(run_id, tags=all_tags)
-    client.set_terminated(run_id)
+    client.set_terminated(run_id, end_time=max([run.info.end_time or 0] + [m.timestamp for m in points]) or None)
     return run_id
 
 
@@ -243,22 +281,19 @@ def log_report(client, experiment_id, report_dir):
 
 
 def log_comparison(runs, runs_dir, report_dir):
-    """`runs`: [(run_dir, eval result dict, tags dict)] of the finished runs. -> (tracking URI, experiment)."""
-    from mlflow.tracking import MlflowClient
+    """`runs`: [(run_dir, eval result dict, tags dict, evaluated ms)] of the finished runs, each logged as the
+    MLflow run named by its folder under `runs_dir` (softmax-s0, tune/tuned/softmax-s0). The experiment keeps its
+    artifacts in the store's own place (training.trackers.artifact_location). -> (tracking URI, experiment)."""
+    from mlflow.tracking import MlflowClient  # optional: mlflow, as above
 
     quiet_mlflow()
     uri, name = tracking_uri(runs_dir), experiment_name(runs_dir)
     client = MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name(name)
     experiment_id = experiment.experiment_id if experiment else client.create_experiment(
-        name, artifact_location=None if os.environ.get(MLFLOW_URI_ENV) else
-        mlflow_artifacts_uri(runs_dir))
-    for run_dir, result, tags in runs:
-        log_run(client, experiment_id, uri, run_dir, result, tags)
+        name, artifact_location=artifact_location(uri, runs_dir))
+    for run_dir, result, tags, evaluated_ms in runs:
+        run_name = os.path.relpath(os.path.abspath(run_dir), os.path.abspath(runs_dir)).replace(os.sep, "/")
+        log_run(client, experiment_id, uri, run_dir, result, tags, evaluated_ms, run_name)
     log_report(client, experiment_id, report_dir)
     return uri, name
-
-
-def mlflow_artifacts_uri(runs_dir):
-    """Artifacts beside the local store (RUNS_DIR/mlartifacts), not in the working directory."""
-    return "file://" + os.path.abspath(os.path.join(runs_dir, "mlartifacts"))

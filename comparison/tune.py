@@ -25,21 +25,27 @@ as one array job once every study is finished.
 """
 import contextlib
 import os
+import resource
 import subprocess
 import time
 
+import configs
+import data
 from common import rundir
 from common.children import ChildProcesses
 from common.errors import UserError
 from common.io import ensure_folder, write_json, writing
-from comparison import tracking, tuning
+from comparison import tracking, tuning, tuning_storage
 from comparison.execution import runner
 from comparison.ledger import check_request, request_of
 from comparison.modes import compare_plan
 from comparison.plan import config_stem, default_runs_dir, plan_runs, variant_overrides, variants
+from comparison.report import plain_words, tuning_section
 from comparison.report.write import report_dir_of
+from comparison.storage_url import check_url
 from comparison.tuning_summary import say_studies, tuned_words, tuning_summary
 from comparison.worker_slots import InProcess, WorkerSlot
+from training.checkpoint.files import find_latest, run_artefacts
 
 TUNE_FRACTION = 0.1  # of train (after the calib split), when the config holds out no tune split
 SAMPLER_SEED = 0
@@ -57,9 +63,6 @@ def tune_overrides(args, base_cfg):
 
 def open_studies(args, base_cfg, tune_dir):
     """{variant name: comparison.tuning.VariantStudy} in plan order."""
-    import data
-    from comparison import tuning_storage
-
     storage = tuning_storage.open_storage(args.storage or tuning_storage.default_storage(tune_dir))
     stem = config_stem(args)
     num_classes = data.num_classes(base_cfg.data)
@@ -78,8 +81,6 @@ def trial_folder(config, run_dir, overrides):
     """Before a trial reads or trains anything in `run_dir`: refuse a folder of other settings (its
     recorded request: comparison/ledger.py) and record this trial's; -> whether it has a complete
     checkpoint to resume from (else the trial starts from scratch)."""
-    from training.checkpoint.files import find_latest, run_artefacts
-
     request = os.path.join(run_dir, rundir.COMPARE_REQUEST)
     with writing(request):  # a folder that cannot be created: one line, exit 74
         ensure_folder(run_dir)
@@ -129,6 +130,7 @@ def main(args, argv, base_cfg, commands):
     runs_dir = default_runs_dir(args)
     tune_dir = os.path.join(runs_dir, "tune")
     report_dir = report_dir_of(args, runs_dir, config_stem(args))
+    check_url(args.storage or tuning_storage.default_storage(tune_dir))  # before anything is made
     tracking.check_mlflow_store(args, runs_dir)  # before any trial: the store the verdicts are logged into
     args.overrides = args.overrides + tune_overrides(args, base_cfg)
     studies = open_studies(args, base_cfg, tune_dir)
@@ -164,8 +166,6 @@ def main(args, argv, base_cfg, commands):
 
 
 def _children_cpu():
-    import resource
-
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
 
@@ -173,8 +173,6 @@ def _children_cpu():
 def verdicts(args, argv, commands, studies, tune_dir, report_dir, children, timing):
     """Both arms' verdict runs (or their SLURM array / the reports of what is finished) and the report.
     `children`: the runner both arms share (None: each arm opens its own)."""
-    from comparison.report import tuning_section
-
     best = {name: study.best() for name, study in studies.items()}
     missing = [name for name, trial in best.items() if trial is None]
     if missing and not args.report_only:
@@ -210,9 +208,6 @@ def tune_split(config_path, overrides):
     """{"images", "fraction"}: the tune split every trial scored on, counted from the config the
     trials resolve to (`overrides` with tune_overrides': data/datasets.py's split_positions holds it
     out of train after the calib split)."""
-    import configs
-    import data
-
     cfg = configs.load_config(config_path, overrides).data
     return {"images": len(data.build_dataset(cfg, "tune")), "fraction": cfg.tune_fraction}
 
@@ -220,8 +215,6 @@ def tune_split(config_path, overrides):
 @contextlib.contextmanager
 def plain_words_of_tuned(studies):
     """The tuned arm's plain-words summary says what was tuned, not to tune (comparison/report/plain_words.py)."""
-    from comparison.report import plain_words
-
     token = plain_words.TUNED.set(tuned_words(studies))
     try:
         yield

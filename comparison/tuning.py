@@ -26,16 +26,23 @@ What Optuna lacks, added here (one line each):
 - MaxTrialsCallback stops after a trial, so racing workers overshoot: a trial past a taken budget yields (tune.surplus).
 - One TPE seed in every worker draws the same settings in each: the sampler is seeded per trial number instead.
 """
+import csv
 import json
 import math
 import os
 import time
+
+import optuna
+from optuna.study import MaxTrialsCallback
 
 from common.children import StoppedBySignal
 from common.errors import EXIT_NONFINITE, UserError
 from common.rundir import EPOCHS as EPOCHS_FILE
 from common.search_space import parse_search
 from common.seeding import mix_seed
+from comparison import tuning_storage
+from configs.schema import SEARCH
+from models.registry import head_spec
 
 TRIAL_SEED = 1000  # every trial's train.seed: the settings differ between trials, not the seed
 WAIT_S = 2.0  # while other processes run the last trials
@@ -52,9 +59,6 @@ def tune_overrides(tune_fraction):
 def search_space(head, overrides, num_classes):
     """{config key: SearchRange} of a variant: optim.lr, optim.weight_decay and the head's own
     declared ranges, without the keys `overrides` set (the comparison's or the variant's)."""
-    from configs.schema import SEARCH
-    from models.registry import head_spec
-
     pinned = {o.split("=", 1)[0] for o in overrides}
     declared = dict(SEARCH)
     settings = {o.split("=", 1)[0]: o.split("=", 1)[1] for o in overrides}
@@ -98,8 +102,6 @@ def shown_settings(params):
 
 
 def make_pruner(name, epochs):
-    import optuna
-
     if name == "median":  # no pruning in the first half of the budget: under a cosine schedule a high lr
         # scores low early and ends best, and pruned at epoch 1 it was never seen to
         return optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=epochs // 2 + 1)
@@ -136,8 +138,6 @@ class VariantStudy:
 
     def __init__(self, *, storage, name, head, space, overrides, trials, epochs, eval_every, pruner, seed,
                  trials_dir, weights="raw", say=print):
-        import optuna
-
         optuna.logging.set_verbosity(optuna.logging.ERROR)  # a failed trial's traceback: the error says it in one line
         self.optuna, self.storage, self.name, self.head = optuna, storage, name, head
         self.space, self.overrides, self.trials, self.epochs = space, list(overrides), trials, epochs
@@ -175,10 +175,6 @@ class VariantStudy:
         """Work on the study, with every other process on its storage, until it has --trials complete
         trials; -> the trials run here. `trainer`: start(run_dir, overrides) -> resume?, and
         train(overrides, run_dir, fresh) -> train.py's exit status (comparison/tune.py)."""
-        from optuna.study import MaxTrialsCallback
-
-        from comparison import tuning_storage
-
         S = self.optuna.trial.TrialState
         self.trainer, self.stopped, self.ran = trainer, stopped, 0
         self._check_trial_dirs()
@@ -216,8 +212,6 @@ class VariantStudy:
 
     def _retry_stopped(self):
         """optimize() failed the trial a signal stopped; queue it again (it resumes from its checkpoint)."""
-        from comparison import tuning_storage
-
         mine = [t for t in self.study.get_trials(deepcopy=False) if t.number == self._current]
         if mine and tuning_storage.retry(self.study, mine[0], tuning_storage.RESUME):
             self.say(f"[tune {self.name}] trial {self._current}: stopped; queued again, it resumes in "
@@ -257,8 +251,6 @@ class VariantStudy:
     def objective(self, trial):
         """optimize()'s objective: train `trial` one evaluation interval at a time, report its tune
         top-1 after each; -> its final score (raises optuna.TrialPruned when the pruner stops it)."""
-        from comparison import tuning_storage
-
         self._current = trial.number
         if self._surplus(trial):
             trial.set_user_attr(SURPLUS, True)
@@ -324,8 +316,6 @@ def outcome(frozen, epochs):
 
 def tune_top1(run_dir, epoch, weights="raw"):
     """The tune top-1 train.py logged after `epoch` (epochs.csv), or None when not there yet."""
-    import csv
-
     path = os.path.join(run_dir, EPOCHS_FILE)
     if not os.path.isfile(path):
         return None

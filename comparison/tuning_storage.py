@@ -15,22 +15,20 @@ What Optuna lacks, added here (one line each):
   a SQLite study is opened under an flock (in the temporary folder), and the open is retried.
 """
 import contextlib
-import hashlib
+import inspect
 import os
-import tempfile
 import time
 import warnings
 
-try:
-    import fcntl  # POSIX: the lock around a new SQLite study's schema
-except ImportError:  # Windows: the retries alone
-    fcntl = None
-
 import optuna
+import sqlalchemy
+from optuna.storages import journal
 from optuna.storages._heartbeat import BaseHeartbeat  # what RDBStorage implements; Optuna exports no other
+from sqlalchemy.engine import make_url
 
 from common.errors import UserError
 from common.runlock import process_record, stale_reason
+from comparison.storage_url import check_url, schema_lock, sqlite_path
 
 HEARTBEAT_S = 60  # a running trial's heartbeat, written by optimize()'s heartbeat thread
 GRACE_S = 600  # no heartbeat this long: the trial's worker is taken as lost (another host, a lost node)
@@ -38,9 +36,6 @@ MAX_RETRY = 3  # a trial lost this often is not queued again (it kills its worke
 OPEN_TRIES = 5  # opening an RDB storage whose schema another process is creating
 OWNER = "tune.owner"  # a trial's process: common.runlock.process_record() and the trial's number
 BEAT = "tune:heartbeat"  # a journal trial's heartbeat system attribute: [trial id, time]
-MEMORY = ("sqlite://", "sqlite:///:memory:")
-URL_HELP = "use sqlite:///PATH, an SQLAlchemy URL (postgresql://...), or journal:PATH (a file on a shared filesystem)"
-
 
 
 @contextlib.contextmanager
@@ -75,34 +70,6 @@ def retry_history(trial):
 
 
 # ------------------------------------------------------------------------------------------- opening
-def check_url(url):
-    """The checks --storage passes before anything is read or created (cli.py calls it at parse time)."""
-    if url.startswith("journal:"):
-        path = url[len("journal:"):]
-        if not path:
-            raise UserError(f"--storage {url}: journal: needs a file, e.g. journal:/shared/compare/tune.journal")
-        if os.path.isdir(path):
-            raise UserError(f"--storage {url}: {path} is a folder; name a file in it, e.g. "
-                            f"journal:{os.path.join(path, 'tune.journal')}")
-        return
-    if "://" not in url:
-        raise UserError(f"--storage {url}: not a storage URL; {URL_HELP}")
-    if url.split("?")[0] in MEMORY or "mode=memory" in url:
-        raise UserError(f"--storage {url}: an in-memory database vanishes when this process exits and no other "
-                        f"process can share it; give a file, sqlite:///PATH")
-    path = sqlite_path(url)
-    if path is not None and os.path.isdir(path):
-        raise UserError(f"--storage {url}: {path} is a folder; name a database file in it, e.g. "
-                        f"sqlite:///{os.path.join(path, 'studies.db')}")
-
-
-def sqlite_path(url):
-    """The file of an sqlite:///PATH URL (None for other URLs)."""
-    if not url.startswith("sqlite:///"):
-        return None
-    return os.path.abspath(url[len("sqlite:///"):].split("?")[0])
-
-
 def open_storage(url):
     """The Optuna storage of --storage URL; a URL that cannot be used: one line (UserError), nothing
     created or changed."""
@@ -114,32 +81,11 @@ def open_storage(url):
         _check_folder(url, os.path.dirname(path), create=True)
         if os.path.isfile(path) and not _writable(path):
             raise UserError(f"--storage {url}: {path} is read-only; make it writable or give another file")
-    with _schema_lock(path):
+    with schema_lock(path):
         return _rdb(url)
 
 
-@contextlib.contextmanager
-def _schema_lock(path):
-    """One process at a time opens a new SQLite study file: RDBStorage creates (or migrates) its schema on
-    open, and several workers started at once raced there ('table already exists', IntegrityError on
-    alembic_version). An flock on a file in the temporary folder named by the path's hash, so nothing
-    is added beside the study (SQLite is for one host: a shared filesystem takes journal:PATH); other
-    databases rely on the retries in _rdb."""
-    if path is None or fcntl is None:
-        yield
-        return
-    name = hashlib.sha256(os.path.realpath(path).encode()).hexdigest()[:16]
-    with open(os.path.join(tempfile.gettempdir(), f"optuna-schema-{name}.lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
 def _rdb(url):
-    import sqlalchemy
-
     shown = _shown(url)
     kwargs = {"connect_args": {"timeout": 120}} if url.startswith("sqlite") else {}
     for attempt in range(OPEN_TRIES):
@@ -170,15 +116,11 @@ def _fix(url):
 
 
 def _callback_keyword():
-    import inspect
-
     params = inspect.signature(optuna.storages.RDBStorage).parameters
     return "heartbeat_stale_trial_callback" if "heartbeat_stale_trial_callback" in params else "failed_trial_callback"
 
 
 def _journal(url, path):
-    from optuna.storages import journal
-
     _check_folder(url, os.path.dirname(path), create=False)
     if os.path.isfile(path) and not _writable(path):
         raise UserError(f"--storage {url}: {path} is read-only; make it writable or give another file")
@@ -234,8 +176,6 @@ def _writable(path):
 def _shown(url):
     """The URL as a message may show it: without its password."""
     with contextlib.suppress(Exception):
-        from sqlalchemy.engine import make_url
-
         return make_url(url).render_as_string(hide_password=True)
     return url
 

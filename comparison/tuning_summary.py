@@ -3,7 +3,11 @@ tuning section (comparison/report/tuning_section.py plots and words it; REPORT_D
 tuned comparison's plain words say was tuned (comparison/report/plain_words.py's TUNED)."""
 import json
 
+import optuna
+
+import configs
 from comparison import tuning
+from comparison.tuning_storage import retry_history
 
 
 def say_studies(studies):
@@ -25,8 +29,6 @@ def tuning_summary(studies, best, timing, tune_split, config_path):
     """What the report shows of each study (plain data: comparison/report/tuning_section.py plots it);
     `tune_split`: {"images", "fraction"} of the split the trials scored on; `config_path`: the
     config the untuned arm trains (its settings of each tuned key are shown beside the chosen ones)."""
-    from comparison.tuning_storage import retry_history
-
     out = {"timing": timing or None, "tune_split": tune_split, "variants": {}}
     for name, study in studies.items():
         frozen = study.study.get_trials(deepcopy=False)
@@ -47,8 +49,6 @@ def tuning_summary(studies, best, timing, tune_split, config_path):
 def config_settings(config_path, study):
     """{"params", "text"}: the untuned arm's value of each key the study tunes, from the config the
     variant resolves to (the comparison's and the variant's overrides: the untuned runs' own)."""
-    import configs
-
     cfg = configs.load_config(config_path, study.overrides)
     params = {}
     for key in study.space:
@@ -69,8 +69,6 @@ def tuned_words(studies):
 def importance(study):
     """Optuna's parameter importances (fANOVA) of the study, or None where it cannot say (it needs
     two tuned settings and complete trials that differ)."""
-    import optuna
-
     complete = [t for t in study.study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
     if len(study.space) < 2 or len(complete) < 2:
         return None

@@ -4,8 +4,9 @@ YAML files may extend another with `base: relative/path.yaml` (relative to the f
 sections are merged key by key, the child wins). Command-line overrides `key.sub=value` parse the
 value as a YAML scalar (`optim.lr=1e-3`, `train.ema=false`, `model.init_values=null`).
 
-Every mistake is a one-line `UserError`: unknown key (file and line named; a valid key suggested
-only when it is close: `suggest_key`), wrong type (key and expected type named), malformed YAML
+Every mistake is a one-line `UserError`: unknown key (file and line named, or the command line for
+an override's; a valid key suggested only when it is close: `suggest_key`), wrong type (key, expected
+type and where it was set named: a file's line, or the command line), malformed YAML
 (file and line), missing file, an empty or non-mapping file, a file that is not UTF-8 (byte offset
 named), a key given twice in one mapping at any depth (both lines named), bad choice, a number
 that is not finite or outside its range (the schema's metadata), a YAML alias, an override into a
@@ -37,6 +38,8 @@ from .yaml12 import DuplicateKeyError, SafeLoaderYaml12Bools
 from .yaml12 import show_value as _show
 
 YAML_SUFFIX = ".yaml"  # the configs' file names (configs/*.yaml; a run's config.yaml)
+# Where a key was set, when an override set it: the `sources` value a message names instead of a file's line.
+COMMAND_LINE = "the command line"
 
 
 # ----------------------------------------------------------------------------- reading YAML
@@ -44,6 +47,8 @@ def read_yaml_file(path, what="config file"):
     """The YAML document in `path` (None when empty), read as UTF-8 with this module's loader; a
     missing file, bytes that are not UTF-8, malformed YAML, an alias or a duplicate key is a
     one-line UserError naming the file (and the byte offset or line). -> (data, {dotted key: line})."""
+    if os.path.isdir(path):
+        raise UserError(f"{what} {path} is a folder, not a file; name a {YAML_SUFFIX} file{_files_in(path)}")
     if not os.path.isfile(path):
         raise UserError(f"{what} not found: {path}{_missing_file_hint(path)}")
     with open(path, "rb") as f:
@@ -68,6 +73,15 @@ def read_yaml_file(path, what="config file"):
     finally:
         loader.dispose()
     return data, _key_lines(node)
+
+
+def _files_in(folder, shown=3):
+    """' in it, e.g. F/a.yaml, F/b.yaml' for the first YAML files of a folder ('' when it has none)."""
+    try:
+        names = sorted(n for n in os.listdir(folder) if n.endswith(YAML_SUFFIX))
+    except OSError:
+        names = []
+    return f" in it, e.g. {', '.join(os.path.join(folder, n) for n in names[:shown])}" if names else ""
 
 
 def _missing_file_hint(path):
@@ -176,6 +190,15 @@ def _dotted_keys(data, prefix):
             yield f"{prefix}{key}"
 
 
+def _place(sources, key, file_form=" ({})"):
+    """Where `key` was set, for a message: ' on the command line' for an override, the file and line (in
+    `file_form`) for a file's key, '' when not known."""
+    where = (sources or {}).get(key)
+    if where is None:
+        return ""
+    return f" on {COMMAND_LINE}" if where == COMMAND_LINE else file_form.format(where)
+
+
 def _unknown_key(full, names, sources, value=None):
     hint = suggest_key(full)
     if hint is None and isinstance(value, dict):  # a misspelt section: the keys under it say which was meant
@@ -184,7 +207,7 @@ def _unknown_key(full, names, sources, value=None):
             if hint is not None:
                 full = key  # 'haed.name', named with its suggestion 'head.name'
                 break
-    where = f" at {sources[full]}" if full in sources else ""
+    where = _place(sources, full, " at {}")
     tip = (f"; {REPLACED_KEYS[full]}" if full in REPLACED_KEYS else
            f"; did you mean '{hint}'?" if hint else
            f"; valid keys here: {', '.join(sorted(names))} (python train.py --help-config lists every key)")
@@ -280,7 +303,7 @@ def _build(cls, data, prefix="", sources=None):
         try:
             kwargs[key] = _coerce(value, tp)
         except _TypeMismatch:
-            where = f" ({sources[full]})" if full in sources else ""
+            where = _place(sources, full)
             raise UserError(f"config key '{full}' expects {_type_name(tp)}, got {_show(value)} "
                             f"({type(value).__name__}){where}") from None
     return cls(**kwargs)
@@ -296,20 +319,21 @@ def _leaves(obj, prefix=""):
             yield prefix + f.name, value
 
 
-def _check_numbers(cfg):
+def _check_numbers(cfg, sources=None):
     """Every float finite; every field of RANGES inside its interval (None allowed where typed so)."""
     for key, value in _leaves(cfg):
         values = value if isinstance(value, tuple) else (value,)
         if any(isinstance(v, float) and not math.isfinite(v) for v in values):
-            raise UserError(f"config key '{key}' must be a finite number, got {_show(value)}")
+            raise UserError(f"config key '{key}' must be a finite number, got {_show(value)}{_place(sources, key)}")
         if key in RANGES and value is not None:
             interval = parse_interval(RANGES[key])
             if not all(v in interval for v in values):
                 raise UserError(f"config key '{key}' must be {interval.describe()}"
-                                f"{' (each)' if isinstance(value, tuple) else ''}, got {_show(value)}")
+                                f"{' (each)' if isinstance(value, tuple) else ''}, got {_show(value)}"
+                                f"{_place(sources, key)}")
 
 
-def _check(cfg):
+def _check(cfg, sources=None):
     values = dict(_leaves(cfg))
     for key, choices in CHOICES.items():
         items = values[key] if isinstance(values[key], tuple) else (values[key],)  # a list: each of them
@@ -317,8 +341,8 @@ def _check(cfg):
         if not items or bad:
             raise UserError(f"config key '{key}' must be one of {', '.join(choices)}"
                             f"{' (each)' if isinstance(values[key], tuple) else ''}; got {_show(values[key])}"
-                            f"{suggest_value(bad[0], choices) if bad else ''}")
-    _check_numbers(cfg)
+                            f"{_place(sources, key)}{suggest_value(bad[0], choices) if bad else ''}")
+    _check_numbers(cfg, sources)
     check_head_settings(cfg.head)
     check_finetune_settings(cfg)
     model = cfg.model
@@ -342,20 +366,27 @@ def check_head_settings(head):
 
 def config_from_dict(data, default_name="run", sources=None):
     """Build and check a Config from a nested dict (a YAML file's, after overrides). `sources`:
-    {dotted key: 'file:line'}, so that an unknown key or a wrong type names where it was written."""
+    {dotted key: 'file:line', or COMMAND_LINE for an override's key (`with_overrides`)}, so that an unknown
+    key, a wrong type, a bad choice or an out-of-range number names where it was set."""
     data = dict(data)
     data.setdefault("name", default_name)
-    cfg = _check(_build(Config, data, sources=sources))
+    cfg = _check(_build(Config, data, sources=sources), sources)
     cfg.train.output_dir = cfg.train.output_dir.replace("{name}", cfg.name)
     return cfg
+
+
+def with_overrides(data, sources, overrides):
+    """`data` with the overrides applied (configs/overrides.py); each overridden key is no longer the
+    file's: its place in `sources` becomes the command line, which a message about it then names."""
+    for item in overrides or ():
+        sources[item[0] if isinstance(item, tuple) else ".".join(parse_override(item)[0])] = COMMAND_LINE
+    return apply_overrides(data, overrides)
 
 
 def load_config(path, overrides=()):
     """Read `path` (following `base:` chains), apply `key.sub=value` overrides, validate."""
     data, sources = _load_chain(path)
-    for item in overrides or ():  # an overridden key is no longer the file's
-        sources.pop(item[0] if isinstance(item, tuple) else ".".join(parse_override(item)[0]), None)
-    data = apply_overrides(data, overrides)
+    data = with_overrides(data, sources, overrides)
     return config_from_dict(data, default_name=os.path.splitext(os.path.basename(path))[0], sources=sources)
 
 
@@ -382,6 +413,6 @@ def load_run_config(run_dir, overrides=()):
         raise UserError(f"no {rundir.CONFIG} in {run_dir}: is it a run directory written by train.py?")
     data, sources = _read_yaml(path)
     data.pop("base", None)
-    data = apply_overrides(data, overrides)
+    data = with_overrides(data, sources, overrides)
     return config_from_dict(data, default_name=os.path.basename(os.path.abspath(os.path.dirname(path))),
                             sources=sources)

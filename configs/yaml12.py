@@ -4,6 +4,8 @@ import re
 
 import yaml
 
+MAX_DEPTH = 64  # nested collections a document may hold (a config holds 3: section, key, list)
+
 
 class SafeLoaderYaml12Bools(yaml.SafeLoader):
     """yaml.SafeLoader (no object construction) whose booleans are YAML 1.2's: only true/false,
@@ -17,17 +19,29 @@ class SafeLoaderYaml12Bools(yaml.SafeLoader):
 
     Keys given twice in one mapping (at any depth) are refused (`DuplicateKeyError`), where
     yaml.safe_load silently keeps the last one: `optim: {lr: 1.0e-4, lr: 5.0e-2}` is a mistake.
+
+    Collections nested deeper than MAX_DEPTH are refused where the first one too deep opens: PyYAML
+    composes them by recursion, and a few thousand levels of `[[[...` overflow Python's stack.
     """
 
     def __init__(self, stream):
         super().__init__(stream)
         self._paths = {}  # id(mapping node) -> its dotted key, for duplicate-key messages
+        self._depth = 0
 
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
             raise yaml.composer.ComposerError(None, None, "YAML aliases (*name) are not allowed in a config; write "
                                               "the value out or share it with base:", self.peek_event().start_mark)
-        return super().compose_node(parent, index)
+        if self._depth >= MAX_DEPTH:
+            raise yaml.composer.ComposerError(None, None, f"collections nested deeper than {MAX_DEPTH} levels; a "
+                                              "config is sections of keys, a few levels deep",
+                                              self.peek_event().start_mark)
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):

@@ -31,16 +31,29 @@ from . import dali_params as P
 from .loaders import epoch_train_batches
 from .registry import dataset_names, dataset_spec
 from .samplers import eval_batches
-from .transforms import eval_transform
+from .transforms import eval_transform, train_crop_mode
 
 _PREFETCH_BATCHES = 3  # host read-ahead, in batches
+INSTALL_HINT = ("NVIDIA DALI is not installed: pip install -r requirements-dali.txt "
+                "(or pip install nvidia-dali-cuda130), or set data.backend=pil")
+
+
+def dali_available():
+    try:
+        import nvidia.dali  # noqa: F401  (optional: requirements-dali.txt)
+    except ImportError:
+        return False
+    return True
+
+
+def require_dali():
+    """Raise the one-line UserError saying how to install DALI unless it imports."""
+    if not dali_available():
+        raise UserError(INSTALL_HINT)
 
 
 def check_dali_config(cfg):
     """UserError (one line) for data settings the DALI path does not implement."""
-    from .dali_pipeline import require_dali
-    from .transforms import train_crop_mode
-
     if not dataset_spec(cfg.dataset).dali:
         raise UserError(f"data.backend=dali supports data.dataset {' or '.join(dataset_names(dali=True))}, not "
                         f"'{cfg.dataset}' (the in-memory datasets use the device path: set data.backend=pil)")
@@ -70,8 +83,6 @@ def explain_backend(cfg, device=None):
     phrase saying why, for the run's first log lines. auto takes DALI when it is installed, the
     dataset is a folder or shards, the training device is a CUDA GPU and every data option is one
     the DALI path implements; otherwise PIL, never an error."""
-    from .dali_pipeline import dali_available
-
     if cfg.backend != "auto":
         return cfg.backend, f"data.backend={cfg.backend}"
     if not dataset_spec(cfg.dataset).dali:
@@ -289,10 +300,11 @@ class _DaliLoader:
             _PIPELINES.popitem(last=False)
 
     def __init__(self, dataset, cfg, tasks, device):
-        from .dali_pipeline import require_dali
-
         require_dali()
         check_dali_config(cfg)
+        from . import dali_pipeline  # optional: NVIDIA DALI (requirements-dali.txt), found by require_dali
+
+        self.dali = dali_pipeline  # the pipeline definitions (DALI's own imports at that module's top)
         self.dataset, self.cfg, self.tasks = dataset, cfg, tasks
         self.device = torch.device(device)
         gpu = self.device.type == "cuda"
@@ -331,13 +343,11 @@ class _DaliLoader:
         return fed[0].t
 
     def _to_torch(self, tensor_list):
-        from nvidia.dali.plugin.pytorch import feed_ndarray
-
         dense = tensor_list.as_tensor()
         device = self.device if self.device_id is not None else None
         out = torch.empty(dense.shape(), dtype=torch.float32, device=device)
         stream = torch.cuda.current_stream(self.device) if self.device_id is not None else None
-        feed_ndarray(dense, out, cuda_stream=stream)
+        self.dali.feed_ndarray(dense, out, cuda_stream=stream)
         return out.to(self.device, non_blocking=True)
 
     def _labels(self, batch):
@@ -369,16 +379,13 @@ class DaliTrainLoader(_DaliLoader):
                 self.num_threads, self.device_id)
 
     def build_pipeline(self, source):
-        from .dali_pipeline import build_train_pipeline
-
-        return build_train_pipeline(source, image_size=self.cfg.image_size, mean=self.cfg.mean, std=self.cfg.std,
-                                    interpolation=self.cfg.interpolation, ra_spec=self.ra_spec,
-                                    batch_size=self.cfg.batch_size, num_threads=self.num_threads,
-                                    device_id=self.device_id, num_outputs=4 if self.ra_spec is None else 7)
+        return self.dali.build_train_pipeline(source, image_size=self.cfg.image_size, mean=self.cfg.mean,
+                                              std=self.cfg.std, interpolation=self.cfg.interpolation,
+                                              ra_spec=self.ra_spec, batch_size=self.cfg.batch_size,
+                                              num_threads=self.num_threads, device_id=self.device_id,
+                                              num_outputs=4 if self.ra_spec is None else 7)
 
     def prepare(self, t, resolved, seeds):
-        from .dali_pipeline import RA_NUM_OPS
-
         labels = [int(self.dataset.samples[r[0]][1]) for r in resolved]
         batch = _HostBatch(t, resolved, np.asarray(seeds, dtype=np.uint64), labels)
         widths = np.array([r[2][0] for r in resolved])
@@ -390,7 +397,7 @@ class DaliTrainLoader(_DaliLoader):
         feed = [[np.frombuffer(r[1], dtype=np.uint8) for r in resolved], list(anchors), list(shapes),
                 [np.array(f, dtype=np.int32) for f in flip]]
         if self.ra_spec is not None:
-            op, bins, signs = P.rand_augment_plan(batch.seeds, self.ra_spec, RA_NUM_OPS)
+            op, bins, signs = P.rand_augment_plan(batch.seeds, self.ra_spec, self.dali.RA_NUM_OPS)
             feed += [list(op), list(bins), list(signs)]
         batch.feed = tuple(feed)
         if self.cfg.reprob > 0:
@@ -434,12 +441,10 @@ class DaliEvalLoader(_DaliLoader):
                 self.num_threads, self.device_id)
 
     def build_pipeline(self, source):
-        from .dali_pipeline import build_eval_pipeline
-
         spec = eval_transform(self.cfg)  # the transform the PIL path and the exports describe
-        return build_eval_pipeline(source, image_size=spec.image_size, mean=spec.mean, std=spec.std,
-                                   interpolation=spec.interpolation, batch_size=self.cfg.eval_batch_size,
-                                   num_threads=self.num_threads, device_id=self.device_id)
+        return self.dali.build_eval_pipeline(source, image_size=spec.image_size, mean=spec.mean, std=spec.std,
+                                             interpolation=spec.interpolation, batch_size=self.cfg.eval_batch_size,
+                                             num_threads=self.num_threads, device_id=self.device_id)
 
     def prepare(self, t, resolved, seeds):
         labels = [int(self.dataset.samples[r[0]][1]) for r in resolved]

@@ -15,35 +15,21 @@ floor(image_size / crop_pct), centre crop, normalise.
 Known differences from timm's PIL ops (distributional, not per-pixel): geometric RandAugment ops
 interpolate bilinearly and fill with one grey level (DALI takes a scalar fill; timm fills with
 the per-channel ImageNet mean); equalize follows OpenCV's formula (DALI).
+
+DALI is optional (requirements-dali.txt): this module imports it at its top, and data/dali_loader.py
+imports this module only once `require_dali` found it (`dali_available` says whether it is installed).
 """
 import numpy as np
+from nvidia.dali import fn, pipeline_def, types
+from nvidia.dali import math as dmath
+from nvidia.dali.auto_aug import augmentations
+from nvidia.dali.pipeline import do_not_convert
+from nvidia.dali.plugin.pytorch import feed_ndarray  # noqa: F401  (the loaders' copy into torch tensors)
 
-INSTALL_HINT = ("NVIDIA DALI is not installed: pip install -r requirements-dali.txt "
-                "(or pip install nvidia-dali-cuda130), or set data.backend=pil")
 FILL_GREY = 115  # ~ mean of timm's per-channel fill (124, 116, 104)
 
 
-def dali_available():
-    try:
-        import nvidia.dali  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def require_dali():
-    """Import DALI or raise the one-line UserError saying how to install it."""
-    try:
-        import nvidia.dali  # noqa: F401
-    except ImportError:
-        from common.errors import UserError
-
-        raise UserError(INSTALL_HINT) from None
-
-
 def _interp(name):
-    from nvidia.dali import types
-
     return {"bicubic": types.INTERP_CUBIC, "bilinear": types.INTERP_LINEAR, "nearest": types.INTERP_NN,
             "random": types.INTERP_CUBIC}[name]
 
@@ -65,10 +51,7 @@ def rand_augment_suite(spec, image_size):
     precomputed here: the pipeline only looks parameters up with the host's bins and signs, and
     DALI's graph tracer never calls back into Python per magnitude (which made builds take ~20 s).
     """
-    from nvidia.dali import fn, types
-    from nvidia.dali import math as dmath
-    from nvidia.dali.auto_aug import augmentations as a
-
+    a = augmentations  # (short: the suite below names twelve of its ops)
     level, sign = _signed_levels(spec)
     frac = level / 10.0  # timm: level / _LEVEL_DENOM
     f32 = np.float32
@@ -123,12 +106,6 @@ def rand_augment_suite(spec, image_size):
     ]
 
 
-def do_not_convert(func):
-    from nvidia.dali.pipeline import do_not_convert as dont
-
-    return dont(func)
-
-
 def _apply_one(suite, op_idx, images, params, lo, hi):
     """Apply suite[op_idx] per sample: binary split of the batch with DALI conditionals (as
     nvidia.dali.auto_aug.core.select does), each leaf sees only its samples."""
@@ -149,8 +126,6 @@ def build_train_pipeline(source, *, image_size, mean, std, interpolation, ra_spe
                          device_id, num_outputs):
     """source() -> per batch: (encoded images, crop anchors (x, y), crop shapes (w, h), flips,
     [op indices, magnitude bins, signs]); raises StopIteration after the last batch."""
-    from nvidia.dali import fn, pipeline_def, types
-
     gpu = device_id is not None
 
     @pipeline_def(enable_conditionals=ra_spec is not None)
@@ -186,8 +161,6 @@ def build_train_pipeline(source, *, image_size, mean, std, interpolation, ra_spe
 def build_eval_pipeline(source, *, image_size, mean, std, interpolation, batch_size, num_threads, device_id):
     """source() -> per batch: (encoded images, resized (h, w), crop anchors (x, y), crop shapes (w, h));
     StopIteration at the end. (Anchors and shapes come from the host: slice takes them as CPU inputs.)"""
-    from nvidia.dali import fn, pipeline_def, types
-
     gpu = device_id is not None
 
     @pipeline_def

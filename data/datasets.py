@@ -7,6 +7,7 @@ from common.errors import UserError
 from common.seeding import mix_seed
 
 from .arrays import ArrayDataset
+from .dali_loader import check_dali_config
 from .names import SPLITS
 from .registry import dataset_spec
 from .transforms import build_eval_transform, build_train_transform
@@ -22,8 +23,6 @@ def _check(cfg, split):
     if split == "tune" and cfg.tune_fraction <= 0:
         raise UserError("the tune split needs data.tune_fraction > 0 (e.g. data.tune_fraction=0.1)")
     if cfg.backend == "dali":
-        from .dali_loader import check_dali_config
-
         check_dali_config(cfg)
 
 

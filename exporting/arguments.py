@@ -7,7 +7,7 @@ from common import sidecar_format
 from common.errors import UserError
 from common.suggest import choice_metavar, one_of
 from configs.overrides import parse_command_line
-from inference.arguments import add_run_arguments, check_run_path
+from inference.arguments import add_run_arguments, check_run_config, check_run_path
 
 from .dependencies import check_dependencies
 from .destinations import check_file_output, check_timm_folder, default_folder, default_output
@@ -42,13 +42,14 @@ def output_of(args) -> str:
 
 
 def check_export_args(args):
-    """What export can check before torch loads, each one line: the flags, the run's path, the
+    """What export can check before torch loads, each one line: the flags, the run's path and config, the
     format's packages (exporting/dependencies.py), then the destination (an existing one needs
-    --overwrite; one that cannot be written is exit 74)."""
+    --overwrite; one that cannot be written is exit 74; none is made before the export writes)."""
     if args.format == "timm" and args.head_probabilities:
         raise UserError("--format timm exports timm's model, which returns logits: drop --head-probabilities "
                         "(config.json says how to get the head's probabilities), or use --format onnx")
     check_run_path(args.checkpoint)
+    check_run_config(args)
     check_dependencies(args.format)
     if args.format == "timm":
         check_timm_folder(output_of(args), args.overwrite)

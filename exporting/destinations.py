@@ -28,14 +28,14 @@ def default_folder(checkpoint: str, ema: bool) -> str:
 def check_file_output(output: str, fmt: str, overwrite: bool) -> None:
     """OUTPUT and OUTPUT.json may be written: not a folder, not there unless --overwrite, and the
     folder writable (common.io.prepare_output: a path through a file or a read-only folder is one
-    line, exit 74; it creates the folder OUTPUT goes into)."""
+    line, exit 74; a folder it makes to check is removed again: the export makes it when it writes)."""
     if os.path.isdir(output):
         raise UserError(f"--output {output} is a directory; give a file name "
                         f"(e.g. {os.path.join(output, 'model' + SUFFIX[fmt])})")
     for path in (output, sidecar_path(output)):
         if os.path.lexists(path) and not overwrite:
             raise UserError(f"{path} exists; pass --overwrite to replace it, or choose --output")
-    prepare_output(output)
+    prepare_output(output, make=False)
 
 
 def check_timm_folder(folder: str, overwrite: bool) -> None:

@@ -200,7 +200,7 @@ def export_timm_folder(args) -> str:
     folder = output_of(args)
     run = open_from_args(args)
     timm_folder.check_exportable(run.cfg, head_spec(run.cfg.head.name))  # before reading the weights
-    prepare_output(folder, folder=True)  # made now that the run is known to export (arguments.py checked it)
+    prepare_output(folder, folder=True, make=False)  # before the weights are read; made when written
     classes = run.classes()
     cfg, model = run.cfg, run.build_model(len(classes))
     with writing_into(folder, purpose="export"):  # its own folder: a killed export's temp files go first

@@ -12,13 +12,15 @@ from common.suggest import choice_metavar, one_of
 from configs.overrides import parse_command_line
 from data.image_list import list_images
 from data.names import SPLITS
+from inference.run_config import CHANGE_FLAG, CHANGED_KEY, TRAINED_SECTIONS, is_checkpoint_dir, opened_config
 
 ACCEPT_FLAG = "--accept-changed-weights"  # use weights whose sha256 differs from the run's record (weights_record.py)
 
 
 def add_run_arguments(parser, *, positional=False, data_flags=False, batch_help="per-process batch size"):
     """The flags that say what to open, as one argparse group: --checkpoint (or a positional
-    RUN_DIR|WEIGHTS), --config, --model, --head, --img-size, --ema, --accept-changed-weights; with
+    RUN_DIR|WEIGHTS), --config, --model, --head, --img-size, --ema, --accept-changed-weights,
+    --accept-changed-model; with
     data_flags also --dataset, --data-root and --batch-size (overrides of data.dataset, data.root,
     data.eval_batch_size)."""
     g = parser.add_argument_group("what to open")
@@ -38,6 +40,10 @@ def add_run_arguments(parser, *, positional=False, data_flags=False, batch_help=
     g.add_argument(ACCEPT_FLAG, action="store_true",
                    help="use weights whose sha256 differs from the one the run recorded for them (its "
                         "checkpoint's COMPLETE.json), with a warning; without it such a file is refused")
+    g.add_argument(CHANGE_FLAG, action="store_true",
+                   help=f"use a run or checkpoint with {', '.join(s + '.*' for s in TRAINED_SECTIONS)}, the input "
+                        "size, eval transform or held-out splits changed on the command line (a warning; eval.py "
+                        f"records it as {CHANGED_KEY}); without it such a change is refused")
     if data_flags:
         g.add_argument("--dataset", help="override data.dataset")
         g.add_argument("--data-root", help="override data.root")
@@ -49,18 +55,42 @@ def add_run_arguments(parser, *, positional=False, data_flags=False, batch_help=
 DATA_FLAGS = (("dataset", "data.dataset"), ("data_root", "data.root"), ("batch_size", "data.eval_batch_size"))
 
 
+def flag_overrides(model=None, head=None, img_size=None):
+    """The typed flags --model, --head, --img-size as (key, value) overrides: set as they are, never
+    parsed back from text."""
+    flags = (("model.name", model), ("head.name", head), ("data.image_size", img_size))
+    return [(key, value) for key, value in flags if value]
+
+
+def data_overrides(args):
+    """The data flags a command has (DATA_FLAGS) as (key, value) overrides."""
+    return [(key, getattr(args, flag)) for flag, key in DATA_FLAGS if getattr(args, flag, None)]
+
+
 def check_run_path(path):
     """What --checkpoint names exists (open_run asks again; the entry points ask before torch loads)."""
     if not os.path.exists(path):
         raise UserError(f"checkpoint not found: {path} (give a train.py run directory or a weights file)")
 
 
+def check_run_config(args):
+    """The config a run directory or checkpoint is opened with (inference/run_config.py), read now: a
+    mistake on the command line or in the run's file, or a change of what the run trained, is one line
+    before torch loads (open_run asks again). A weights file's config needs the model variants (torch): later."""
+    path = args.checkpoint
+    if is_checkpoint_dir(path) or os.path.isfile(os.path.join(path, rundir.CONFIG)):
+        flags = flag_overrides(args.model, args.head, args.img_size) + data_overrides(args) + list(args.overrides)
+        opened_config(path, config=args.config, flags=flags, accept=args.accept_changed_model)
+
+
 # ============================================================================ eval.py
 def check_eval_args(args):
-    """What eval.py can check before torch loads, in the order its body does: the output, the run's path."""
+    """What eval.py can check before torch loads, in the order its body does: the output, the run's path
+    and config."""
     if args.output:
-        prepare_output(args.output)  # a bad --output is one line now, not after the forward passes
+        prepare_output(args.output, make=False)  # a bad --output is one line now, not after the forward passes
     check_run_path(args.checkpoint)
+    check_run_config(args)
 
 
 CALIB_SOURCES = ("auto", "calib", "val-half", "none")
@@ -124,7 +154,7 @@ def parse_predict_args(argv, doc):
 
 def check_predict_args(args):
     """What predict.py can check before torch loads: the flags, then the output (a path through a file or
-    a read-only folder is one line now), then the run's path, then the images: args.image_paths, the list
+    a read-only folder is one line now), then the run's path and config, then the images: args.image_paths, the list
     the body predicts (a folder without images is one line now, not after torch and the model load)."""
     ext = os.path.splitext(args.output)[1].lower()
     if ext not in OUTPUT_FORMATS:
@@ -138,8 +168,9 @@ def check_predict_args(args):
         if value is not None and value < (1 if flag == "batch_size" else 0):
             raise UserError(f"--{flag.replace('_', '-')} must be {'positive' if flag == 'batch_size' else '>= 0'}, "
                             f"got {value}")
-    prepare_output(args.output)
+    prepare_output(args.output, make=False)
     check_run_path(args.checkpoint)
+    check_run_config(args)
     args.image_paths = list_images(args.images)
 
 
@@ -176,8 +207,8 @@ def parse_extract_args(argv, doc):
 
 
 def check_extract_args(args):
-    """What scripts/extract_features.py can check before torch loads: where it writes, and that what it
-    reads exists."""
+    """What scripts/extract_features.py can check before torch loads: where it writes (made only when it
+    writes: a refusal leaves no empty folder), that what it reads exists, and the run's config."""
     out = args.output
     if os.path.exists(out) and not os.path.isdir(out):
         raise UserError(f"--output {out} is a file; give a folder")
@@ -185,5 +216,6 @@ def check_extract_args(args):
         raise UserError(f"--output {out} holds the source --checkpoint {args.checkpoint}: the extraction would write "
                         f"into what it reads; give another --output, e.g. --output "
                         f"features/{os.path.basename(os.path.normpath(args.checkpoint))}")
-    prepare_output(out, folder=True)  # a path through a file or a read-only folder: one line before any forward
+    prepare_output(out, folder=True, make=False)  # a path through a file or a read-only folder: one line now
     check_run_path(args.checkpoint)
+    check_run_config(args)

@@ -18,6 +18,7 @@ from evaluation.calibration_file import conformal_path, save_thresholds
 from evaluation.evaluate import evaluate
 from evaluation.examples import save_examples
 from inference.processes import inference_accelerator
+from inference.run_config import CHANGED_KEY
 from inference.step_progress import step_progress
 from inference.trained_run import open_from_args
 
@@ -186,6 +187,8 @@ def main(args):
     }
     result["skipped_images"] = skipped
     result["learn_alpha"] = head.learn_alpha  # its alpha is where training moved it (report tables show it)
+    if run.changed_from_run:  # --accept-changed-model: where this model differs from the one the run trained
+        result[CHANGED_KEY] = run.changed_from_run
     if skipped and not preds.totals["n"]:
         print(f"warning: every image of the {args.split} split ({skipped}) was undecodable and skipped "
               f"(data.skip_corrupt): no image was evaluated, the metrics are null", file=sys.stderr)

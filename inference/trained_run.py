@@ -11,18 +11,24 @@ scripts/extract_features.py, the benchmarks) opens them here, so they agree on w
   config comes from `config=` or from `model=` (with `head=`, `img_size=`; the variant's own image
   size by default), the classes from the configured dataset.
 
-`open_run(path, config=, model=, head=, img_size=, ema=, overrides=, accept_changed_weights=)` ->
-TrainedRun: the resolved config, the weights file and kind (raw | ema | file), the classes, the
+`open_run(path, config=, model=, head=, img_size=, ema=, overrides=, accept_changed_weights=,
+accept_changed_model=)` -> TrainedRun: the resolved config (inference/run_config.py: a run's or
+checkpoint's own, whose trained model the command line may not change unless accept_changed_model;
+the changes then in `changed_from_run`), the weights file and kind (raw | ema | file), the classes, the
 evaluation transform (the one builder of data/transforms.py, the transform eval.py's data pipeline
 applies) and the built model. The weights are read once, hashed, and checked against the sha256 the
 run recorded for them (inference/weights_record.py; --accept-changed-weights uses a changed file
 anyway); a class list whose length is not the weights' class count is one line naming the list.
+A run directory is opened once its training finished (summary.json) or while it trains: the weights
+of one that stopped before the end are refused in one line naming the command that goes on
+(inference/run_status.py).
 `add_run_arguments` (inference/arguments.py, torch-free) is the one argparse group of those flags,
 `open_from_args` its reader, the overrides every command takes are configs/overrides.py's dialect.
 A path that cannot be opened is one UserError line naming the cause and the fix.
 """
 import dataclasses
 import os
+import sys
 from typing import List, Optional
 
 from PIL import Image
@@ -37,15 +43,14 @@ from configs.loader import config_to_dict
 from configs.overrides import apply_overrides
 from data.classes import load_class_names
 from data.transforms import build_eval_transform, eval_transform
-from inference.arguments import DATA_FLAGS, check_run_path
-from inference.run_status import missing_weights_error
+from inference.arguments import check_run_path, data_overrides, flag_overrides
+from inference.run_config import is_checkpoint_dir, opened_config
+from inference.run_status import check_finished, missing_weights_error
 from inference.weights_record import check_weights_record
 from models.convert import convert_state_dict
 from models.pretrained import CLASSIFIER_PREFIX, renamed_state_dict, weights_patch_grid
 from models.resmlp import VARIANTS
-from training.checkpoint.state import read_trainer_state
 from training.feature_probe import build_eval_probe
-from training.resume_policy import fingerprint_config
 
 # what was opened
 RUN, CHECKPOINT, FILE = "run", "checkpoint", "file"
@@ -62,6 +67,9 @@ class TrainedRun:
     weights_kind: str  # raw | ema | file
     weights_sha256: Optional[str] = None  # of the bytes build_model loaded (None before it ran)
     accept_changed_weights: bool = False  # use weights that differ from the run's record of them (a warning)
+    # the trained model's keys used with other values than the run trained (--accept-changed-model):
+    # {key: {"trained": value, "used": value}} (inference/run_config.py)
+    changed_from_run: dict = dataclasses.field(default_factory=dict)
 
     @property
     def run_dir(self) -> Optional[str]:
@@ -128,20 +136,24 @@ def classifier_classes(state_dict):
 
 # ------------------------------------------------------------------------------------------ opening
 def open_run(path, *, config=None, model=None, head=None, img_size=None, ema=False, overrides=(),
-             accept_changed_weights=False) -> TrainedRun:
+             accept_changed_weights=False, accept_changed_model=False) -> TrainedRun:
     """Open a run directory, a checkpoint directory or a weights file (module docstring).
     `overrides`: `key.sub=value` strings applied after model/head/img_size."""
-    run = _open(path, config, model, head, img_size, ema, overrides)
+    run = _open(path, config, model, head, img_size, ema, overrides, accept_changed_model)
     run.accept_changed_weights = accept_changed_weights
     return run
 
 
-def _open(path, config, model, head, img_size, ema, overrides):
-    """Which of the three `path` is, and its TrainedRun (open_run's arguments, its flag aside)."""
+def _warn(line):
+    print(line, file=sys.stderr)
+
+
+def _open(path, config, model, head, img_size, ema, overrides, accept_changed_model=False):
+    """Which of the three `path` is, and its TrainedRun (open_run's arguments, its weights flag aside)."""
     check_run_path(path)
-    flags = _flag_overrides(model, head, img_size) + list(overrides)
+    flags = flag_overrides(model, head, img_size) + list(overrides)
     if is_checkpoint_dir(path):
-        return _open_checkpoint_dir(path, config, ema, flags)
+        return _open_checkpoint_dir(path, config, ema, flags, accept_changed_model)
     if os.path.isdir(path):
         name = rundir.EMA_WEIGHTS if ema else rundir.WEIGHTS
         weights = os.path.join(path, name)
@@ -149,8 +161,9 @@ def _open(path, config, model, head, img_size, ema, overrides):
             if ema and os.path.isfile(os.path.join(path, rundir.WEIGHTS)):
                 raise UserError(f"{path} has no {rundir.EMA_WEIGHTS} (trained with train.ema=false?); drop --ema")
             raise missing_weights_error(path, name)
-        cfg = configs.load_config(config, flags) if config else configs.load_run_config(path, flags)
-        return TrainedRun(path, RUN, cfg, weights, "ema" if ema else "raw")
+        check_finished(path, name)
+        cfg, changed = opened_config(path, config=config, flags=flags, accept=accept_changed_model, warn=_warn)
+        return TrainedRun(path, RUN, cfg, weights, "ema" if ema else "raw", changed_from_run=changed)
     if ema:
         raise UserError(f"--ema selects {rundir.EMA_WEIGHTS} inside a run directory; "
                         "for a weights file, pass that file itself")
@@ -161,37 +174,22 @@ def _open(path, config, model, head, img_size, ema, overrides):
                         f"or --model NAME (e.g. --model resmlp_s12 --dataset imagefolder --data-root DIR)")
     if not img_size:  # the variant's own size
         img_size = VARIANTS.get(model, {}).get("img_size", DEFAULT_IMG_SIZE)
-        flags = _flag_overrides(model, head, img_size) + list(overrides)
+        flags = flag_overrides(model, head, img_size) + list(overrides)
     name = os.path.splitext(os.path.basename(path))[0]
     cfg = configs.config_from_dict({}, default_name=name)
     cfg = configs.config_from_dict(apply_overrides(config_to_dict(cfg), flags), default_name=cfg.name)
     return TrainedRun(path, FILE, cfg, path, "file")
 
 
-def _open_checkpoint_dir(path, config, ema, flags):
+def _open_checkpoint_dir(path, config, ema, flags, accept_changed_model=False):
     """RUN/checkpoints/step_N: its weights, with the config that trained it (the fingerprint in its
     trainer state)."""
     weights = os.path.join(path, rundir.EMA_WEIGHTS if ema else rundir.WEIGHTS)
     if not os.path.isfile(weights):
         why = " (trained with train.ema=false?); drop --ema" if ema else ""
         raise UserError(f"checkpoint {path} has no {rundir.EMA_WEIGHTS if ema else rundir.WEIGHTS}{why}")
-    if config:
-        cfg = configs.load_config(config, flags)
-    else:
-        saved = read_trainer_state(path).config
-        cfg = configs.config_from_dict(apply_overrides(fingerprint_config(saved), flags))
-    return TrainedRun(path, CHECKPOINT, cfg, weights, "ema" if ema else "raw")
-
-
-def _flag_overrides(model=None, head=None, img_size=None):
-    """The typed flags as (key, value) overrides: set as they are, never parsed back from text."""
-    flags = (("model.name", model), ("head.name", head), ("data.image_size", img_size))
-    return [(key, value) for key, value in flags if value]
-
-
-def is_checkpoint_dir(path):
-    """A checkpoint of a run (RUN/checkpoints/step_N) rather than the run directory itself."""
-    return os.path.isfile(os.path.join(path, rundir.TRAINER_STATE))
+    cfg, changed = opened_config(path, config=config, flags=flags, accept=accept_changed_model, warn=_warn)
+    return TrainedRun(path, CHECKPOINT, cfg, weights, "ema" if ema else "raw", changed_from_run=changed)
 
 
 def run_dir_of(path):
@@ -224,7 +222,7 @@ def model_from_state_dict(cfg, state_dict, weights, num_classes):
 def open_from_args(args) -> TrainedRun:
     """open_run from add_run_arguments' flags, with --dataset/--data-root/--batch-size and the
     collected overrides when the command has them."""
-    data_overrides = [(key, getattr(args, flag)) for flag, key in DATA_FLAGS if getattr(args, flag, None)]
     return open_run(args.checkpoint, config=args.config, model=args.model, head=args.head, img_size=args.img_size,
-                    ema=args.ema, overrides=data_overrides + list(getattr(args, "overrides", [])),
-                    accept_changed_weights=getattr(args, "accept_changed_weights", False))
+                    ema=args.ema, overrides=data_overrides(args) + list(getattr(args, "overrides", [])),
+                    accept_changed_weights=getattr(args, "accept_changed_weights", False),
+                    accept_changed_model=getattr(args, "accept_changed_model", False))

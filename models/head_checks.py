@@ -3,6 +3,8 @@ declarations (models/registry.py) and the config loader read them before torch l
 head's module (am_softmax, normmax, taylor_softmax, topk_softmax, perturbmax) checks with the same
 objects. A number's check is a common.intervals.RangeCheck, whose `.range` is the text
 --help-config shows."""
+import math
+
 from common.errors import UserError
 from common.intervals import RangeCheck
 
@@ -48,8 +50,6 @@ def sigma_floor(eps: float) -> float:
     """Smallest sigma whose noise a dtype of machine epsilon `eps` resolves next to logits up to
     +-LOGIT_SCALE: RESOLUTION_STEPS times the dtype's spacing there (at most eps * LOGIT_SCALE),
     rounded up to two significant figures (the range --help-config shows is the one checked)."""
-    import math
-
     exact = RESOLUTION_STEPS * eps * LOGIT_SCALE
     unit = 10.0 ** (math.floor(math.log10(exact)) - 1)
     return float(f"{math.ceil(exact / unit) * unit:.2g}")

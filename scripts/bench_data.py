@@ -35,7 +35,12 @@ from PIL import Image
 
 import data
 from configs.schema import DataConfig
-from data.dali_pipeline import dali_available  # (DALI itself stays optional: imported inside)
+from data.dali_loader import dali_available  # (DALI itself stays optional: imported inside)
+
+try:  # registers the project's resmlp_* names with timm; without them make_model falls back to timm's own
+    from models import resmlp  # noqa: F401
+except ImportError:
+    pass
 
 
 def write_cifar_fixture(root, n):
@@ -214,10 +219,8 @@ def loader_throughput(ds, cfg, max_batches, max_s):
 
 def make_model(name, num_classes, fallback):
     try:
-        from models import resmlp  # noqa: F401  (registers the project's resmlp_* names)
-
         return timm.create_model(name, num_classes=num_classes), name
-    except (ImportError, RuntimeError) as e:
+    except RuntimeError as e:  # an unknown model: the project's did not import (above)
         return timm.create_model(fallback, num_classes=num_classes), f"{fallback} (fallback: {type(e).__name__})"
 
 

@@ -40,7 +40,7 @@ def designs(looks, alpha, margin):
     """{name: Design}: the sequential design by each method, and the fixed one at the last look."""
     out = {f"sequential ({method})": Design(margin=margin, looks=looks, alpha=alpha, method=method)
            for method in METHODS}
-    out[f"fixed, {looks[-1]} seeds"] = Design(margin=margin, looks=(looks[-1],), alpha=alpha, method="nominal-t")
+    out[f"fixed, {looks[-1]} seeds"] = Design(margin=margin, looks=(looks[-1],), alpha=alpha, method="bonferroni-t")
     return out
 
 

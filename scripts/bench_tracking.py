@@ -16,12 +16,16 @@ import time
 import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
 import torch
+from accelerate import Accelerator
+from accelerate.state import AcceleratorState, GradientState
+from accelerate.utils import ProjectConfiguration
+
+from configs.schema import HeadConfig, ModelConfig
+from models import create_classifier
+from training.trackers import installed, quiet_mlflow
 
 
 def make_step(batch):
-    from configs.schema import HeadConfig, ModelConfig
-    from models import create_classifier
-
     torch.manual_seed(0)
     model = create_classifier(ModelConfig(name="resmlp_tiny"), HeadConfig(), 10, img_size=32)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -38,16 +42,10 @@ def make_step(batch):
 
 def time_tracker(name, steps, batch, folder):
     """Seconds per logged step with tracker `name` ('none': no tracker)."""
-    from accelerate import Accelerator
-    from accelerate.state import AcceleratorState, GradientState
-    from accelerate.utils import ProjectConfiguration
-
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
     os.makedirs(folder, exist_ok=True)
     if name == "mlflow":
-        from training.trackers import quiet_mlflow
-
         os.environ["MLFLOW_TRACKING_URI"] = "sqlite:///" + os.path.join(folder, "mlflow.db")
         quiet_mlflow()
     accelerator = Accelerator(cpu=True, log_with=None if name == "none" else [name],
@@ -71,7 +69,6 @@ def main(argv=None):
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--trackers", nargs="+", default=["tensorboard", "mlflow"])
     args = p.parse_args(argv)
-    from training.trackers import installed
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     with tempfile.TemporaryDirectory() as folder:

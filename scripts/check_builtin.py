@@ -16,26 +16,26 @@ import time
 
 import _root  # noqa: F401  (the repository root on sys.path: scripts/_root.py)
 
+import timm
 import torch
 import torch.nn.functional as F
+from timm.models.mlp_mixer import Affine, MlpMixer, ResBlock
 
 import data
 from configs.schema import DataConfig
 
+try:  # the project's resmlp_tiny (registered with timm on this import), else timm's MlpMixer of its shape
+    from models import resmlp
+except ImportError:
+    resmlp = None
+
 
 def make_model(num_classes):
-    try:
-        import timm
-
-        from models import resmlp  # noqa: F401  (registers resmlp_tiny)
-
+    if resmlp is not None:
         return timm.create_model("resmlp_tiny", num_classes=num_classes), "models.resmlp resmlp_tiny"
-    except ImportError:
-        from timm.models.mlp_mixer import Affine, MlpMixer, ResBlock
-
-        m = MlpMixer(img_size=32, patch_size=4, num_blocks=4, embed_dim=128, block_layer=ResBlock,
-                     norm_layer=Affine, num_classes=num_classes)
-        return m, "timm MlpMixer(ResBlock, Affine) dim128 depth4 patch4"
+    m = MlpMixer(img_size=32, patch_size=4, num_blocks=4, embed_dim=128, block_layer=ResBlock,
+                 norm_layer=Affine, num_classes=num_classes)
+    return m, "timm MlpMixer(ResBlock, Affine) dim128 depth4 patch4"
 
 
 @torch.no_grad()

@@ -62,7 +62,9 @@ Signals: SIGTERM / SIGINT / SIGUSR1 are forwarded to the running train.py / eval
 second signal kills them, and no child outlives it.
 Resumable: a run with summary.json is trained and skipped; an interrupted one continues from its last
 checkpoint (--resume auto); a run evaluated already (eval.json, its per-example records and, when an
-OOD set is asked for, its OOD results) is not evaluated again.
+OOD set is asked for, its OOD results) is not evaluated again. Both files are checked before anything reads
+them (comparison/run_results.py): a damaged one, or another run's, is one line naming it, and the run is
+evaluated again (--report-only, which evaluates nothing, refuses).
 Report (REPORT_DIR; default reports/<config name> for the default runs folder, RUNS_DIR/report for
 --runs-dir RUNS_DIR): the folder records which runs folder it reports on (compare_source.json) and
 a report of another runs folder is refused unless --overwrite. report.md (mean ± std over seeds of every
@@ -100,7 +102,7 @@ def main(argv=None):
     args = parse_args(argv)
     base_cfg = cli.resolved_config(args)
     say_loading("compare_heads.py")
-    from comparison import command
+    from comparison import command  # heavy: torch, timm and Accelerate (seconds), after the checks
 
     return command.run(args, argv, base_cfg)
 

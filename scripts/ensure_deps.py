@@ -53,10 +53,10 @@ def read_requirements(path):
 
 def _requirement_type():
     try:
-        from packaging.requirements import Requirement
+        from packaging.requirements import Requirement  # optional: a bare environment may lack packaging
     except ImportError:  # a bare environment: pip always vendors packaging
         try:
-            from pip._vendor.packaging.requirements import Requirement
+            from pip._vendor.packaging.requirements import Requirement  # optional: pip's own copy
         except ImportError:
             raise UserError(f"{sys.executable} has no pip to install the requirements with; {FIX}") from None
     return Requirement

@@ -44,7 +44,7 @@ def main(argv=None):
     args = parse_args(argv)
     arguments.check_export_args(args)
     say_loading("export.py")  # before the imports' seconds, so the command does not look hung
-    from exporting import exporter
+    from exporting import exporter  # heavy: torch and timm (seconds), after the checks
 
     output = exporter.export(args)
     if args.format == "timm":

@@ -46,7 +46,7 @@ def main(argv=None):
     args = parse_args(argv)
     arguments.check_extract_args(args)
     say_loading("extract_features.py")
-    from inference import feature_extraction
+    from inference import feature_extraction  # heavy: torch, timm and Accelerate (seconds), after the checks
 
     return feature_extraction.extract(args)
 

@@ -21,7 +21,8 @@ def main(argv):
         print("error: give the path of a timm script first, e.g. pytorch-image-models/validate.py, then its "
               "arguments", file=sys.stderr)
         return 2
-    import models.resmlp  # noqa: F401 - registers this project's ResMLP variants with timm
+    # heavy: torch and timm (seconds), after the check; the import registers the project's ResMLP variants
+    import models.resmlp  # noqa: F401
 
     script = os.path.abspath(argv[0])
     sys.argv = [script, *argv[1:]]

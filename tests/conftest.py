@@ -30,11 +30,11 @@ from session_dir import make_session_dir
 # end of the run instead of one long file making a tail. The files that read the shared tiny
 # comparison come after enough other work for its build (by test_compare_worker.py) to be done.
 SLOW_FIRST = ("test_compare_worker.py", "test_tune_workers.py", "test_launcher_signals.py", "test_weights_record.py",
-              "test_trackers.py", "test_train_resume.py", "test_resume_world_size.py", "test_compare.py",
-              "test_run_safety.py", "test_tune.py", "test_eval.py", "test_heads.py", "test_features.py",
-              "test_predict.py", "test_launch_lines.py", "test_timm_contract.py", "test_train_distributed.py",
-              "test_docs_chain.py", "test_equivalence.py", "test_export.py", "test_distill.py", "test_model.py",
-              "test_seed_report.py", "test_pool_support.py")
+              "test_trackers.py", "test_tracker_records.py", "test_train_resume.py", "test_resume_world_size.py",
+              "test_compare.py", "test_run_safety.py", "test_tune.py", "test_eval.py", "test_heads.py",
+              "test_features.py", "test_predict.py", "test_launch_lines.py", "test_timm_contract.py",
+              "test_train_distributed.py", "test_docs_chain.py", "test_equivalence.py", "test_export.py",
+              "test_distill.py", "test_model.py", "test_seed_report.py", "test_pool_support.py")
 
 
 def pytest_configure(config):

@@ -11,6 +11,8 @@ tests/hooked_train.py --pause-after-step 2 --gate G"): train.py gets the hooks, 
 --step-delay-s X       sleep X seconds after each update (numerics untouched; lets a test kill mid-epoch)
 --pause-after-step N   after update N, add this process's pid to GATE.waiting and wait until GATE exists
                        (a test then signals the process at a known step, with no timing guess)
+--pause-before-start   the same before train.py is even imported (a test that needs a comparison live with a
+                       step under way, not the training itself; a signal then ends the step at once)
 --kill-during-save S   SIGKILL right after the weights of the step-S checkpoint are written into its
                        temporary directory (before the optimizer state and the completion marker),
                        through training.checkpoint.files's `_after_file_written` hook
@@ -41,10 +43,15 @@ class FaultHooks:
         if self.step_delay_s:
             time.sleep(self.step_delay_s)
         if step == self.pause_after_step:
-            with open(self.gate + ".waiting", "a") as f:  # one line per waiting process
-                f.write(f"{os.getpid()}\n")
-            while not os.path.exists(self.gate):
-                time.sleep(0.02)
+            wait_at_gate(self.gate)
+
+
+def wait_at_gate(gate):
+    """Add this process's pid to GATE.waiting, then wait until GATE exists."""
+    with open(gate + ".waiting", "a") as f:  # one line per waiting process
+        f.write(f"{os.getpid()}\n")
+    while not os.path.exists(gate):
+        time.sleep(0.02)
 
 
 def kill_during_save(step):
@@ -68,6 +75,7 @@ def main(argv=None):
     parser.add_argument("--pause-after-step", type=int, default=-1)
     parser.add_argument("--gate", default=None)
     parser.add_argument("--kill-during-save", type=int, default=None, metavar="STEP")
+    parser.add_argument("--pause-before-start", action="store_true")
     args, rest = parser.parse_known_args(argv)
     if rest and rest[0].endswith(".py"):  # used as a launcher: the script comes first
         script, rest = rest[0], rest[1:]
@@ -77,6 +85,8 @@ def main(argv=None):
             sys.argv = [script, *rest]
             runpy.run_path(script, run_name="__main__")
             return
+    if args.pause_before_start:
+        wait_at_gate(args.gate)
     import train
     from common.cli import run_cli
 

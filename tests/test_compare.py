@@ -41,6 +41,11 @@ def compare_args():
     return ["--config", "tiny.yaml", "--heads", *HEADS, "--seeds", "0", "--runs-dir", "runs", "--report-dir", "report"]
 
 
+# A rerun of the tiny comparison here leaves MLflow out: its build logs it once, which test_trackers.py reads,
+# and a rerun's log into the copied store costs seconds that no assertion here reads.
+NO_MLFLOW = ["--no-mlflow"]
+
+
 def _build_tiny_comparison(root):
     with open(os.path.join(root, "tiny.yaml"), "w") as f:
         f.write(TINY_CONFIG)
@@ -179,7 +184,7 @@ def test_one_run_after_another_runs_every_step_on_one_worker(tmp_path, monkeypat
     monkeypatch.setattr(WorkerSlot, "run", run)
     import compare_heads
 
-    assert compare_heads.main(compare_args()) == 0
+    assert compare_heads.main(compare_args() + NO_MLFLOW) == 0
     assert [s[1:] for s in slots] == [("train.py", None, True), ("eval.py", None, True)]
     assert len({s[0] for s in slots}) == 1
 
@@ -203,7 +208,7 @@ def test_second_invocation_runs_nothing(tmp_path, monkeypatch, capsys):
 
     calls = []
     fake_steps(monkeypatch, lambda *a, **k: calls.append(a) or 0)
-    assert compare_heads.main(compare_args()) == 0
+    assert compare_heads.main(compare_args() + NO_MLFLOW) == 0
     out = capsys.readouterr().out
     assert calls == []
     assert "0 training run(s) and 0 evaluation(s)" in out
@@ -223,7 +228,7 @@ def test_missing_eval_is_redone_without_retraining(tmp_path, monkeypatch, capsys
         old = json.load(f)
     os.remove(os.path.join(run, "eval.json"))
     summary_mtime = os.stat(os.path.join(run, "summary.json")).st_mtime_ns
-    assert compare_heads.main(compare_args() + ["--launcher", sys.executable]) == 0
+    assert compare_heads.main(compare_args() + NO_MLFLOW + ["--launcher", sys.executable]) == 0
     out = capsys.readouterr().out
     assert "0 training run(s) and 1 evaluation(s)" in out
     assert "train.py" not in out

@@ -20,13 +20,13 @@ import compare_heads  # noqa: E402
 from common import rundir  # noqa: E402
 from common.children import ChildProcesses  # noqa: E402
 from common.errors import UserError  # noqa: E402
-from common.rundir import examples_path  # noqa: E402
 from comparison import slot_env  # noqa: E402
 from comparison.plan import baseline_pairs, plan_runs  # noqa: E402
 from comparison.progress import Progress, duration  # noqa: E402
 from comparison.report.write import check_report_dir  # noqa: E402
 from comparison.slot_env import device_env  # noqa: E402
 from comparison.worker_slots import WorkerSlot  # noqa: E402
+from evaluation_copy import copy_evaluation  # noqa: E402
 
 HEADS = ("softmax", "sparsemax")
 SEEDS = ("0", "1")
@@ -46,9 +46,7 @@ def _fake_call(calls, source_runs):
         else:
             run_dir, out = args[args.index("--checkpoint") + 1], args[args.index("--output") + 1]
             head = os.path.basename(run_dir).rsplit("-s", 1)[0]
-            src = os.path.join(source_runs, f"{head}-s0", "eval.json")
-            shutil.copy(src, out)
-            shutil.copy(examples_path(src), examples_path(out))
+            copy_evaluation(os.path.join(source_runs, f"{head}-s0", "eval.json"), out, run_dir)
         pinned = None if env is None else (env.get("OMP_NUM_THREADS"), env.get("CUDA_VISIBLE_DEVICES"))
         calls.append((script, args, pinned))
         return 0

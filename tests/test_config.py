@@ -173,7 +173,7 @@ def test_train_cli_prints_one_line_and_exits_2(tmp_path):
 
     proc = main_inprocess("--config", os.path.join(CONFIG_DIR, "quickstart.yaml"), "optim.lrr=1")
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "error: unknown config key 'optim.lrr'; did you mean 'optim.lr'?"
+    assert proc.stderr.strip() == "error: unknown config key 'optim.lrr' on the command line; did you mean 'optim.lr'?"
 
 
 @pytest.mark.parametrize("override", ["optim.lr=nan", "optim.lr=.inf", "optim.lr=inf", "optim.warmup_lr=-.inf",

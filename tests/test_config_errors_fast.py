@@ -7,6 +7,7 @@ Each command runs in a fresh Python whose import system refuses those packages: 
 needed them fails there with the refused import, on any machine speed. The CPU time of one such
 answer is also measured against `python -c pass` in the same run. TMP in a command is a fresh folder
 (`scene`) holding what the mistakes point at; no mistake may create or change anything there."""
+import hashlib
 import json
 import os
 import resource
@@ -17,6 +18,7 @@ import sys
 import pytest
 
 from common.runlock import process_record
+from configs import load_config, save_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEAVY = ("torch", "timm", "torchvision", "accelerate")
@@ -74,6 +76,28 @@ MISTAKES = [
      "train.seed is a config key, set as train.seed=1"),
     (["train.py", "--config", "configs/quickstart.yml"], "did you mean configs/quickstart.yaml?"),
     (["train.py", "--config", "TMP/quickstart.yml"], "configs end in .yaml"),
+    # absurd numbers and depths (issue 45): the limit named, nothing read further (TMP/deep.yaml: 20,000 deep)
+    (["train.py", "--config", "TMP/deep.yaml"], "malformed YAML at TMP/deep.yaml:1: collections nested deeper than 64"),
+    (["eval.py", "--checkpoint", "TMP/deep_run"], "TMP/deep_run/config.yaml:1: collections nested deeper than 64"),
+    (["scripts/compare_heads.py", "--config", "TMP/deep.yaml", "--seeds", "0"], "collections nested deeper than 64"),
+    (["train.py", "--config", "configs"], "config file configs is a folder, not a file; name a .yaml file in it"),
+    (["scripts/compare_heads.py", "--config", "configs/quickstart_compare.yaml", "--until-settled", "--looks", "3",
+      "99999999999999999999"], "--looks must be at most 1000 (seeds per variant"),
+    (["scripts/compare_heads.py", "--config", "configs/quickstart_compare.yaml", "--until-settled", "--max-seeds",
+      "99999999999999999999"], "--max-seeds must be at most 1000 (seeds per variant"),
+    (["scripts/compare_heads.py", "--config", "configs/quickstart_compare.yaml", "--margin", "top1=1_0"],
+     "--margin 'top1=1_0': write the margin in plain digits"),
+    (["scripts/compare_heads.py", "--config", "configs/quickstart_compare.yaml", "--tune", "--storage",
+      "sqlite:///TMP/empty.db"], "TMP/empty.db is empty (0 bytes), not an Optuna database"),
+    # an override's mistake names the command line, not the run's config.yaml (TMP/trained: quickstart's run)
+    (["train.py", "--config", "configs/quickstart.yaml", "data.image_size=abc"],
+     "config key 'data.image_size' expects int, got 'abc' (str) on the command line"),
+    (["eval.py", "--checkpoint", "TMP/trained", "data.image_size=abc"],
+     "config key 'data.image_size' expects int, got 'abc' (str) on the command line"),
+    (["eval.py", "--checkpoint", "TMP/trained", "head.name=sparsemax"],
+     "TMP/trained was trained with head.name=softmax; head.name=sparsemax on the command line would make it"),
+    (["predict.py", "--checkpoint", "TMP/trained", "--output", "TMP/p.csv", "--images", "TMP/notes", "--head",
+      "entmax15"], "pass --accept-changed-model to use it anyway"),
 ]
 
 
@@ -86,18 +110,33 @@ def _run(argv):
 @pytest.fixture
 def scene(tmp_path):
     """TMP: a run folder (as far as the checks look), an empty folder, a folder without images, a file,
-    a run already trained there and one a live process has locked -> (TMP, its listing)."""
-    for folder in ("run", "empty", "notes", "old_run", "locked"):
+    a run already trained there and one a live process has locked, a trained run's config (quickstart's)
+    -> (TMP, its listing)."""
+    for folder in ("run", "empty", "notes", "old_run", "locked", "trained"):
         (tmp_path / folder).mkdir()
     (tmp_path / "notes" / "readme.txt").write_text("no image")
     (tmp_path / "a_file").write_text("not a folder")
     (tmp_path / "old_run" / "summary.json").write_text("{}")
+    (tmp_path / "deep.yaml").write_text("model: " + "[" * 20_000 + "]" * 20_000 + "\n")
+    (tmp_path / "deep_run").mkdir()
+    (tmp_path / "deep_run" / "config.yaml").write_text("model: " + "[" * 20_000 + "]" * 20_000 + "\n")
+    (tmp_path / "deep_run" / "model.safetensors").write_bytes(b"")
+    (tmp_path / "empty.db").write_bytes(b"")
     (tmp_path / "locked" / "run.lock").write_text(json.dumps({**process_record(), "purpose": "training"}))
+    save_config(load_config(os.path.join(ROOT, "configs", "quickstart.yaml")),
+                str(tmp_path / "trained" / "config.yaml"))
     return str(tmp_path), _listing(tmp_path)
 
 
 def _listing(folder):
-    return sorted((root, sorted(dirs), sorted(files)) for root, dirs, files in os.walk(folder))
+    """Every folder's subfolders and files, each file with the sha256 of its bytes (a refused command changes none)."""
+    return sorted((root, sorted(dirs), sorted((name, _sha256(os.path.join(root, name))) for name in files))
+                  for root, dirs, files in os.walk(folder))
+
+
+def _sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
 
 
 def _in(tmp, argv):

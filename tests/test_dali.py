@@ -20,7 +20,7 @@ from common import rundir
 from common.errors import UserError
 from configs.schema import IMAGENET_MEAN, IMAGENET_STD, DataConfig
 from data import dali_params as P
-from data.dali_pipeline import INSTALL_HINT, dali_available
+from data.dali_loader import INSTALL_HINT, dali_available
 
 needs_dali = pytest.mark.skipif(not dali_available(), reason="NVIDIA DALI not installed "
                                 "(pip install -r requirements-dali.txt); DALI pipeline tests skipped")

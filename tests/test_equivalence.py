@@ -84,10 +84,14 @@ def test_the_verdict_names_the_strongest_claim_in_order():
 def test_degenerate_inputs():
     one = equivalence.equivalence_verdict([0.01], 0.005)
     assert one["verdict"] == "undecided" and math.isnan(one["p_equivalence"]) and math.isnan(one["interval"][0])
-    same = equivalence.equivalence_verdict([0.001] * 4, 0.005)  # s.d. 0: the interval is the point itself
-    assert same["interval"] == (0.001, 0.001) and same["equivalent"] and same["superior"]
-    zero = equivalence.equivalence_verdict([0.0] * 4, 0.005)
-    assert zero["verdict"] == "equivalent" and zero["p_difference"] == 1.0 and not zero["superior"]
+    # s.d. 0: no t-test (d̄ / 0 would claim anything at p = 0; before, 4 equal seeds read superior and
+    # equivalent, and 4 zeros equivalent at TOST p = 0)
+    for value in (0.001, 0.0, 0.0025):
+        same = equivalence.equivalence_verdict([value] * 4, 0.005)
+        assert same["untested"] == "no spread" and same["verdict"] == "undecided" and same["sd"] == 0
+        assert not (same["superior"] or same["inferior"] or same["equivalent"] or same["non_inferior"])
+        assert all(math.isnan(same[k]) for k in ("p_equivalence", "p_difference", "p_non_inferiority"))
+        assert "s.d. 0" in equivalence.describe_equivalence(same, "a", "b", "top1")
     for bad in (0.0, -1.0, math.nan, math.inf):
         with pytest.raises(ValueError):
             equivalence.equivalence_verdict([0.1, 0.2], bad)
@@ -133,6 +137,67 @@ def test_family_verdicts_read_the_adjusted_p_and_keep_the_per_comparison_one():
     assert alone["p_equivalence_adjusted"] == verdicts[0]["p_equivalence"]
     with pytest.raises(ValueError):
         equivalence.family_verdicts(verdicts, "bonferroni")
+
+
+def _holm_by_definition(p):
+    """Holm-adjusted p-values by their formula, p̃_(i) = max_{j ≤ i} min(1, (K − j + 1) p_(j)) over the K given."""
+    order = np.argsort(p)
+    out, running = np.empty(len(p)), 0.0
+    for rank, index in enumerate(order):
+        running = max(running, min(1.0, (len(p) - rank) * p[index]))
+        out[index] = running
+    return out
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_a_non_finite_difference_stays_nan_and_out_of_the_holm_family(bad):
+    """A diverged run's NaN ECE or loss: before, TOST p 0.5 and difference p 1.0 that entered the family
+    (K = 3 below instead of 2). Now every p is nan, no claim holds, and Holm runs over the 2 others only."""
+    rng = np.random.default_rng(45)
+    good = [rng.normal(0.0, 0.002, size=6), rng.normal(0.001, 0.002, size=6)]
+    broken = equivalence.equivalence_verdict([0.001, bad, 0.002, 0.0, 0.001, 0.003], 0.005)
+    assert broken["untested"] == "not finite" and broken["verdict"] == "undecided"
+    assert all(math.isnan(broken[k]) for k in ("p_lower", "p_upper", "p_equivalence", "p_non_inferiority",
+                                                  "p_superiority", "p_inferiority", "p_difference"))
+    assert not (broken["superior"] or broken["inferior"] or broken["equivalent"] or broken["non_inferior"])
+    family = equivalence.family_verdicts([broken] + [equivalence.equivalence_verdict(d, 0.005) for d in good])
+    assert [f["family_size"] for f in family] == [2, 2, 2]
+    assert all(math.isnan(family[0][f"{k}_adjusted"]) for k in equivalence.FAMILY_P)
+    for key in equivalence.FAMILY_P:  # the others' adjusted p: Holm over K = 2, from scipy's p-values
+        margin_p = [max(stats.ttest_1samp(d, -0.005, alternative="greater").pvalue,
+                        stats.ttest_1samp(d, 0.005, alternative="less").pvalue) for d in good]
+        raw = {"p_difference": [stats.ttest_1samp(d, 0.0).pvalue for d in good], "p_equivalence": margin_p,
+               "p_non_inferiority": [stats.ttest_1samp(d, -0.005, alternative="greater").pvalue for d in good]}[key]
+        assert [f[f"{key}_adjusted"] for f in family[1:]] == pytest.approx(_holm_by_definition(raw), rel=1e-7)
+    sentence = equivalence.describe_equivalence(family[0], "sparsemax", "softmax", "ece")
+    assert "not a finite number" in sentence and "nan" not in sentence
+    assert "Holm" not in sentence  # not in the family, so no Holm note
+
+
+def test_the_sentence_says_what_the_interval_shows_when_holm_demotes():
+    """Three heads, each equivalent per comparison (its 90% t-interval, by scipy, inside ±0.5 pt) but not
+    all after Holm: a demoted head's sentence says its interval lies within the margin (before: "reaches past
+    the margin") and gives its TOST p before and after Holm's correction, both from their formulas."""
+    margin = 0.005
+    centred = np.array([0.0, 0.2, -0.2, 0.1, -0.1])  # pt; TOST p 0.022, 0.032, 0.043 at the spreads below
+    diffs = [(0.05 + spread * centred) / 100 for spread in (2.2, 2.5, 2.8)]
+    intervals = [stats.t.interval(0.9, 4, loc=d.mean(), scale=stats.sem(d)) for d in diffs]
+    assert all(-margin < low and high < margin for low, high in intervals)
+    tost = [max(stats.ttest_1samp(d, -margin, alternative="greater").pvalue,
+                stats.ttest_1samp(d, margin, alternative="less").pvalue) for d in diffs]
+    assert max(tost) < ALPHA
+    adjusted = _holm_by_definition(tost)
+    family = equivalence.family_verdicts([equivalence.equivalence_verdict(d, margin) for d in diffs])
+    demoted = [i for i, f in enumerate(family) if f["unadjusted_verdict"] == "equivalent" != f["verdict"]]
+    assert demoted == [i for i in range(3) if adjusted[i] >= ALPHA] and demoted  # the case is exercised
+    for i in demoted:
+        sentence = equivalence.describe_equivalence(family[i], f"head{i}", "softmax", "top1")
+        assert "reaches past" not in sentence and "lies within the margin" in sentence
+        assert f"its TOST p from {tost[i]:.2g} to {adjusted[i]:.2g}, not below 5%" in sentence
+        assert "Holm across 3 heads: per comparison it would read equivalent" in sentence
+    # a head whose interval does reach past the margin still says so
+    wide = equivalence.equivalence_verdict(np.array([0.5, -1.6, 0.9, -1.2, 0.3]) / 100, margin)
+    assert "reaches past the margin" in equivalence.describe_equivalence(wide, "a", "b", "top1")
 
 
 # ---- --margin ----------------------------------------------------------------------------------------

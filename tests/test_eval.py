@@ -137,9 +137,12 @@ def test_user_errors_are_one_line(tmp_path, capsys):
     # Weights for 10 classes evaluated on 100-class data: both counts are named, and the data as the cause.
     err = _cli_error(capsys, ["--checkpoint", run, "data.dataset=builtin100"])
     assert "data.dataset=builtin100 lists 100 classes but the weights" in err and "classify 10" in err
-    # Another architecture
+    # Another architecture: on the run, a change of what it trained (inference/run_config.py); the weights
+    # file given as that architecture, weights that do not fit it
     err = _cli_error(capsys, ["--checkpoint", run, "model.name=resmlp_cifar_s12"])
-    assert "checkpoint" in err
+    assert "was trained with model.name=resmlp_tiny" in err and "--accept-changed-model" in err
+    err = _cli_error(capsys, ["--checkpoint", weights, "--model", "resmlp_cifar_s12"])
+    assert "checkpoint" in err and "but the model expects" in err
     # --ema picks the run's EMA export
     from inference.trained_run import open_run
     opened = open_run(run, ema=True)

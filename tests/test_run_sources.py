@@ -178,7 +178,8 @@ def test_a_resume_or_a_comparison_on_re_extracted_features_is_refused(workspace,
     assert saved["features_source_sha256"] == summary["source_sha256"] == meta["source_sha256"]
     assert len(saved["features_settings_sha256"]) == 64 == len(summary["settings_sha256"])
     compare = ["--config", QUICKSTART, "--features", "feat/f", "--heads", "softmax", "--seeds", "0",
-               "--runs-dir", "runs/feat_cmp", "--report-dir", "reports/feat_cmp", "--ood-dataset", "none", *TINY]
+               "--runs-dir", "runs/feat_cmp", "--report-dir", "reports/feat_cmp", "--ood-dataset", "none",
+               "--no-mlflow", *TINY]  # (MLflow's log: test_trackers.py; seconds here)
     reset_accelerate_state()
     assert compare_heads.main(compare) == 0
 

@@ -219,6 +219,31 @@ def test_across_trainings_per_seed_values_and_two_level_bootstrap_by_brute_force
         tuple(np.quantile(reps, [0.025, 0.975])), abs=1e-12)
 
 
+def test_a_diverged_runs_nan_loss_stays_nan_across_trainings():
+    """One seed's FY loss is NaN (a diverged run): its per-seed difference is NaN, and so is every number
+    built on it (before: sign-flip p 0, "seeds needed" 2); the table says n/a, the other metrics are
+    untouched (top-1 per seed by hand)."""
+    rng = np.random.default_rng(4)
+    a, b, groups, ids = _simulate(rng, 4, 50, 0.02, seed_sd=0.02)
+    a["loss"], b["loss"] = rng.exponential(size=groups.size), rng.exponential(size=groups.size)
+    a["confidence"] = b["confidence"] = rng.uniform(0.2, 1.0, groups.size)
+    a["loss"][groups == 2] = np.nan
+    out = st.across_trainings(a, b, groups=groups, example_ids=ids, n_boot=20, seed=1)
+    loss = out["loss"]
+    assert math.isnan(loss["per_seed"][2]) and not math.isnan(loss["per_seed"][0])
+    for key in ("difference", "sd", "t_low", "t_high", "sign_flip_p", "boot_low", "boot_high", "mdd_low",
+                "mdd_high"):
+        assert math.isnan(loss[key]), key
+    assert loss["seeds_needed_low"] is None and loss["seeds_needed_high"] is None and not loss["significant"]
+    assert math.isnan(st.sign_flip_p_value([0.1, math.nan, 0.2])) and math.isnan(st.sign_flip_p_value([math.inf, 1]))
+    per_seed = [a["correct"][groups == s].mean() - b["correct"][groups == s].mean() for s in range(4)]
+    assert out["top1"]["per_seed"] == pytest.approx(per_seed) and np.isfinite(out["top1"]["sign_flip_p"])
+    _, rows = paired.across_rows([{"variant": "a", "baseline": "b", "across": out}])
+    row = next(r for r in rows if r[1] == "FY loss")
+    assert row[4] == row[6] == "n/a (a difference is not finite)" and row[5].startswith("n/a (min")
+    assert row[7] == row[8] == "n/a" and "nan" in row[2] and "−nan" not in row[2] and "+nan" not in row[2]
+
+
 # ---- verdicts ------------------------------------------------------------------------------------
 def _records(correct, labels):
     pred = np.where(correct, labels, (labels + 1) % 10)
@@ -267,6 +292,27 @@ def test_identical_heads_are_not_significant_and_same_recipe_is_not_resolvable()
         assert "not significant at 5%: not resolvable with 3 seeds" in null["verdict"]
     one = paired.compare_pair({0: _runs(a, 3, n, labels)[0]}, {0: _runs(b, 3, n, labels)[0]}, "x", "y", n_boot=50)
     assert "not resolvable with 1 seed" in one["verdict"]
+
+
+def test_a_constant_nonzero_difference_is_not_called_significant():
+    """The variant wrong on the same 3 more images at every seed: per-seed differences all −0.6 pt (by hand),
+    s.d. 0. The t-interval's formula gives [−0.6, −0.6], but with no spread a t-test has no scale: not
+    significant (before: "significant at 5%"), as the equivalence verdict gives none (comparison/analysis/
+    equivalence.py)."""
+    rng = np.random.default_rng(6)
+    n, labels = 500, np.tile(np.arange(10), 50)
+    base = {"correct": rng.uniform(size=3 * n) < 0.8}
+    worse = {"correct": base["correct"].reshape(3, n).copy()}
+    for s in range(3):
+        worse["correct"][s, np.flatnonzero(worse["correct"][s])[:3]] = False
+    worse["correct"] = worse["correct"].ravel()
+    res = paired.compare_pair(_runs(worse, 3, n, labels), _runs(base, 3, n, labels), "sparsemax", "softmax",
+                              n_boot=50)
+    top1 = res["across"]["top1"]
+    assert top1["per_seed"] == pytest.approx([-3 / n] * 3) and top1["sd"] == pytest.approx(0, abs=1e-15)
+    assert not top1["significant"]
+    assert res["verdict"] == (f"sparsemax {MINUS} softmax top-1: {MINUS}0.6 pt on each of the 3 seeds (s.d. 0: no "
+                              "spread to measure the noise by, so no t-test), not significant at 5%")
 
 
 def test_chance_level_head_gets_nothing_learned():

@@ -235,8 +235,8 @@ def test_a_tuned_comparison_says_each_head_ran_its_tuned_settings():
 def test_the_until_settled_design_gives_the_verdicts():
     """The design's verdicts, not the fixed-seed ones: each state (settled, last look, not settled, no look)."""
     variants, results, _ = _exact({"softmax": [320] * 3, "sparsemax": [320] * 3, "entmax15": [320] * 3})
-    design = Design(margin=margin_as_difference("top1", 0.5), looks=(3, 5), method="nominal-t")
-    differences = {"sparsemax": [-0.03] * 3, "entmax15": [0.01, -0.03, 0.02, -0.01, 0.03]}
+    design = Design(margin=margin_as_difference("top1", 0.5), looks=(3, 5), method="bonferroni-t")
+    differences = {"sparsemax": [-0.03, -0.031, -0.029], "entmax15": [0.01, -0.03, 0.02, -0.01, 0.03]}
     doc = {"metric": "top1", "margin": 0.5, "comparisons": [
         settle.outcome(head, "softmax", sequential_decision(d, design), design, "top1", cap=5)
         for head, d in differences.items()]}
@@ -263,8 +263,10 @@ def test_the_until_settled_design_gives_the_verdicts():
 
 def test_a_design_on_ece_speaks_of_calibration():
     variants, results, _ = _exact({"softmax": [320] * 3, "sparsemax": [320] * 3})
-    design = Design(margin=margin_as_difference("ece", 1.0), looks=(3, 5), higher_is_better=False, method="nominal-t")
-    entry = settle.outcome("sparsemax", "softmax", sequential_decision([-0.03] * 3, design), design, "ece", cap=5)
+    design = Design(margin=margin_as_difference("ece", 1.0), looks=(3, 5), higher_is_better=False,
+                    method="bonferroni-t")
+    entry = settle.outcome("sparsemax", "softmax", sequential_decision([-0.03, -0.031, -0.029], design), design,
+                           "ece", cap=5)
     assert (entry["state"], entry["verdict"]) == ("settled", "superior")  # lower ECE is better
     with plain_words.sequential_verdicts({"metric": "ece", "margin": 1.0, "comparisons": [entry]}):
         line = plain_words.bottom_line(variants, results)

@@ -5,11 +5,13 @@ TensorBoard's per-epoch scalars and the HParams tab's data in one run; a tracker
 does not import, or an MLflow store that cannot be used, is one line, exit 2, before anything in the run
 directory changes (a resume included); the removed train.tensorboard switch names its replacement."""
 import contextlib
+import importlib.util
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -25,6 +27,7 @@ from test_train_helpers import (
     tiny_cfg,
     write_cfg,
 )
+from training.trackers import STORE_WAIT_S
 
 mlflow = pytest.importorskip("mlflow")
 from mlflow.tracking import MlflowClient  # noqa: E402
@@ -60,32 +63,56 @@ def test_a_missing_tracker_package_is_one_line_exit_2(tmp_path, capsys, monkeypa
     assert not (tmp_path / "run").exists()  # refused before the run directory was touched
 
 
+class Killed(Exception):
+    """A session stopped from inside, as a kill stops it: no checkpoint of its last steps."""
+
+
+class KillAfter:
+    """training.loop.train's hooks: stop the session at update `step`, before that update is logged."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_loss(self, step, loss):
+        return loss
+
+    def after_update(self, step):
+        if step == self.step:
+            raise Killed
+
+
 def test_training_logs_to_mlflow_and_tensorboard_through_accelerate(tmp_path, monkeypatch):
-    """...across a resume: the second session goes on in the first one's MLflow run (trackers.json)."""
+    """...across a resume: the second session goes on in the first one's MLflow run (trackers.json). The first is
+    killed between two checkpoints (step 2 and 4) after logging step 3: the resumed session logs step 3 again, and
+    MLflow and every TensorBoard loader hold each step once."""
     store = f"sqlite:///{tmp_path / 'store.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
     run = str(tmp_path / "run")
     overrides = ("optim.epochs=2", "data.builtin_train_size=64", "train.log_with=[tensorboard,mlflow]")
-    assert run_inprocess(tiny_cfg(run, *overrides, "train.pause_after=1")) == 0  # stops after epoch 1
-    from torch.utils.tensorboard import SummaryWriter
-
-    with SummaryWriter(os.path.join(run, "tensorboard", "tiny")) as writer:  # a killed session's steps past the
-        for step in (3, 4):                                                  # checkpoint: the resume purges them
-            writer.add_scalar("train/loss", 99.0, step)
+    with pytest.raises(Killed):  # 2 updates per epoch: a checkpoint at step 2, step 3 logged, killed at 4
+        run_inprocess(tiny_cfg(run, *overrides), hooks=KillAfter(4))
+    assert [r["step"] for r in read_metrics(run) if r["kind"] == "train"] == [1, 2, 3]
     cfg = tiny_cfg(run, *overrides)
     assert run_inprocess(cfg, resume="auto") == 0
     client = MlflowClient(tracking_uri=store)
     experiment = client.get_experiment_by_name(cfg.name)
     (found,) = client.search_runs([experiment.experiment_id])  # one run for both sessions
+    assert found.info.run_name == "run"  # named by its folder, not by its config like every sibling
     assert found.data.params["optim.lr"] == str(cfg.optim.lr) and found.data.params["head.name"] == "softmax"
     val = client.get_metric_history(found.info.run_id, "val_raw/top1")
     evals = [r for r in read_metrics(run) if r["kind"] == "eval" and r["weights"] == "raw"]
     assert [(m.step, m.value) for m in val] == [(r["step"], r["top1"]) for r in evals] and len(val) == 2
-    assert len(client.get_metric_history(found.info.run_id, "train/loss")) == 4  # every logged step
+    losses = [(r["step"], r["loss"]) for r in read_metrics(run) if r["kind"] == "train"]
+    for key in ("train/loss", "train/lr", "train/img_per_s"):  # each logged step once (step 3 was logged twice)
+        assert [m.step for m in client.get_metric_history(found.info.run_id, key)] == [1, 2, 3, 4], key
+    assert [(m.step, m.value) for m in client.get_metric_history(found.info.run_id, "train/loss")] == losses
     epochs = client.get_metric_history(found.info.run_id, "epoch/train_loss")
     assert [m.value for m in epochs] == [float(r["train_loss"]) for r in read_epochs(run)] and len(epochs) == 2
     assert_logged_within_the_run(client, found.info.run_id)
     assert_tensorboard_run(os.path.join(run, "tensorboard", cfg.name), cfg, read_epochs(run))
+    for loader, points in tensorboard_loaders(os.path.join(run, "tensorboard"), cfg.name, "train/loss").items():
+        assert [step for step, _ in points] == [1, 2, 3, 4], loader  # TensorBoard's Python loader: 1, 2, 3, 3, 4
+        assert [value for _, value in points] == pytest.approx([loss for _, loss in losses]), loader  # float32
 
 
 def read_epochs(run_dir):
@@ -118,9 +145,6 @@ def assert_tensorboard_run(folder, cfg, epoch_rows):
     curve = events.Scalars("epoch/train_loss")
     assert [e.step for e in curve] == [int(r["step"]) for r in epoch_rows]
     assert [e.value for e in curve] == pytest.approx([float(r["train_loss"]) for r in epoch_rows])  # float32
-    logged = [(e.step, e.value) for e in events.Scalars("train/loss")]
-    assert [step for step, _ in logged] == sorted({step for step, _ in logged})  # each step once, across sessions
-    assert 99.0 not in [value for _, value in logged]
     content = events.PluginTagToContent(metadata.PLUGIN_NAME)
     experiment = metadata.parse_experiment_plugin_data(content[metadata.EXPERIMENT_TAG])
     shown = [m.name.tag for m in experiment.metric_infos]
@@ -128,6 +152,51 @@ def assert_tensorboard_run(folder, cfg, epoch_rows):
     hparams = metadata.parse_session_start_info_plugin_data(content[metadata.SESSION_START_INFO_TAG]).hparams
     assert hparams["optim.lr"].number_value == pytest.approx(cfg.optim.lr)
     assert hparams["head.name"].string_value == "softmax"
+
+
+def tensorboard_loaders(logdir, run, tag):
+    """{loader: [(step, value)] of scalar `tag` of TensorBoard run `run` under `logdir`}, as each of TensorBoard's
+    loaders reads the event files: the legacy EventAccumulator, the Python loader (--load_fast=false, the plugin
+    accumulator) and the Rust data server (--load_fast=true, where its binary is installed)."""
+    from tensorboard.backend.event_processing import (  # optional dependency, as in assert_tensorboard_run
+        event_accumulator,
+        plugin_event_accumulator,
+    )
+    from tensorboard.util import tensor_util  # optional dependency
+
+    folder = os.path.join(logdir, run)
+    legacy = event_accumulator.EventAccumulator(folder, size_guidance={"scalars": 0})
+    legacy.Reload()
+    python = plugin_event_accumulator.EventAccumulator(folder, size_guidance={"tensors": 0})
+    python.Reload()
+    out = {"legacy": [(e.step, e.value) for e in legacy.Scalars(tag)],
+           "python": [(e.step, float(tensor_util.make_ndarray(e.tensor_proto))) for e in python.Tensors(tag)]}
+    if importlib.util.find_spec("tensorboard_data_server") is not None:
+        out["rust"] = rust_loader_scalars(logdir, run, tag)
+    return out
+
+
+def rust_loader_scalars(logdir, run, tag):
+    """[(step, value)] of `tag` as TensorBoard's Rust data server serves it (one load of `logdir`)."""
+    import tensorboard_data_server  # optional dependency: the binary TensorBoard's --load_fast uses
+    from tensorboard import context  # optional dependency, as above
+    from tensorboard.data.server_ingester import ServerBinary, SubprocessServerDataIngester
+    from tensorboard.util import grpc_util
+
+    binary = ServerBinary(tensorboard_data_server.server_binary(), version=None)
+    server = SubprocessServerDataIngester(binary, logdir, reload_interval=0,
+                                          channel_creds_type=grpc_util.ChannelCredsType.LOCAL)
+    server.start()
+    try:
+        for _ in range(100):  # loaded once, shortly after it starts
+            read = server.data_provider.read_scalars(context.RequestContext(), experiment_id="", plugin_name="scalars",
+                                                     downsample=10_000)
+            if tag in read.get(run, {}):
+                return [(p.step, p.value) for p in read[run][tag]]
+            time.sleep(0.05)
+        raise AssertionError(f"TensorBoard's data server never served {run}/{tag}")
+    finally:
+        server._stdin_handle.close()  # --die-after-stdin: the server exits
 
 
 def test_the_comparison_is_one_mlflow_experiment_with_its_report(tmp_path):
@@ -144,6 +213,8 @@ def test_the_comparison_is_one_mlflow_experiment_with_its_report(tmp_path):
     assert sorted(by_head) == sorted(HEADS) and len(found) == len(HEADS) + 1
     for head, r in by_head.items():
         assert r.data.tags["seed"] == "0" and r.data.tags["variant"] == head and r.data.params["head.name"] == head
+        assert r.info.run_name == f"{head}-s0"  # its folder under the runs folder
+        assert_points_at_their_own_time(client, r, eval_file="eval.json")
         assert (r.data.tags["kind"], r.data.tags["norm"], r.data.tags["alpha"]) == ("run", "affine", "none")
         assert_logged_within_the_run(client, r.info.run_id)
         assert {"final/top1", "final/support_mean", "final/ece"} <= set(r.data.metrics)
@@ -154,6 +225,23 @@ def test_the_comparison_is_one_mlflow_experiment_with_its_report(tmp_path):
     assert {"report.md", "runs.csv", "val_accuracy.png"} <= names
     assert report.data.tags["report_dir"] == os.path.join(root, "report")
     assert_artifacts_are_the_folder(store, report.info.run_id, os.path.join(root, "report"), tmp_path)
+
+
+def assert_points_at_their_own_time(client, run, eval_file):
+    """Each point of a run the comparison logs is timestamped when it happened: an epoch/ point at its epochs.csv
+    row's wall_time (steps in order, times rising), a final/ one at the evaluation's (its file's last change)."""
+    run_dir = run.data.tags["run_dir"]
+    rows = read_epochs(run_dir)
+    clock = [(int(r["step"]), int(float(r["wall_time"]) * 1000)) for r in rows]
+    assert len(clock) >= 2 and all(a[1] < b[1] for a, b in zip(clock, clock[1:]))
+    for key in ("epoch/train_loss", "epoch/lr"):
+        assert [(m.step, m.timestamp) for m in client.get_metric_history(run.info.run_id, key)] == clock, key
+    evals = [(m.step, m.timestamp) for m in client.get_metric_history(run.info.run_id, "epoch/raw_top1")]
+    assert evals and set(evals) <= set(clock)  # the epochs evaluated
+    evaluated = int(os.path.getmtime(os.path.join(run_dir, eval_file)) * 1000)
+    finals = [k for k in run.data.metrics if k.startswith("final/")]
+    assert finals and {m.timestamp for k in finals for m in client.get_metric_history(run.info.run_id, k)} == {
+        evaluated}
 
 
 def assert_artifacts_are_the_folder(store, run_id, folder, tmp_path):
@@ -218,7 +306,11 @@ def _store_case(case, tmp):
         return f"sqlite:///{tmp}/notes.txt/sub/mlflow.db", f"{tmp}/notes.txt is a file, not a folder"
     if case == "a server that is down":
         uri = f"http://127.0.0.1:{free_port()}"
-        return uri, "cannot reach the MLflow server (Connection refused)"
+        return uri, f"cannot reach the MLflow server within {STORE_WAIT_S} s (Connection refused)"
+    if case == "a database server that is down":  # MLflow's SQLAlchemy store would retry it for ~100 s
+        port = free_port()
+        return (f"postgresql://user:secret@127.0.0.1:{port}/mlflow",
+                f"cannot reach the database server 127.0.0.1:{port} within {STORE_WAIT_S} s (Connection refused)")
     if case == "RUN_DIR/mlflow.db a folder":
         (run / "mlflow.db").mkdir()
         return None, f"{run}/mlflow.db is a folder, not an SQLite database"
@@ -229,8 +321,8 @@ def _store_case(case, tmp):
 
 
 @pytest.mark.parametrize("case", ["a regular file", "a file store on a regular file", "under a file",
-                                  "a server that is down", "RUN_DIR/mlflow.db a folder",
-                                  "RUN_DIR/mlflow.db not a database"])
+                                  "a server that is down", "a database server that is down",
+                                  "RUN_DIR/mlflow.db a folder", "RUN_DIR/mlflow.db not a database"])
 def test_an_unusable_mlflow_store_is_one_line_before_the_run_changes(tmp_path, monkeypatch, case):
     run = tmp_path / "run"
     run.mkdir()
@@ -242,7 +334,8 @@ def test_an_unusable_mlflow_store_is_one_line_before_the_run_changes(tmp_path, m
         monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     before = tree(tmp_path)
     proc = main_inprocess("--config", config)
-    store = uri or f"sqlite:///{run}/mlflow.db"
+    store = uri.replace(":secret@", ":***@") if uri else f"sqlite:///{run}/mlflow.db"  # a password is masked
+    assert "secret" not in proc.stderr
     move = "" if uri else f"move {run}/mlflow.db away (a new store is made there), "
     assert proc.returncode == 2 and proc.stderr == (f"error: train.log_with=mlflow cannot use the MLflow store "
                                                     f"{store}: {problem}; {move}set MLFLOW_TRACKING_URI to another "
@@ -332,6 +425,8 @@ def test_a_tuned_comparison_logs_into_its_own_store_once_its_report_is_complete(
     runs = {r.data.tags["arm"]: r for r in found if r.data.tags["kind"] == "run"}
     assert sorted(runs) == ["tuned", "untuned"] and len(found) == 3
     assert runs["tuned"].data.tags["run_dir"] == os.path.abspath("runs/tune/tuned/softmax-s0")
+    assert [runs[arm].info.run_name for arm in ("tuned", "untuned")] == ["tune/tuned/softmax-s0",
+                                                                       "tune/untuned/softmax-s0"]  # told apart
     (report,) = [r for r in found if r.data.tags["kind"] == "report"]
     assert "\n## Tuning\n" in open("rep/report.md").read()  # the section appended after the tuned report
     assert os.path.isfile("rep/tuning.json") and os.path.isfile("rep/untuned/report.md")

@@ -28,8 +28,9 @@ def _weights(model, scale):
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    """RUN/ with config.yaml, classes.json, raw (0.1) and EMA (0.2) weights, and a checkpoint whose
-    trainer state records an earlier config (optim.lr 5e-3) with its own raw (0.3) and EMA (0.4) weights."""
+    """RUN/ with config.yaml, classes.json, raw (0.1) and EMA (0.2) weights, a summary.json (a finished run), and
+    a checkpoint whose trainer state records an earlier config (optim.lr 5e-3) with its own raw (0.3) and EMA
+    (0.4) weights."""
     import models
     from training.checkpoint import files as ck
     from training.checkpoint.state import TrainerState
@@ -42,6 +43,7 @@ def run_dir(tmp_path_factory):
     cfg = configs.config_from_dict(configs.loader.apply_overrides(configs.loader.config_to_dict(cfg), BASE))
     save_config(cfg, str(root / rundir.CONFIG))
     save_class_names(str(root), CLASSES)
+    (root / rundir.SUMMARY).write_text("{}")
     model = models.create_classifier(cfg.model, cfg.head, len(CLASSES), img_size=cfg.data.image_size)
     for name, scale in ((rundir.WEIGHTS, 0.1), (rundir.EMA_WEIGHTS, 0.2)):
         save_safetensors(_weights(model, scale), str(root / name))

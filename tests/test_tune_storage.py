@@ -11,6 +11,7 @@ import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from other_user import as_nobody, skip_unless_nobody_can_run_python  # noqa: E402
 from test_tune import CONFIG, ROOT  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -28,6 +29,7 @@ def sandbox(tmp_path, monkeypatch):
     with open("not_a.db", "wb") as f:
         f.write(b"this is not an SQLite database, only some text that is long enough" * 20)
     os.mkdir("a_folder")
+    open("empty.db", "wb").close()  # a study database cut to nothing: SQLite would make a new one of it
     return tmp_path
 
 
@@ -63,6 +65,7 @@ def _refused(storage, capsys):
     ("sqlite://", "an in-memory database vanishes when this process exits"),
     ("sqlite:///:memory:", "an in-memory database vanishes"),
     ("sqlite:///not_a.db", "file is not a database"),
+    ("sqlite:///empty.db", "empty.db is empty (0 bytes), not an Optuna database"),
     ("runs/studies.db", "not a storage URL; use sqlite:///PATH"),
     ("nosuchdialect://host/db", "NoSuchModuleError"),
     ("postgresql://tune:secret@127.0.0.1:9/tune", "postgresql://tune:***@127.0.0.1:9/tune: "),  # no driver, or refused
@@ -70,6 +73,25 @@ def _refused(storage, capsys):
 def test_a_bad_storage_is_one_line_and_exit_2_with_nothing_changed(sandbox, capsys, storage, says):
     line = _refused(storage, capsys)
     assert says in line and "secret" not in line, line
+
+
+def test_a_zero_byte_default_storage_is_refused_before_anything_is_written(sandbox, capsys):
+    """RUNS_DIR/tune/studies.db (no --storage) cut to 0 bytes: refused before the MLflow store, the trial folders
+    or the database itself are touched."""
+    import compare_heads
+    from common.cli import run_cli
+
+    os.makedirs(os.path.join("runs", "tune"))
+    open(os.path.join("runs", "tune", "studies.db"), "wb").close()
+    before = _tree(".")
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(compare_heads.main, ["--config", "cfg.yaml", "--tune", "--tune-only", "--runs-dir", "runs"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and len(lines) == 1, lines
+    assert lines[0].endswith("runs/tune/studies.db is empty (0 bytes), not an Optuna database: its studies were lost "
+                             "or it was never one; delete it to start new studies, or give the database that holds "
+                             "them"), lines[0]
+    assert _tree(".") == before
 
 
 def test_a_server_that_refuses_is_one_line(sandbox, capsys):
@@ -95,19 +117,22 @@ for url in sys.argv[1:]:
 
 
 def test_a_read_only_folder_or_file_is_one_line(tmp_path):
-    """Probed by writing (root passes os.access on a read-only folder, so as root the probe runs as nobody)."""
+    """Probed by writing (root passes os.access on a read-only folder, so as root the probe runs as nobody:
+    skipped, saying why, where nobody cannot reach this Python or the project)."""
     import tempfile
 
+    if os.geteuid() == 0:
+        skip_unless_nobody_can_run_python(ROOT, ["optuna", "sqlalchemy"])  # what PROBE imports
     base = tempfile.mkdtemp(dir="/tmp")  # world-traversable, unlike pytest's tmp_path under root
     try:
         ro = os.path.join(base, "ro")
         os.makedirs(ro)
-        with open(os.path.join(ro, "old.db"), "wb"):
-            pass
+        with open(os.path.join(ro, "old.db"), "wb") as f:
+            f.write(b"an old study database")  # (not empty: an empty one is refused as such, read-only or not)
         os.chmod(os.path.join(ro, "old.db"), 0o444)
         os.chmod(ro, 0o555)
         os.chmod(base, 0o755)
-        user = (lambda: (os.setgid(65534), os.setuid(65534))) if os.geteuid() == 0 else None
+        user = as_nobody if os.geteuid() == 0 else None
         urls = [f"sqlite:///{ro}/s.db", f"journal:{ro}/t.journal", f"sqlite:///{ro}/sub/s.db", f"sqlite:///{ro}/old.db"]
         out = subprocess.run([sys.executable, "-c", PROBE.format(root=ROOT), *urls], preexec_fn=user, cwd=base,
                              capture_output=True, text=True, timeout=120)

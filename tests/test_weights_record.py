@@ -123,6 +123,7 @@ def test_timm_export_refuses_changed_weights(tmp_path, one_line_error):
 
     run, _ = make_run(tmp_path)
     recorded = record_as_trained(str(run), step=4)
+    (run / rundir.SUMMARY).write_text("{}")  # its training finished (inference/run_status.py check_finished)
     flip_last_byte(str(run / rundir.WEIGHTS))
     line = one_line_error("export", [str(run), "--format", "timm"])
     assert f"records {recorded}" in line and ACCEPT_FLAG in line

@@ -8,11 +8,14 @@ import io
 import json
 import os
 import sys
+import time
 
 from tqdm import tqdm
 
 from common import rundir
 from common.io import atomic_write_text, json_text, writing
+
+WALL_TIME = "wall_time"  # epochs.csv: when the row was written (Unix seconds), each point's time in a tracker
 
 
 def _rewrite(path, lines):
@@ -64,6 +67,7 @@ class EpochCSV:
             return
         rows = self.read()
         fields = list(rows[0].keys()) if rows else []
+        row = {**row, WALL_TIME: round(time.time(), 3)}  # when the epoch and its evaluation were done
         fields += [k for k in row if k not in fields]
         rows.append(row)  # csv writes NaN as nan
         buf = io.StringIO()

@@ -136,7 +136,7 @@ def gloo_reduce_max(group=None):
     """A `reduce_max` for `PreemptionGuard.should_stop` that all-reduces a CPU int64 over
     `group` (create one with `torch.distributed.new_group(backend="gloo")` on every rank, once):
     the host never waits for the GPU stream. Requires torch.distributed to be initialised."""
-    # torch only here: launchers (scripts/compare_heads.py) use the guard without paying torch's import
+    # heavy: torch (seconds), only where ranks reduce: a one-process guard never loads it
     import torch
     import torch.distributed as dist
 

@@ -221,7 +221,8 @@ def rebuild_schedule(optimizer, fresh_hparams, optim_cfg, updates_per_epoch, ste
             if key != "initial_lr":
                 group[key] = value
         group["initial_lr"] = fresh.get("initial_lr", fresh["lr"])
-    from training.optim import build_scheduler  # (timm: imported once a run is set up, not for a config check)
+    # heavy: timm (seconds); train.py reads this module for its config check, before torch loads
+    from training.optim import build_scheduler
 
     scheduler = build_scheduler(optimizer, optim_cfg, updates_per_epoch)
     scheduler.step_update(step)

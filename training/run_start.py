@@ -21,10 +21,12 @@ directory changes:
 4. starting fresh: a directory holding a run (training.start_checks.run_artefacts: weights, logs,
    summary, checkpoints) is refused in one line naming what is there and the two ways on
    (`--resume auto`, `--overwrite`); `--resume auto` without a complete checkpoint refuses the
-   same way unless the directory holds no run;
+   same way unless the directory holds no run, or one that stopped before its first checkpoint and never
+   finished (no summary.json: training.start_checks.stopped_before_first_checkpoint): nothing of it can be
+   resumed, so it starts over there, saying so, and step 6 deletes what that run left as --overwrite does;
 5. the trackers' stores opened (training.trackers.check_stores: an MLflow store it cannot use is one line);
-6. `--overwrite` lists what it deletes, checks that all of it can be deleted (else one line, nothing
-   deleted) and deletes it, symlinks themselves and never their targets (common/removal.py);
+6. `--overwrite` (or that start over) lists what it deletes, checks that all of it can be deleted (else
+   one line, nothing deleted) and deletes it, symlinks themselves and never their targets (common/removal.py);
 7. write config.yaml (a plain config, valid for --config), its history when resuming, and classes.json.
 train.py asks the checks that need neither torch nor the data (the flags, the destination, a live lock,
 a run already there: training/start_checks.py, the same words) before torch loads; they are asked again
@@ -46,7 +48,7 @@ from training import trackers
 from training.checkpoint import files as ck
 from training.checkpoint.state import read_trainer_state
 from training.logging import console
-from training.start_checks import check_flags, holds_a_run, run_artefacts
+from training.start_checks import check_flags, holds_a_run, run_artefacts, stopped_before_first_checkpoint
 
 # What --overwrite deletes besides the run artefacts: the TensorBoard logs and config history of the old run.
 OVERWRITE_EXTRA = (rundir.TENSORBOARD, rundir.CONFIG_HISTORY)
@@ -107,19 +109,27 @@ def decide_start(cfg, resume, overwrite, accept_changes, lock, fp, tracker_names
                                 f"on the same classes, or start a new run in another train.output_dir")
     else:
         present = run_artefacts(run_dir)
-        if present and not overwrite:
+        # --resume auto on a run that never saved a checkpoint nor finished: nothing to resume, it starts over
+        start_over = bool(present) and resume == "auto" and stopped_before_first_checkpoint(run_dir, present)
+        if present and not (overwrite or start_over):
             raise holds_a_run(run_dir, present, resume)
     tracking = trackers.check_stores(tracker_names, cfg, resuming=ckpt is not None, say=say)  # the last check
     if ckpt is None:
-        delete_old_run(run_dir, present + [n for n in OVERWRITE_EXTRA
-                                           if overwrite and os.path.lexists(os.path.join(run_dir, n))], say)
+        extra = [n for n in OVERWRITE_EXTRA if (overwrite or start_over) and os.path.lexists(os.path.join(run_dir, n))]
+        if start_over:
+            delete_old_run(run_dir, present + extra, say, why="--resume auto",
+                           reason=f"{run_dir} stopped before its first checkpoint and never finished (no "
+                                  f"{rundir.SUMMARY}), so nothing can be resumed: starting it over, ")
+        else:
+            delete_old_run(run_dir, present + extra, say)
     rp.save_config_with_history(os.path.join(run_dir, rundir.CONFIG), cfg, history, keep_history=ckpt is not None)
     save_class_names(run_dir, names)
     return ckpt, saved, changes, tracking
 
 
-def delete_old_run(run_dir, names, say):
-    """--overwrite: list, then delete `names` of run_dir, all or nothing, links never followed."""
+def delete_old_run(run_dir, names, say, why="--overwrite", reason=""):
+    """`why` (--overwrite, or --resume auto starting a run over, for `reason`): list, then delete `names` of
+    run_dir, all or nothing, links never followed."""
     if names:
-        remove_all([os.path.join(run_dir, n) for n in names], why=f"--overwrite in {run_dir}",
-                   before=lambda: say(f"--overwrite: deleting {', '.join(names)} in {run_dir}"))
+        remove_all([os.path.join(run_dir, n) for n in names], why=f"{why} in {run_dir}",
+                   before=lambda: say(f"{why}: {reason}deleting {', '.join(names)} in {run_dir}"))

@@ -39,9 +39,23 @@ def check_flags(resume, overwrite, run_dir):
                         f"{run_dir}, --overwrite deletes it; pass one of them")
 
 
+def stopped_before_first_checkpoint(run_dir, present):
+    """Whether the run `run_dir` holds (`present`: its run_artefacts) stopped before its first checkpoint
+    (a full disk, a kill, a crash in the first updates) and never finished: no summary.json and no
+    complete checkpoint (one with its COMPLETE.json). Nothing it trained can be resumed, and a fresh
+    start trains it again from the same seed: `--resume auto` starts it over (training/run_start.py)."""
+    root = os.path.join(run_dir, rundir.CHECKPOINTS)
+    saved = os.listdir(root) if os.path.isdir(root) else []
+    return rundir.SUMMARY not in present and not any(
+        os.path.isfile(os.path.join(root, name, rundir.MARKER)) for name in saved)
+
+
 def holds_a_run(run_dir, present, resume):
     """The refusal of a fresh start (no checkpoint to resume) in `run_dir`, which holds `present`."""
     listing = ", ".join(present)
+    if resume is None and stopped_before_first_checkpoint(run_dir, present):
+        return UserError(f"{run_dir} already holds a run that stopped before its first checkpoint ({listing}): pass "
+                         f"--resume auto to start it over there, or --overwrite (or set another train.output_dir)")
     if resume == "auto":
         return UserError(f"--resume auto: {run_dir} has no complete checkpoint but holds a run ({listing}); "
                          f"pass --overwrite instead to delete it and start over, or set another train.output_dir")

@@ -27,8 +27,17 @@ Several heads against one reference: Holm's step-down (Holm 1979, Scand. J. Stat
 separately for each metric and each kind of claim (difference, equivalence, non-inferiority), so the
 chance of any false claim of that kind among the heads is at most α (family-wise; the adjusted
 p-values decide, the intervals shown are the per-comparison ones). `multiplicity="none"` gives the
-per-comparison verdicts (each head's own error rate ≤ α). Heads without a test (one seed, or a head
-that learned nothing) are not in the family.
+per-comparison verdicts (each head's own error rate ≤ α). Heads without a test are not in the family
+(its size K counts the others).
+
+No test (every p nan, no interval, verdict "undecided", the reason in "untested"): fewer than 2
+seeds; a non-finite difference (a diverged run's NaN loss or ECE: nan stays nan, it is no evidence
+either way); or differences all equal (s.d. 0). The t-tests assume normal differences with σ > 0,
+under which s.d. 0 has probability 0: equal differences come from identical runs or a coarse metric
+(top-1 on a few hundred images moves in steps of one image), and d̄ / 0 would claim anything with
+p = 0. Such a pair gets no verdict, in the fixed design and at every look of the sequential one
+(comparison/analysis/sequential.py). A pair where a head learned nothing is not compared at all
+(comparison/analysis/sanity.py; comparison/report/document.py leaves it out of the family).
 
 What the numbers include: seed-to-seed training noise and the validation sample as each seed's
 metric carries it (the across-trainings unit), nothing about other datasets or budgets.
@@ -40,6 +49,7 @@ import numpy as np
 
 from common.errors import UserError
 from common.suggest import suggest_value
+from comparison.limits import MAX_MARGIN, MIN_MARGIN, plain_number
 
 from .statistics import METRIC_TABLE, METRICS, format_p_value, signed_points, student_t_isf, student_t_sf
 
@@ -70,7 +80,8 @@ def margin_as_difference(metric, margin):
 def parse_margins(texts):
     """{metric: δ} from `--margin` values such as ["top1=0.5", "ece=1"] (δ in points for top-1 and ECE,
     in its own units for the loss). Raises UserError (one line) on a malformed item, an unknown metric
-    (with a did-you-mean), a non-finite or non-positive δ, or a metric given twice."""
+    (with a did-you-mean), a δ not written plainly (float() reads `1_0` as 10), outside
+    [MIN_MARGIN, MAX_MARGIN) (comparison/limits.py) or not finite, or a metric given twice."""
     margins = {}
     for text in texts or ():
         name, sep, value = str(text).partition("=")
@@ -84,8 +95,13 @@ def parse_margins(texts):
             delta = float(value)
         except ValueError:
             raise UserError(f"--margin {text!r}: {value!r} is not a number") from None
-        if not math.isfinite(delta) or delta <= 0:
-            raise UserError(f"--margin {text!r}: the margin must be a positive finite number, got {value}")
+        if math.isfinite(delta) and plain_number(value) is None:
+            raise UserError(f"--margin {text!r}: write the margin in plain digits, e.g. {name}=0.5 ({value!r} "
+                            f"has a character a number does not: '_', a space or a digit of another script)")
+        if not (math.isfinite(delta) and MIN_MARGIN <= delta < MAX_MARGIN):
+            unit = f" {margin_units(name)}" if margin_units(name) else f" (the {METRIC_TABLE[name].label}'s own units)"
+            raise UserError(f"--margin {text!r}: the margin must be a positive finite number, from {MIN_MARGIN:g} to "
+                            f"below {MAX_MARGIN:g}{unit}, got {value}")
         if name in margins:
             raise UserError(f"--margin {name} given twice ({margins[name]:g} and {delta:g}); give each metric once")
         margins[name] = delta
@@ -115,11 +131,24 @@ def verdict_index(superior, inferior, equivalent, non_inferior):
 
 def _p_above(shifted, se, df):
     """P[T_df ≥ shifted / se], the one-sided p of H0 'mean ≤ shift' for shifted = d̄ − shift (that of
-    H0 'mean ≥ shift' is _p_above(−shifted, ...)). se = 0 (identical differences): 0 above the shift,
-    1 below it, 1/2 on it."""
-    if se > 0:
-        return student_t_sf(shifted / se, df)
-    return 0.0 if shifted > 0 else 1.0 if shifted < 0 else 0.5
+    H0 'mean ≥ shift' is _p_above(−shifted, ...)); se > 0 (equivalence_verdict tests nothing else)."""
+    return student_t_sf(shifted / se, df)
+
+
+UNTESTED = {"one seed": ("1 seed", "1 seed: the seed-to-seed variation is not measured"),
+            "not finite": ("not finite", "a per-seed difference is not a finite number (a diverged run?): no test"),
+            "no spread": ("s.d. 0", "s.d. 0: with no spread a t-test has no scale, so no claim")}
+"""Why a pair gets no test (equivalence_verdict's "untested"): (a table cell's words, the sentence's)."""
+
+
+def untested_reason(differences):
+    """None when the paired t-tests apply to `differences`, else the UNTESTED key saying why not."""
+    d = np.asarray(differences, dtype=np.float64).ravel()
+    if d.size < 2:
+        return "one seed"
+    if not np.all(np.isfinite(d)):
+        return "not finite"
+    return "no spread" if np.all(d == d[0]) else None
 
 
 def equivalence_verdict(differences, margin, alpha=ALPHA, higher_is_better=True):
@@ -129,17 +158,21 @@ def equivalence_verdict(differences, margin, alpha=ALPHA, higher_is_better=True)
     "difference_interval" (the 1 − α one), "difference_level", "p_lower" (H0: d ≤ −δ), "p_upper"
     (H0: d ≥ +δ), "p_equivalence" (their max), "p_non_inferiority", "p_superiority", "p_inferiority"
     (one-sided, of d = 0), "p_difference" (two-sided), "superior", "inferior", "equivalent",
-    "non_inferior", "verdict"}; below 2 differences every p is nan and the verdict "undecided"."""
+    "non_inferior", "verdict", "untested" (None, or why there is no test: an UNTESTED key)}; with no
+    test (fewer than 2 differences, a non-finite one, or all equal) every p and the intervals are nan,
+    no claim holds and the verdict is "undecided"."""
     if not (math.isfinite(margin) and margin > 0) or not 0 < alpha < 0.5:
         raise ValueError(f"need a positive finite margin and 0 < alpha < 0.5, got margin={margin}, alpha={alpha}")
     d = np.asarray(differences, dtype=np.float64).ravel()
     n = int(d.size)
     mean = float(d.mean()) if n else float("nan")
+    untested = untested_reason(d)
     out = {"n": n, "mean": mean, "margin": float(margin), "alpha": alpha, "higher_is_better": higher_is_better,
-           "interval_level": 1 - 2 * alpha, "difference_level": 1 - alpha}
-    if n < 2:
+           "interval_level": 1 - 2 * alpha, "difference_level": 1 - alpha, "untested": untested}
+    if untested:
         nan = float("nan")
-        return {**out, "sd": nan, "interval": (nan, nan), "difference_interval": (nan, nan),
+        return {**out, "sd": 0.0 if untested == "no spread" else nan, "interval": (nan, nan),
+                "difference_interval": (nan, nan),
                 **{k: nan for k in ("p_lower", "p_upper", "p_equivalence", "p_non_inferiority", "p_superiority",
                                     "p_inferiority", "p_difference")},
                 "superior": False, "inferior": False, "equivalent": False, "non_inferior": False,
@@ -216,7 +249,7 @@ def format_difference(metric, x):
     if METRIC_TABLE[metric].in_points:
         return signed_points(x, METRIC_TABLE[metric].digits)
     text = f"{abs(x):.{METRIC_TABLE[metric].digits}f}"
-    return text if float(text) == 0 else ("+" if x > 0 else _MINUS) + text
+    return text if math.isnan(x) or float(text) == 0 else ("+" if x > 0 else _MINUS) + text
 
 
 def with_unit(metric, text):
@@ -243,13 +276,18 @@ def describe_equivalence(result, name_a, name_b, metric):
     within ±0.5 pt of softmax (90% CI [−0.3, +0.4] over 8 seeds; TOST p = 0.01)"."""
     label, n = METRIC_TABLE[metric].label, result["n"]
     margin, verdict = margin_text(metric, result["margin"]), result["verdict"]
-    if n < 2:
-        return (f"{name_a} vs {name_b} {label}: undecided at the {margin} margin (1 seed: the seed-to-seed "
-                f"variation is not measured)")
+    untested = result.get("untested", "one seed" if n < 2 else None)
+    if untested:
+        every = (f"every seed's difference is {with_unit(metric, format_difference(metric, result['mean']))}, "
+                 if untested == "no spread" else "")
+        return f"{name_a} vs {name_b} {label}: undecided at the {margin} margin ({every}{UNTESTED[untested][1]})"
     seeds = f"over {n} seeds"
     eq = interval_text(metric, result["interval"], result["interval_level"])
     diff = interval_text(metric, result["difference_interval"], result["difference_level"])
     tost = f"TOST {format_p_value(result['p_equivalence'])}"
+    # what the per-comparison intervals show (the words say that; _holm_note says what Holm changed)
+    (eq_low, eq_high), (diff_low, diff_high) = result["interval"], result["difference_interval"]
+    inside = -result["margin"] < eq_low and eq_high < result["margin"]
     if verdict in ("superior", "inferior"):
         word = "better" if verdict == "superior" else "worse"
         mean = with_unit(metric, format_difference(metric, result["mean"]))
@@ -261,26 +299,30 @@ def describe_equivalence(result, name_a, name_b, metric):
     elif verdict == "equivalent":
         text = f"{name_a} {label} is within {margin} of {name_b} ({eq} {seeds}; {tost})"
     elif verdict == "non-inferior":
+        shown = "the interval lies within the margin too" if inside else "equivalence not shown"
         text = (f"{name_a} {label} is non-inferior to {name_b} at the {margin} margin: not worse by more than "
-                f"{margin[1:]} ({eq} {seeds}); equivalence not shown ({tost})")
+                f"{margin[1:]} ({eq} {seeds}); {shown} ({tost})")
     else:
-        text = (f"{name_a} vs {name_b} {label}: undecided at the {margin} margin ({eq} {seeds} reaches past the "
-                f"margin; {tost}), and not distinguishable from 0 at {100 * result['alpha']:g}%")
+        reach = "lies within the margin" if inside else "reaches past the margin"
+        zero = (f"its {diff} excludes 0" if diff_low > 0 or diff_high < 0
+                else f"not distinguishable from 0 at {100 * result['alpha']:g}%")
+        text = (f"{name_a} vs {name_b} {label}: undecided at the {margin} margin ({eq} {seeds} {reach}; {tost}), "
+                f"and {zero}")
     return text + _holm_note(result)
 
 
+_FAMILY_TESTS = (("difference", "p_difference"), ("TOST", "p_equivalence"), ("non-inferiority", "p_non_inferiority"))
+
+
 def _holm_note(result):
-    """What Holm's correction did to the verdict, when it applies."""
+    """What Holm's correction did to the verdict, when it applies: each test that passes per comparison
+    but not once corrected, with its p before and after."""
     if result.get("multiplicity") != "holm" or result.get("family_size", 1) < 2:
         return ""
-    k = result["family_size"]
-    before = result["unadjusted_verdict"]
-    if before == result["verdict"]:
+    k, alpha, before = result["family_size"], result["alpha"], result["unadjusted_verdict"]
+    lost = [f"its {test} p from {result[key]:.2g} to {result[key + '_adjusted']:.2g}" for test, key in _FAMILY_TESTS
+            if result[key] < alpha <= result[key + "_adjusted"]]
+    if before == result["verdict"] or not lost:
         return f" (Holm across {k} heads)"
-    test, key = _CLAIM_P.get(before, ("difference", "p_difference"))
-    return (f" (Holm across {k} heads; per comparison it would read {before}, but its {test} test's adjusted "
-            f"{format_p_value(result[key + '_adjusted'])} is not below {100 * result['alpha']:g}%)")
-
-
-_CLAIM_P = {"superior": ("difference", "p_difference"), "inferior": ("difference", "p_difference"),
-            "equivalent": ("TOST", "p_equivalence"), "non-inferior": ("non-inferiority", "p_non_inferiority")}
+    return (f" (Holm across {k} heads: per comparison it would read {before}, but the correction raises "
+            f"{' and '.join(lost)}, not below {100 * alpha:g}%)")

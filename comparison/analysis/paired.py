@@ -101,7 +101,7 @@ def compare_pair(a_runs, b_runs, name_a, name_b, n_boot=N_BOOT, seed=0):
 
 
 def _signed(x, digits):
-    return f"{x:+.{digits}f}".replace("-", "\u2212")
+    return "nan" if np.isnan(x) else f"{x:+.{digits}f}".replace("-", "\u2212")
 
 
 def _scaled(metric):
@@ -126,9 +126,9 @@ def markdown_rows(results):
     return header, rows
 
 
-def _interval(low, high, scale, digits):
+def _interval(low, high, scale, digits, n_seeds):
     if not (np.isfinite(low) and np.isfinite(high)):
-        return "n/a (1 seed)"
+        return "n/a (1 seed)" if n_seeds < 2 else "n/a (a difference is not finite)"
     return f"[{_signed(scale * low, digits)}, {_signed(scale * high, digits)}]"
 
 
@@ -147,11 +147,12 @@ def across_rows(results):
             rows.append([f"{res['variant']} − {res['baseline']}", METRIC_TABLE[m].label,
                          ", ".join(_signed(scale * d, digits) for d in r["per_seed"]),
                          _signed(scale * r["difference"], digits) + unit,
-                         _interval(r["t_low"], r["t_high"], scale, digits),
-                         f"{r['sign_flip_p']:.3g} (min {r['min_sign_flip_p']:.3g})",
-                         _interval(r["boot_low"], r["boot_high"], scale, digits),
+                         _interval(r["t_low"], r["t_high"], scale, digits, r["n_seeds"]),
+                         ("n/a" if np.isnan(r["sign_flip_p"]) else f"{r['sign_flip_p']:.3g}")
+                         + f" (min {r['min_sign_flip_p']:.3g})",
+                         _interval(r["boot_low"], r["boot_high"], scale, digits, r["n_seeds"]),
                          "n/a" if not np.isfinite(mdd[0])
                          else "–".join(f"{scale * v:.{digits}f}" for v in mdd) + unit,
-                         "n/a" if r["n_seeds"] < 2
+                         "n/a" if r["n_seeds"] < 2 or not np.isfinite(r["sd"])
                          else "–".join(str(v) if v is not None else "> 1000" for v in needed)])
     return header, rows

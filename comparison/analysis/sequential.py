@@ -34,9 +34,22 @@ t scale:
     round(M·α(τ_k)) crossings in all (c_k = ∞ when that look may spend nothing). Exact for normal
     differences up to the Monte-Carlo error of the attained α, ±√(α(1−α)/M) (±0.0004 at M = 2^18),
     deterministic given the design's mc_seed, cached per design;
-  - "nominal-t": the same nominal one-sided significance level as the z boundary,
-    c_k = t_{n_k−1}^{-1}(Φ(b_k)) (the "significance level approach" for normal data of unknown
-    variance, Jennison & Turnbull 2000, ch. 3): no simulation, approximate for few seeds.
+  - "bonferroni-t": no simulation, and the level kept by construction: look k tests at the α its
+    spending gives it, c_k = t_{n_k−1}^{-1}(1 − (α(τ_k) − α(τ_{k−1}))) (∞ where that is 0). Under
+    the null each T_k(μ0) is exactly t_{n_k−1}, so P[some T_k > c_k] ≤ Σ_k P[T_k > c_k] = α
+    (Bonferroni's inequality over the looks): conservative, since the looks' statistics overlap
+    (2.2% attained one-sided at 2.5%, looks 3, 5, 8, 12). It replaces "nominal-t", which gave each
+    look the z boundary's nominal level, c_k = t_{n_k−1}^{-1}(Φ(b_k)) (the significance level
+    approach, Jennison & Turnbull 2000, ch. 3): that keeps each look's own level but not the
+    design's, since the s.d. estimated afresh at each look makes the T_k less correlated than the
+    Z_k the b_k were computed for, so more paths cross somewhere (2.60%, 2.65% and 2.77% one-sided
+    at 2.5% for looks 3, 5, 8, 12 / 3, 5 / 2, 3, over 2·10^6 simulated null paths each).
+
+No evidence at a look with s.d. 0. The boundaries hold for normal differences with σ > 0, under
+which s.d. 0 has probability 0; equal differences (identical runs, a coarse metric) give T = d̄ / 0,
+which is no measurement of the noise. Such a look's repeated intervals are (−∞, +∞): it establishes
+nothing, and at the last look the verdict is "undecided" (the fixed design's rule too:
+comparison/analysis/equivalence.py). So two heads with identical per-seed results never stop.
 Pure functions; the Design is frozen, serialisable (to_dict / from_dict) and checked on reload.
 """
 import functools
@@ -49,16 +62,20 @@ from typing import NamedTuple, Tuple
 import numpy as np
 import torch
 
+from comparison.limits import MAX_LOOKS, MAX_SEEDS, MIN_SEEDS
+
 from .equivalence import VERDICTS, claims_from_bounds, verdict_index
 from .statistics import student_t_isf
 
 DEFAULT_LOOKS = (3, 5, 8, 12)
-METHODS = ("monte-carlo-t", "nominal-t")
+METHODS = ("monte-carlo-t", "bonferroni-t")
 SPENDINGS = ("obrien-fleming",)
 MC_PATHS = 2 ** 18
 _GRID = 2001  # Simpson nodes per look (odd): a step of ~0.006 s.d. of the score, far below the 1e-4 the tests ask
 _TAIL_SD = 8.0  # the grid's lower end in s.d.: the continuing paths' mass below it is < 1e-15
 _MC_CHUNK = 2 ** 16  # paths drawn at a time (bounds memory for long designs; part of the seeded stream's layout)
+_MC_CHUNK_VALUES = 2 ** 22  # ... and at most this many draws at a time (32 MB: long designs, fewer rows)
+MAX_MC_PATHS = 2 ** 20  # a recorded design's mc_paths: the calibration's time grows with them
 
 
 # ---- α-spending and the z boundaries ------------------------------------------------------------------
@@ -142,8 +159,9 @@ def _null_t_statistics(looks, paths, seed):
     """T_k of `paths` seeded paths of N(0, 1) differences at each look (float64, (paths, K))."""
     rng = np.random.default_rng(seed)
     parts, left = [], paths
+    rows = min(_MC_CHUNK, max(1, _MC_CHUNK_VALUES // looks[-1]))  # whole rows: the same stream for any chunking
     while left:
-        size = min(_MC_CHUNK, left)
+        size = min(rows, left)
         parts.append(t_statistics(rng.standard_normal((size, looks[-1])), looks))
         left -= size
     return np.concatenate(parts)
@@ -174,9 +192,9 @@ def _calibrated(t_null, spent):
 def t_boundaries(looks, alpha, method, paths=MC_PATHS, seed=0):
     """One-sided upper boundaries c_1..c_K on the paired t statistic at one-sided level α (tuple)."""
     fractions = tuple(n / looks[-1] for n in looks)
-    if method == "nominal-t":
-        return tuple(student_t_isf(float(_normal_sf(b)), n - 1) for b, n in zip(normal_boundaries(fractions, alpha),
-                                                                                looks))
+    if method == "bonferroni-t":  # each look at its own share of α: Bonferroni over the looks
+        spent = np.diff(obf_spending(np.asarray(fractions), alpha), prepend=0.0)
+        return tuple(student_t_isf(float(a), n - 1) if a > 0 else math.inf for a, n in zip(spent, looks))
     if method == "monte-carlo-t":
         return _calibrated(_null_t_statistics(looks, paths, seed), obf_spending(np.asarray(fractions), alpha))
     raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -198,10 +216,15 @@ class Design:
     mc_seed: int = 0
 
     def __post_init__(self):
+        if not all(_is_whole(n) for n in self.looks):
+            raise ValueError(f"looks must be whole numbers of seeds, got {self.looks}")
         looks = tuple(int(n) for n in self.looks)
         object.__setattr__(self, "looks", looks)
-        if not looks or looks[0] < 2 or any(b <= a for a, b in zip(looks, looks[1:])):
-            raise ValueError(f"looks must be increasing seed counts of at least 2, got {self.looks}")
+        if not looks or looks[0] < MIN_SEEDS or any(b <= a for a, b in zip(looks, looks[1:])):
+            raise ValueError(f"looks must be increasing seed counts of at least {MIN_SEEDS}, got {self.looks}")
+        if looks[-1] > MAX_SEEDS or len(looks) > MAX_LOOKS:
+            raise ValueError(f"looks must be at most {MAX_LOOKS} seed counts of at most {MAX_SEEDS} seeds, got "
+                             f"{len(looks)} up to {looks[-1]}")
         if not (math.isfinite(self.margin) and self.margin > 0):
             raise ValueError(f"margin must be positive and finite, got {self.margin}")
         if not 0 < self.alpha < 0.5:
@@ -209,8 +232,10 @@ class Design:
         if self.method not in METHODS or self.spending not in SPENDINGS:
             raise ValueError(f"method must be one of {METHODS} and spending one of {SPENDINGS}, "
                              f"got {self.method!r}, {self.spending!r}")
-        if self.mc_paths < 1000:
-            raise ValueError(f"mc_paths must be at least 1000, got {self.mc_paths}")
+        if not (_is_whole(self.mc_paths) and 1000 <= self.mc_paths <= MAX_MC_PATHS and _is_whole(self.mc_seed)
+                and self.mc_seed >= 0):
+            raise ValueError(f"mc_paths must be a whole number from 1000 to {MAX_MC_PATHS} and mc_seed one >= 0, "
+                             f"got {self.mc_paths!r}, {self.mc_seed!r}")
 
     def boundaries(self):
         """{"difference": c_k at α/2 (superiority / inferiority), "equivalence": c_k at α (each TOST half)}."""
@@ -249,6 +274,10 @@ class Design:
         return design
 
 
+def _is_whole(n):
+    return isinstance(n, (int, np.integer)) and not isinstance(n, bool)
+
+
 def _fields(design):
     out = asdict(design)
     out["looks"] = list(design.looks)
@@ -276,16 +305,24 @@ class Interval(NamedTuple):
 
 
 class Decision(NamedTuple):
+    """stop?, verdict, the interval that supports it, and the 1 − α repeated interval of the same look
+    (the one superiority and inferiority read: an undecided verdict needs both; None before a look).
+    idle: the heads within noise of chance over the look's seeds, as (name, top-1, chance) — the
+    caller's sanity check (comparison/settle.py): such a pair stops with no comparison."""
+
     stop: bool
     verdict: str
     interval: Interval
+    difference_interval: Interval = None
+    idle: tuple = ()
 
 
 def _half_width(c, se):
-    """c·se, with an infinite boundary infinite even on identical differences (se = 0)."""
+    """c·se; infinite where the boundary is (the look spends no α) and where se is not positive
+    (identical differences: no evidence, module docstring)."""
     c, se = np.broadcast_arrays(np.asarray(c, dtype=np.float64), np.asarray(se, dtype=np.float64))
     out = np.full(c.shape, np.inf)
-    np.multiply(c, se, out=out, where=~np.isinf(c))  # ∞ · 0 never computed: no invalid-value warning
+    np.multiply(c, se, out=out, where=~np.isinf(c) & (se > 0))  # ∞ · 0 never computed: no invalid-value warning
     return out
 
 
@@ -304,12 +341,15 @@ def walk(differences, design):
     for key in ("eq_low", "eq_high", "diff_low", "diff_high"):
         out[key] = np.full(paths, np.nan)
     total, squares = np.cumsum(d, axis=1), np.cumsum(d ** 2, axis=1)
+    # all equal so far: exactly, as the sums of squares would not say (0.0025 · 3 leaves a rounding residue)
+    equal = np.maximum.accumulate(d, axis=1) == np.minimum.accumulate(d, axis=1)
     last = len(design.looks) - 1
     for k, n_k in enumerate(design.looks):
         if n_k > n:
             break
         mean = total[:, n_k - 1] / n_k
         se = np.sqrt(np.maximum(squares[:, n_k - 1] - n_k * mean ** 2, 0.0) / (n_k - 1) / n_k)
+        se[equal[:, n_k - 1]] = 0.0  # no evidence at this look (_half_width)
         half_diff, half_eq = _half_width(bounds["difference"][k], se), _half_width(bounds["equivalence"][k], se)
         ends = {"diff_low": mean - half_diff, "diff_high": mean + half_diff, "eq_low": mean - half_eq,
                 "eq_high": mean + half_eq}
@@ -336,6 +376,8 @@ def sequential_decision(differences_so_far, design):
         return Decision(False, "undecided", Interval(math.nan, math.nan, 1 - 2 * design.alpha, 0, int(d.size)))
     r = {k: v[0] for k, v in walk(d[None, :], design).items()}
     verdict = VERDICTS[int(r["verdict"])]
-    kind, level = (("diff", 1 - design.alpha) if verdict in ("superior", "inferior") else ("eq", 1 - 2 * design.alpha))
-    interval = Interval(float(r[f"{kind}_low"]), float(r[f"{kind}_high"]), level, int(r["look"]) + 1, int(r["n_used"]))
-    return Decision(bool(r["stopped"]), verdict, interval)
+    look, n = int(r["look"]) + 1, int(r["n_used"])
+    difference = Interval(float(r["diff_low"]), float(r["diff_high"]), 1 - design.alpha, look, n)
+    interval = difference if verdict in ("superior", "inferior") else \
+        Interval(float(r["eq_low"]), float(r["eq_high"]), 1 - 2 * design.alpha, look, n)
+    return Decision(bool(r["stopped"]), verdict, interval, difference)

@@ -265,7 +265,8 @@ def binomial_half_tail(k, n):
         return 1.0
     if k < 0:
         return 0.0
-    import torch  # (here, not at the top: the command line's margins are checked with this module before torch loads)
+    # heavy: torch (seconds); compare_heads checks its --margin with this module before torch loads
+    import torch
 
     j = torch.arange(k + 1, dtype=torch.float64)
     log_pmf = (math.lgamma(n + 1) - torch.lgamma(j + 1) - torch.lgamma(n - j + 1)) - n * math.log(2.0)
@@ -444,7 +445,7 @@ def paired_t_power(difference, sd, n_seeds, alpha=0.05):
     (the non-central t). P[|T| > c] = E_U[Φ(δ − cU) + Φ(−δ − cU)], integrated over U's density
     2 (ν/2)^(ν/2) u^(ν−1) e^(−νu²/2) / Γ(ν/2) by Simpson's rule.
     """
-    if n_seeds < 2:
+    if n_seeds < 2 or not (math.isfinite(difference) and math.isfinite(sd)):
         return float("nan")
     if sd <= 0:
         return 1.0 if difference != 0 else alpha
@@ -463,8 +464,8 @@ def paired_t_power(difference, sd, n_seeds, alpha=0.05):
 
 def min_detectable_difference(sd, n_seeds, power=0.8, alpha=0.05):
     """Smallest true difference the paired t-test detects with `power` at `n_seeds` (same units as sd)."""
-    if n_seeds < 2 or sd <= 0:
-        return float("nan") if n_seeds < 2 else 0.0
+    if n_seeds < 2 or not math.isfinite(sd) or sd <= 0:
+        return 0.0 if n_seeds >= 2 and sd == 0 else float("nan")
     low, high = 0.0, sd
     while paired_t_power(high, sd, n_seeds, alpha) < power:
         low, high = high, 2 * high
@@ -476,7 +477,9 @@ def min_detectable_difference(sd, n_seeds, power=0.8, alpha=0.05):
 
 def seeds_needed(difference, sd, power=0.8, alpha=0.05, max_seeds=_MAX_SEEDS_SEARCHED):
     """Fewest seeds (≥ 2) at which the paired t-test detects `difference` with `power`; None when
-    more than `max_seeds` would be needed (or the difference is 0)."""
+    more than `max_seeds` would be needed (or the difference is 0, or either is not finite)."""
+    if not (math.isfinite(difference) and math.isfinite(sd)):
+        return None
     if sd <= 0:
         return 2 if difference != 0 else None
     if difference == 0 or paired_t_power(difference, sd, max_seeds, alpha) < power:
@@ -496,7 +499,7 @@ def sign_flip_p_value(differences, max_exact=_EXACT_SIGN_FLIP_MAX, n_random=2 **
     (count + 1) / (n_random + 1) over random patterns.
     """
     d = np.asarray(differences, dtype=np.float64).ravel()
-    if d.size == 0:
+    if d.size == 0 or not np.all(np.isfinite(d)):  # nan stays nan: no pattern's mean compares with it
         return float("nan")
     observed = abs(d.mean())
     tolerance = 1e-12 * max(np.abs(d).max(), 1e-300)
@@ -584,7 +587,9 @@ def across_trainings(results_a, results_b, *, groups, example_ids, metrics=None,
                   "mdd": mdd_at(sd), "seeds_needed": need_at(sd), "sd_low": sd_low, "sd_high": sd_high,
                   "mdd_low": mdd_at(sd_low), "mdd_high": mdd_at(sd_high),
                   "seeds_needed_low": need_at(sd_low), "seeds_needed_high": need_at(sd_high),
-                  "significant": bool(enough and (low > 0 or high < 0)), "n_seeds": n_seeds, "level": level,
+                  # all equal (s.d. 0): the t-test has no scale, so no claim (comparison/analysis/equivalence.py)
+                  "significant": bool(enough and np.ptp(d) > 0 and (low > 0 or high < 0)), "n_seeds": n_seeds,
+                  "level": level,
                   "power": power}
     return out
 
@@ -592,7 +597,7 @@ def across_trainings(results_a, results_b, *, groups, example_ids, metrics=None,
 # ---- sentences -----------------------------------------------------------------------------------------
 def _signed(x, digits):
     text = f"{abs(x):.{digits}f}"
-    if float(text) == 0:
+    if math.isnan(x) or float(text) == 0:  # nan unsigned: never "−nan"
         return text
     return ("+" if x > 0 else _MINUS) + text
 
@@ -680,6 +685,9 @@ def describe_across_trainings(result, name_a, name_b, metric_label=None):
                 f"variation needs ≥ 2 seeds to be measured; the interval given this training leaves it out)")
     if all(d == 0 for d in result["per_seed"]):
         return f"{lead}: 0.0 pt on each of the {n} seeds: no difference, not significant at {alpha}"
+    if all(d == result["per_seed"][0] for d in result["per_seed"]):
+        return (f"{lead}: {diff} pt on each of the {n} seeds (s.d. 0: no spread to measure the noise by, so no "
+                f"t-test), not significant at {alpha}")
     interval = f"[{signed_points(result['t_low'])}, {signed_points(result['t_high'])}]"
     text = (f"{lead} across {n} trainings: {diff} pt {interval} "
             f"(t-interval over seeds; sign-flip {format_p_value(result['sign_flip_p'])})")

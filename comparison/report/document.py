@@ -25,10 +25,10 @@ import statistics
 
 from common import rundir
 from common.io import atomic_write_text, prepare_output, read_json, write_json
+from comparison import run_results
 from comparison.analysis import equivalence, paired, sanity
 from comparison.analysis.statistics import METRIC_TABLE, signed_points
 from evaluation import metrics, tables
-from evaluation.examples import load_examples
 from models.registry import is_sparse
 
 from . import plain_words, plots, pool_section
@@ -77,8 +77,9 @@ def read_epochs_curve(run_dir, weights="raw"):
 
 def load_run(run_dir, eval_file, weights="raw", seed=None):
     """One finished run: eval result + training summary + validation curve + per-example records
-    (numpy arrays, None when the run's eval wrote none)."""
-    result = read_json(os.path.join(run_dir, eval_file))
+    (numpy arrays, None when the run's eval wrote none), the evaluation read through its checks
+    (comparison/run_results.py: one line when it is damaged or another run's)."""
+    result = run_results.read_result(run_dir, eval_file)
     summary = read_json(os.path.join(run_dir, rundir.SUMMARY))
     flat = tables.flatten_metrics(result)
     flat["train_time_s"] = summary.get("train_time_s")
@@ -90,9 +91,8 @@ def load_run(run_dir, eval_file, weights="raw", seed=None):
     if not curve:  # train.logging=false runs, or a metrics.jsonl lost: epochs.csv has the same evals
         curve = read_epochs_curve(run_dir, weights)
     records = None
-    path = rundir.examples_path(os.path.join(run_dir, eval_file))
-    if os.path.isfile(path):
-        records = {k: v.numpy() for k, v in load_examples(path)[0].items()}
+    if os.path.isfile(rundir.examples_path(os.path.join(run_dir, eval_file))):
+        records = run_results.read_records(run_dir, eval_file, result)
     return {"run_dir": run_dir, "seed": seed, "result": result, "flat": flat, "curve": sorted(curve.items()),
             "records": records, "pool_maps": pool_section.run_pool_maps(run_dir, eval_file, result)}
 
@@ -342,7 +342,8 @@ def equivalence_section(results):
             rows.append([f"{res['variant']} − {res['baseline']}", METRIC_TABLE[metric].label,
                          equivalence.margin_text(metric, v["margin"]), str(v["n"]),
                          equivalence.with_unit(metric, equivalence.format_difference(metric, v["mean"])),
-                         interval_cell(metric, v["interval"]), interval_cell(metric, v["difference_interval"]),
+                         *(interval_cell(metric, v[key], _untested_cell(v)) for key in ("interval",
+                                                                                     "difference_interval")),
                          _p_cell(v["p_equivalence"]), _p_cell(v["p_non_inferiority"]), _p_cell(v["p_difference"]),
                          " / ".join(_p_cell(v[f"{k}_adjusted"]) for k in ADJUSTED_COLUMN), v["verdict"]])
     if not rows:
@@ -366,10 +367,15 @@ def equivalence_section(results):
             tables.markdown_table(header, rows), ""] + [f"- {s}" for s in sentences] + [""]
 
 
-def interval_cell(metric, interval):
+def _untested_cell(verdict):
+    """Why an equivalence verdict has no interval, in a table cell's words ("1 seed", "s.d. 0", ...)."""
+    return equivalence.UNTESTED[verdict.get("untested") or "one seed"][0]
+
+
+def interval_cell(metric, interval, why="1 seed"):
     low, high = interval
     if low != low:
-        return "n/a (1 seed)"
+        return f"n/a ({why})"
     return f"[{equivalence.format_difference(metric, low)}, {equivalence.format_difference(metric, high)}]"
 
 
@@ -384,8 +390,8 @@ def summary_document(results, lines):
     keys = ("n", "mean", "sd", "margin", "alpha", "higher_is_better", "interval", "interval_level",
             "difference_interval", "difference_level", "p_lower", "p_upper", "p_equivalence", "p_non_inferiority",
             "p_superiority", "p_inferiority", "p_difference", *(f"{k}_adjusted" for k in equivalence.FAMILY_P),
-            "superior", "inferior", "equivalent", "non_inferior", "verdict", "unadjusted_verdict", "multiplicity",
-            "family_size", "sentence")
+            "superior", "inferior", "equivalent", "non_inferior", "verdict", "unadjusted_verdict", "untested",
+            "multiplicity", "family_size", "sentence")
     return {"alpha": entries[0]["alpha"] if entries else None,
             "multiplicity": entries[0]["multiplicity"] if entries else None, "margins": margins,
             "comparisons": [{"variant": res["variant"], "baseline": res["baseline"], "seeds": res["seeds"],

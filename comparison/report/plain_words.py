@@ -266,9 +266,10 @@ def head_verdicts(results, sequential=None):
         margin = equivalence.margin_text(metric, equivalence.margin_as_difference(metric, sequential["margin"]))
         out = []
         for c in sequential["comparisons"]:
-            kind = {"no look": "no look", "continues": "not settled", "capped": "not settled"}.get(
-                c["state"], KIND_OF[c["verdict"]])
-            out.append(HeadVerdict(c["variant"], c["baseline"], metric, kind, c["seeds"], margin, stage=c["state"]))
+            kind = {"no look": "no look", "continues": "not settled", "capped": "not settled",
+                    "nothing learned": "nothing learned"}.get(c["state"], KIND_OF[c["verdict"]])
+            out.append(HeadVerdict(c["variant"], c["baseline"], metric, kind, c["seeds"], margin, stage=c["state"],
+                                   idle=tuple(i["variant"] for i in c.get("idle", ()))))
         return out
     out = []
     for res in results:

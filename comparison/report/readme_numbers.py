@@ -44,10 +44,17 @@ import subprocess
 import tempfile
 import textwrap
 
+import numpy
+import torch
+
 from common import rundir
 from common.errors import UserError
 from common.io import atomic_write_text, current_umask, write_json, writing
+from comparison import cli, command, run_results
 from comparison.paths import ROOT
+from comparison.plan import default_runs_dir, plan_runs
+from comparison.report import document
+from evaluation import tables
 
 RECORD_DIR = "docs/quickstart_record"  # the record, relative to the repository root
 RECORD_INFO = "recorded.json"  # in the record: where and with what its runs were made
@@ -111,9 +118,6 @@ def compare_argv():
 
 def run_names():
     """The quick start's run folders (<head>-s<seed>), in plan order: compare_heads' own plan."""
-    from comparison import cli
-    from comparison.plan import plan_runs
-
     plan, _ = plan_runs(cli.parse_args(compare_argv()))
     return [os.path.basename(run_dir) for _, _, run_dir, _ in plan]
 
@@ -145,9 +149,6 @@ def rebuild_report(record_dir, into):
     """The report of the recorded runs with the current code, into the folder `into`: compare_heads
     --report-only, run as `make quickstart`'s comparison would be, on a copy of the runs laid out as it
     laid them out (runs/compare/<config name>/<run>, whose requests name those folders). -> its folder."""
-    from comparison import cli, command
-    from comparison.plan import default_runs_dir
-
     names = run_names()
     runs_dir = default_runs_dir(cli.parse_args(compare_argv()))  # relative: the folder the requests name
     for source, rel in _run_files(record_dir, names, "the record is incomplete; record a quick start again "
@@ -177,8 +178,7 @@ def generate(record_dir):
             table = list(csv.reader(f))
         with open(os.path.join(report_dir, "report.md"), encoding="utf-8") as f:
             verdicts = verdict_lines(f.read())
-    with open(os.path.join(record_dir, run_names()[0], EVAL_FILE), encoding="utf-8") as f:
-        first = json.load(f)
+    first = run_results.read_result(os.path.join(record_dir, run_names()[0]), EVAL_FILE)
     seeds = _cells(table, ["seeds"])[0]
     sample = (f"{seeds[0] if len(set(seeds)) == 1 else '/'.join(seeds)} seeds, {first['n']} {first['split']} "
               f"images")
@@ -259,9 +259,6 @@ def verdict_lines(report_text):
 
 def _labels():
     """{metric key: the report's row label} (evaluation/tables.py, document.py)."""
-    from comparison.report import document
-    from evaluation import tables
-
     labels = {k: label for k, label, _ in tables.METRIC_COLUMNS + tables.prediction_set_columns(
         ["support", "lac"], [EPSILON])}
     return {**labels, "ece": document.ECE_MEAN_LABEL, "ece_pooled": document.ECE_POOLED_LABEL}
@@ -400,9 +397,6 @@ def _git(folder, *args):
 def environment(runs_dir, files):
     """recorded.json: this machine and Python, the commit of the checkout holding `runs_dir`, and the
     (UTC) date of the newest recorded file."""
-    import numpy
-    import torch
-
     commit = _git(runs_dir, "rev-parse", "HEAD")
     changes = _git(runs_dir, "status", "--porcelain", "--untracked-files=no") if commit else None
     newest = max(os.stat(path).st_mtime for path, _ in files)

@@ -9,6 +9,11 @@ import os
 from common.errors import UserError
 from common.io import atomic_write_text, read_json, write_json
 from common.runlock import RunLock
+from comparison.analysis.equivalence import format_difference, margin_text, with_unit
+from comparison.analysis.statistics import METRIC_TABLE
+from comparison.report import document, plain_words
+from comparison.report.document import SUMMARY_FILE
+from evaluation.tables import markdown_table
 
 REPORT_SOURCE = "compare_source.json"  # in a report folder: the runs folder its report is of
 SEQUENTIAL_HEADING = "## Seeds until settled (sequential design)"
@@ -55,8 +60,6 @@ def write_comparison_report(plan, commands, args, pairs, stem, command, report_d
     -> (report.md path, missing run dirs, paired results). `sequential`: --until-settled's outcome
     (comparison/settle.Looks.document), added to report.md and summary.json; the plain words' bottom
     line then reads its verdicts (plain_words.py's SEQUENTIAL)."""
-    from comparison.report import document, plain_words
-
     weights = "ema" if args.ema else "raw"
     variants, missing = {}, []
     for name, seed, run_dir, _ in plan:
@@ -95,8 +98,6 @@ def write_comparison_report(plan, commands, args, pairs, stem, command, report_d
 def add_sequential(report_dir, doc):
     """--until-settled's outcome into the report: summary.json's "sequential", and report.md's section
     before the equivalence verdicts (which read the same seeds as a fixed design would)."""
-    from comparison.report.document import SUMMARY_FILE
-
     summary_path = os.path.join(report_dir, SUMMARY_FILE)
     write_json({**read_json(summary_path), "sequential": doc}, summary_path)
     path = os.path.join(report_dir, "report.md")
@@ -110,10 +111,6 @@ def add_sequential(report_dir, doc):
 
 def sequential_section(doc):
     """Markdown lines: how the seeds were added, then one row and one sentence per head."""
-    from comparison.analysis.equivalence import margin_text
-    from comparison.analysis.statistics import METRIC_TABLE
-    from evaluation.tables import markdown_table
-
     design, metric = doc["design"], doc["metric"]
     label, looks = METRIC_TABLE[metric].label, ", ".join(map(str, design["looks"]))
 
@@ -138,8 +135,6 @@ def sequential_section(doc):
 
 def _sequential_row(entry, metric):
     """One head's row: the look it stopped at, its seeds, verdict, repeated interval and state."""
-    from comparison.analysis.equivalence import format_difference, with_unit
-
     def end(x, sign):
         return sign + "∞" if x is None or math.isinf(x) else format_difference(metric, x)  # JSON's ∞: None
 
@@ -153,8 +148,6 @@ def _sequential_row(entry, metric):
 
 def say_conclusions(variants, paired_results):
     """The verdicts and sanity checks, then the plain-words summary: what a user takes away."""
-    from comparison.report import document, plain_words
-
     verdicts, checks = document.verdict_lines(variants, paired_results)
     if verdicts:
         print("Verdicts (across trainings: would another training differ too? details and the numbers given "

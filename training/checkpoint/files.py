@@ -100,6 +100,8 @@ def _write_error(path, err, needed, previous, what="checkpoint"):
     """One line for an OSError while writing `path`; `needed` = bytes the whole save needs."""
     kept = f"the previous {what} {previous} is intact" if previous else f"no earlier {what} was touched"
     hint = _RESUME_HINT if err.errno in (errno.ENOSPC, errno.EDQUOT) else _FIX_HINT
+    if not previous:  # the run has no checkpoint to resume: --resume auto starts it over (training/run_start.py)
+        hint += " (with no checkpoint yet, it starts the run over)"
     return write_error(path, err, needed=needed, kept=kept, hint=hint)
 
 
