@@ -78,10 +78,10 @@ class DataConfig:
                            f"installed, on CUDA, for {'/'.join(dataset_names(dali=True))}; else pil)",
                            choices=BACKENDS)
     image_size: int = setting(32, "side of the square images the model sees and is built for",
-                              range="[1, inf)", resume=FROZEN)
-    batch_size: int = setting(128, "training batch per process", range="[1, inf)")
-    eval_batch_size: int = setting(256, "evaluation batch per process", range="[1, inf)", resume=FREE)
-    num_workers: int = setting(2, "data loader worker processes (DALI: CPU threads)", range="[0, inf)", resume=FREE)
+                              range="[1, 4096]", resume=FROZEN)
+    batch_size: int = setting(128, "training batch per process", range="[1, 65536]")
+    eval_batch_size: int = setting(256, "evaluation batch per process", range="[1, 65536]", resume=FREE)
+    num_workers: int = setting(2, "data loader worker processes (DALI: CPU threads)", range="[0, 256]", resume=FREE)
     in_memory: bool = setting(True, f"{'/'.join(dataset_names(in_memory=True))}: whole split as one uint8 "
                               "tensor, batch augmentation on the device")
     download: bool = setting(True, "download CIFAR or the MNIST family when missing", resume=FREE)
@@ -106,8 +106,9 @@ class DataConfig:
     tune_fraction: float = setting(0.0, "fraction of TRAIN (after the calib hold-out) held out (deterministically) "
                                    "as the tune split, what compare_heads --tune selects settings on",
                                    range="[0, 1)", resume=FROZEN)
-    builtin_train_size: int = setting(20000, "built-in dataset: training images", range="[1, inf)", resume=FROZEN)
-    builtin_val_size: int = setting(2000, "built-in dataset: validation images", range="[1, inf)")
+    builtin_train_size: int = setting(20000, "built-in dataset: training images", range="[1, 10000000]",
+                                      resume=FROZEN)
+    builtin_val_size: int = setting(2000, "built-in dataset: validation images", range="[1, 10000000]")
     builtin_seed: int = setting(0, "built-in dataset: generator seed", resume=FROZEN)
     # ---- extra fields (all optional) ----
     # "pad": random crop with `crop_padding` (CIFAR style); "rrc": RandomResizedCrop (DeiT);
@@ -115,13 +116,13 @@ class DataConfig:
     train_crop: str = setting("auto", "training crop: pad (CIFAR style, crop_padding), rrc (RandomResizedCrop), "
                               f"auto (rrc for {'/'.join(dataset_names(train_crop='rrc'))}, else pad)",
                               choices=TRAIN_CROPS)
-    crop_padding: int = setting(4, "zero padding before the pad-mode random crop", range="[0, inf)")
+    crop_padding: int = setting(4, "zero padding before the pad-mode random crop", range="[0, 1024]")
     color_jitter: float = setting(0.0, "timm colour jitter (only without auto_augment; per-sample path)",
                                   range="[0, inf)")
     mean: Tuple[float, float, float] = setting(IMAGENET_MEAN, "normalisation mean (RGB)")
     std: Tuple[float, float, float] = setting(IMAGENET_STD, "normalisation std (RGB)", range="(0, inf)")
     repeated_aug_repeats: int = setting(3, "repeated augmentation: repeats per sample (timm RepeatAugSampler)",
-                                        range="[1, inf)", resume=FROZEN)
+                                        range="[1, 64]", resume=FROZEN)
     cache_dir: Optional[str] = setting(None, "built-in dataset cache; null: $XDG_CACHE_HOME or ~/.cache "
                                        "/resmlp-data", resume=FREE)
     # data.dataset=features: which features (data/features.py), as model.pretrained_sha256 names the weights
@@ -193,14 +194,14 @@ class OptimConfig:
     # lr * global_batch / lr_base_batch, global_batch = batch_size * processes * grad_accum.
     lr: float = setting(5e-3, "peak learning rate at a global batch of lr_base_batch (scaled linearly)",
                         range="(0, inf)", search="log [1e-4, 0.1]", resume=OPTIMIZER)
-    lr_base_batch: int = setting(2048, "global batch at which lr applies unscaled", range="[1, inf)",
+    lr_base_batch: int = setting(2048, "global batch at which lr applies unscaled", range="[1, 1048576]",
                                  resume=OPTIMIZER)
     weight_decay: float = setting(0.2, "weight decay (not on biases, Affine/norm parameters, LayerScale, alpha)",
                                   range="[0, inf)", search="log [1e-4, 1]", resume=OPTIMIZER)
     betas: Tuple[float, float] = setting((0.9, 0.999), "Adam/LAMB betas", range="[0, 1)", resume=OPTIMIZER)
     momentum: float = setting(0.9, "sgd only: momentum", range="[0, 1)", resume=OPTIMIZER)
     clip_grad: Optional[float] = setting(None, "max global gradient norm; null: no clipping", range="(0, inf)")
-    epochs: int = setting(400, "training epochs (the cosine schedule's length)", range="[1, inf)",
+    epochs: int = setting(400, "training epochs (the cosine schedule's length)", range="[1, 100000]",
                           resume=OPTIMIZER)
     warmup_epochs: float = setting(5, "linear warmup from warmup_lr, in epochs", range="[0, inf)",
                                    resume=OPTIMIZER)
@@ -217,7 +218,7 @@ class OptimConfig:
 class TrainConfig:
     seed: int = setting(0, "seed of initialisation, sample order and augmentation", resume=FROZEN)
     mixed_precision: str = setting("no", "autocast precision (fp16: CUDA only)", choices=("no", "bf16", "fp16"))
-    grad_accum: int = setting(1, "micro-batches per optimizer update", range="[1, inf)")
+    grad_accum: int = setting(1, "micro-batches per optimizer update", range="[1, 65536]")
     eval_every: int = setting(1, "evaluate every N epochs (and after the last one)", range="[1, inf)", resume=FREE)
     eval_split: str = setting("val", "the split the per-epoch evaluations use: val, or tune (data.tune_fraction's "
                               "hold-out of train; compare_heads --tune's trials select on it)", choices=("val", "tune"))

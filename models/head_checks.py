@@ -14,7 +14,7 @@ ALPHA_OF = {"softmax": 1.0, "entmax15": 1.5, "sparsemax": 2.0}
 
 check_alpha = RangeCheck("head.alpha", float, "[1, 2]", "1 = softmax, 2 = sparsemax")
 check_gamma_value = RangeCheck("head.gamma", float, "(1, inf)", "2 is the paper's default")
-check_order = RangeCheck("head.order", int, "[2, inf)", "Taylor softmax is only positive for even orders",
+check_order = RangeCheck("head.order", int, "[2, 64]", "Taylor softmax is only positive for even orders",
                          extra=(lambda order: order % 2 == 0, "even"))
 check_scale = RangeCheck("head.scale", float, "(0, inf)", "the paper uses 30")
 check_margin = RangeCheck("head.margin", float, "[0, inf)", "the paper uses 0.35")
@@ -64,7 +64,7 @@ def _sigma_check(dtype: str) -> RangeCheck:
 # the declared range: float32's floor, the compute dtype of fp32/bf16/fp16 logits
 check_sigma = _sigma_check("float32")
 check_sigma_float64 = _sigma_check("float64")
-check_samples = RangeCheck("head.samples", int, "[1, inf)", "Monte-Carlo draws per row")
+check_samples = RangeCheck("head.samples", int, "[1, 1048576]", "Monte-Carlo draws per row")
 
 
 def check_noise(noise) -> str:

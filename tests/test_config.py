@@ -187,12 +187,13 @@ def test_non_finite_numbers_are_refused(tmp_path, override):
 
 @pytest.mark.parametrize("override,expected", [
     ("optim.lr=0", "> 0"), ("optim.lr=-1e-3", "> 0"), ("optim.weight_decay=-0.1", ">= 0"),
-    ("optim.warmup_epochs=-1", ">= 0"), ("optim.epochs=0", ">= 1"), ("data.batch_size=0", ">= 1"),
-    ("data.eval_batch_size=-4", ">= 1"), ("data.reprob=1.5", "in [0, 1]"), ("data.mixup_prob=-0.1", "in [0, 1]"),
+    ("optim.warmup_epochs=-1", ">= 0"), ("optim.epochs=0", "in [1, 100000]"), ("data.batch_size=0", "in [1, 65536]"),
+    ("data.eval_batch_size=-4", "in [1, 65536]"), ("data.image_size=99999999999999999999", "in [1, 4096]"),
+    ("optim.epochs=100001", "in [1, 100000]"), ("data.reprob=1.5", "in [0, 1]"), ("data.mixup_prob=-0.1", "in [0, 1]"),
     ("data.label_smoothing=1.1", "in [0, 1]"), ("data.calib_fraction=1.0", "in [0, 1)"),
     ("train.ema_decay=1.0", "in [0, 1)"), ("model.drop_path=1", "in [0, 1)"), ("optim.clip_grad=0", "> 0"),
     ("optim.betas=[0.9, 1.0]", "in [0, 1) (each)"), ("data.std=[0.2, 0.0, 0.2]", "> 0 (each)"),
-    ("train.keep_last=0", ">= 1"), ("data.num_workers=-1", ">= 0"),
+    ("train.keep_last=0", ">= 1"), ("data.num_workers=-1", "in [0, 256]"),
 ])
 def test_out_of_range_numbers_are_refused(tmp_path, override, expected):
     key, value = override.split("=")

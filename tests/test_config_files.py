@@ -233,7 +233,7 @@ def test_help_config_with_a_config_prints_it_resolved(tmp_path, capsys):
     assert _train_main()(["--help-config", "--config", quick, "optim.lr=0.02"]) == 0
     text = capsys.readouterr().out
     assert quick in text.splitlines()[0]
-    assert "  lr: 0.02  # float, > 0, default 0.005;" in text and "  batch_size: 128  # int, >= 1;" in text
+    assert "  lr: 0.02  # float, > 0, default 0.005;" in text and "  batch_size: 128  # int, in [1, 65536];" in text
     assert load_config(_write(tmp_path / "resolved.yaml", text)) == load_config(quick, ["optim.lr=0.02"])
     code, err = _cli(capsys, _train_main(), ["--help-config", "--config", quick, "optim.lrr=1"])
     assert code == 2 and "did you mean 'optim.lr'" in err
