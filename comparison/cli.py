@@ -100,7 +100,8 @@ def build_parser(description=None):
                         help="train seeds 0, 1, ... in looks; after each look a head that is superior, inferior or "
                              "equivalent within the margin (group-sequential design, "
                              "comparison/analysis/sequential.py) gets no more seeds, the others the next look's; "
-                             "replaces --seeds")
+                             "replaces --seeds; with --tune, each head tuned first and its tuned settings trained "
+                             "(no untuned arm: comparison/tune_settle.py)")
     settle.add_argument("--max-seeds", type=int, default=None, metavar="N",
                         help="the design's last look (default 12; the looks 3 5 8 12 ... up to N); with --looks, or "
                              "a design already recorded, this run stops after the last look <= N")
@@ -232,9 +233,6 @@ def check_settle(args, options):
         raise UserError(f"{given[0]} applies to --until-settled; add --until-settled")
     if not args.until_settled:
         return
-    if args.tune:
-        raise UserError("--until-settled does not combine with --tune yet: --tune's verdict runs are planned over "
-                        "fixed --seeds (comparison/tune.py); tune first, or compare the untuned heads until settled")
     if any(o.split("=")[0] == "--seeds" for o in options):
         raise UserError("--until-settled chooses the seeds (0, 1, ... up to each look); drop --seeds, and give "
                         "--max-seeds N or --looks N ... instead")

@@ -26,7 +26,7 @@ from comparison.analysis.statistics import METRIC_TABLE
 
 DESIGN_FILE = "sequential_design.json"  # in RUNS_DIR: the design the comparison was started with
 MAX_RECORD_BYTES = 1 << 20  # a record is ~2 KB: anything larger is not one, and is not read
-MAX_RECORD_DEPTH = 8  # a record nests 4 deep (record, design, boundaries, a list)
+MAX_RECORD_DEPTH = 8  # a record nests 5 deep (record, tuning, studies, a study, its search space)
 LOCK_PURPOSE = "compare_heads --until-settled"
 
 
@@ -38,19 +38,22 @@ def design_path(runs_dir):
     return os.path.join(runs_dir, DESIGN_FILE)
 
 
-def design_record(metric, margin, design):
-    """The JSON of RUNS_DIR/sequential_design.json."""
-    return {"metric": metric, "margin": margin, "design": design.to_dict()}
+def design_record(metric, margin, design, tuning=None):
+    """The JSON of RUNS_DIR/sequential_design.json. `tuning`: --tune --until-settled's tuning, part of its
+    design (comparison/tune_settle.py: the budget and each study's settings), None without --tune."""
+    return {"metric": metric, "margin": margin, "design": design.to_dict(),
+            **({"tuning": tuning} if tuning is not None else {})}
 
 
-def write_design(runs_dir, metric, margin, design):
+def write_design(runs_dir, metric, margin, design, tuning=None):
     """Record the design (atomically; only under the runs folder's lock: `runs_folder(..., writes=True)`)."""
-    write_json(design_record(metric, margin, design), design_path(runs_dir))
+    write_json(design_record(metric, margin, design, tuning), design_path(runs_dir))
 
 
 def read_design(runs_dir):
-    """(metric, margin, Design) recorded in the runs folder, None when there is none; DamagedRecord
-    when the file is not a record this code wrote (its message: what is wrong, without the path)."""
+    """(metric, margin, Design, tuning) recorded in the runs folder (tuning: None without --tune), None when
+    there is none; DamagedRecord when the file is not a record this code wrote (its message: what is wrong,
+    without the path)."""
     path = design_path(runs_dir)
     if not os.path.lexists(path):
         return None
@@ -60,13 +63,16 @@ def read_design(runs_dir):
     metric, margin, fields = data.get("metric"), data.get("margin"), data.get("design")
     if metric not in METRIC_TABLE or not isinstance(fields, dict) or not _is_number(margin):
         raise DamagedRecord("it lacks a known metric, a margin or a design")
+    tuning = data.get("tuning")
+    if tuning is not None and not isinstance(tuning, dict):
+        raise DamagedRecord(f"its tuning is a JSON {type(tuning).__name__}, not an object")
     try:
         design = Design.from_dict(fields)
     except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as err:
         raise DamagedRecord(str(err).splitlines()[0][:300] if str(err) else type(err).__name__) from None
     if not math.isclose(margin_as_difference(metric, margin), design.margin, rel_tol=1e-12):
         raise DamagedRecord(f"its margin {margin:g} does not match its design's: the record was edited")
-    return metric, float(margin), design
+    return metric, float(margin), design, tuning
 
 
 def _load(path):

@@ -1,7 +1,8 @@
 """One plan through the mode asked: --emit-slurm writes its array job, --dry-run lists it,
 --report-only reports what is finished; otherwise its missing steps run here (one after another, or
 --jobs N at once) before the report and the MLflow log. --tune sends each of its arms through here;
---until-settled sends each look's plan (comparison/settle.py decides which seeds it holds)."""
+--until-settled sends each look's plan (comparison/settle.py decides which seeds it holds), and so does
+--tune --until-settled, with the tuned settings (comparison/tune_settle.py)."""
 import os
 import time
 
@@ -159,17 +160,26 @@ def compare_until_settled(args, argv, commands):
     again, until no head needs more; --dry-run lists the next look, --emit-slurm writes it as an array
     job (one look at a time: rerun after it to emit the next), --report-only reports the looks so far."""
     runs_dir = default_runs_dir(args)
-    pairs, stem, report_dir = check_folders(args, runs_dir)
-    if not pairs:
-        raise UserError("--until-settled settles each head against a reference: give at least two --heads")
+    pairs, stem, report_dir = settle_folders(args, runs_dir)
     # one comparison at a time writes the runs folder's design and runs its looks (comparison/design_record.py)
     with runs_folder(runs_dir, writes=not (args.dry_run or args.report_only)) as holder:
-        return _looks_held(args, argv, commands, runs_dir, pairs, stem, report_dir, holder)
+        run_looks(args, argv, commands, settle.Looks(args, runs_dir, commands, pairs, holder), stem, report_dir)
+    return 0
 
 
-def _looks_held(args, argv, commands, runs_dir, pairs, stem, report_dir, holder):
-    """compare_until_settled's looks, the runs folder held (`holder`: settle.Looks')."""
-    looks = settle.Looks(args, runs_dir, commands, pairs, holder)
+def settle_folders(args, runs_dir, report_dir=None):
+    """check_folders' (pairs, stem, report folder) of an --until-settled comparison, which needs a pair."""
+    pairs, stem, report_dir = check_folders(args, runs_dir, report_dir)
+    if not pairs:
+        raise UserError("--until-settled settles each head against a reference: give at least two --heads")
+    return pairs, stem, report_dir
+
+
+def run_looks(args, argv, commands, looks, stem, report_dir, title_note=""):
+    """The looks of `looks` (a settle.Looks, the runs folder held) through the mode asked, then the report;
+    -> report_and_log's (report.md path, paired results), None when nothing was reported (--dry-run,
+    --emit-slurm). --tune --until-settled (comparison/tune_settle.py) calls it with the tuned settings."""
+    runs_dir, pairs = looks.runs_dir, looks.pairs
     requests = plan_requests(looks.full, commands)
     plan, missing = looks.now()
     if not args.report_only:  # (--report-only: its report says where each head stands)
@@ -178,19 +188,18 @@ def _looks_held(args, argv, commands, runs_dir, pairs, stem, report_dir, holder)
         looks.say()
     if args.emit_slurm:
         _emit_look(args, argv, looks, plan, missing, runs_dir, commands, stem, requests)
-        return 0
+        return None
     start, counts = time.perf_counter(), (0, 0)
     if args.dry_run or args.report_only:
         runs_to_do(plan, commands, args)  # lists the look's runs: done, would run, or missing
         if args.dry_run:
             print(f"report: {os.path.join(report_dir, 'report.md')} (not written by --dry-run)")
-            return 0
+            return None
     else:
         prepare_output(report_dir, folder=True)  # before any training: a report folder that cannot be written
         plan, counts = _run_looks(args, looks, plan, missing, commands, requests)
-    report_and_log(args, argv, plan, runs_dir, commands, pairs, stem, report_dir, start, counts,
-                   sequential=looks.document())
-    return 0
+    return report_and_log(args, argv, plan, runs_dir, commands, pairs, stem, report_dir, start, counts,
+                          title_note=title_note, sequential=looks.document())
 
 
 def _run_looks(args, looks, plan, missing, commands, requests):

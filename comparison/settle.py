@@ -16,6 +16,8 @@ fingerprint and boundaries, Design.to_dict) at the first run and every rerun che
 (Design.from_dict): once a look has been taken a changed design (margin, metric, looks, a larger
 --max-seeds) is refused, since boundaries chosen after seeing the data no longer bound the error
 rates; before any look it is replaced, and said so, unless a live comparison holds the runs folder.
+With --tune (comparison/tune_settle.py) the design holds the tuning too (--trials, --pruner, each study's
+search space and overrides), fixed the same way: the looks' runs train the settings it chose.
 A --max-seeds below the design's last look only stops this invocation at the last look it allows; a
 rerun continues the same design. The record is guarded (comparison/design_record.py): written under
 the runs folder's lock, read whole or refused in one line, and required where finished runs are.
@@ -47,6 +49,7 @@ from comparison.plan import plan_runs
 DEFAULT_MAX_SEEDS = 12  # comparison/analysis/sequential.DEFAULT_LOOKS' last
 _GROWTH = 1.5  # the default schedule past 12 seeds: each look ~1.5× the previous
 SIMULATED_PATHS = 2000  # the expected seeds' plug-in simulation (cost line): s.e. ≲ 0.2 seed
+MAX_SHOWN_CHANGES = 4  # changed tuning settings a refusal names
 
 
 # ---- the design -------------------------------------------------------------------------------------
@@ -80,21 +83,65 @@ def make_design(metric, margin, looks):
 
 
 def _changes(old, new):
-    """'margin 0.5 -> 1, looks 3 5 8 -> 3 5 8 12' between two (metric, margin, Design)."""
-    (m0, d0, a), (m1, d1, b) = old, new
+    """'margin 0.5 -> 1, looks 3 5 8 -> 3 5 8 12' between two (metric, margin, Design, tuning)."""
+    (m0, d0, a, t0), (m1, d1, b, t1) = old, new
     pairs = [("metric", m0, m1), ("margin", f"{d0:g}", f"{d1:g}"),
              ("looks", " ".join(map(str, a.looks)), " ".join(map(str, b.looks)))]
     pairs += [(k, getattr(a, k), getattr(b, k)) for k in ("alpha", "method", "mc_paths", "mc_seed")]
-    return ", ".join(f"{k} {x} -> {y}" for k, x, y in pairs if x != y)
+    return ", ".join([f"{k} {x} -> {y}" for k, x, y in pairs if x != y] + _tuning_changes(t0, t1))
 
 
-def resolve_design(args, runs_dir, looks_taken, holder=None):
-    """(metric, margin, Design, cap): the design of this comparison and the seeds this invocation may
-    reach (the last look ≤ --max-seeds). `looks_taken(first_look)`: whether any pair has that many
-    paired seeds finished (a look was taken). Records a new design unless --dry-run / --report-only
-    (a writer holds the runs folder's lock: comparison/design_record.py). `holder`: for those two, the
-    common.runlock.RunLockHeld of a live comparison holding the folder, whose design they may not
-    replace. A damaged record, or finished runs without one, is one line (the module docstring)."""
+def _tuning_changes(old, new):
+    """['trials 3 -> 4', 'overrides optim.epochs 2 -> 3 (every variant)'] between two tuning records (None: not
+    tuned; comparison/tune_settle.py's tuning_design), at most MAX_SHOWN_CHANGES settings."""
+    if old == new:
+        return []
+    if old is None or new is None:
+        return [f"tuning {_tuned_text(old)} -> {_tuned_text(new)}"]
+    out = [f"{k} {old.get(k)} -> {new.get(k)}" for k in ("trials", "pruner") if old.get(k) != new.get(k)]
+    studies = [old.get("studies") or {}, new.get("studies") or {}]
+    if set(studies[0]) != set(studies[1]):
+        out.append(f"tuned variants {' '.join(studies[0])} -> {' '.join(studies[1])}")
+    changed = {}  # (setting, old, new): the variants whose tuning changed so
+    for name in [n for n in studies[1] if n in studies[0]]:
+        leaves = [_leaves({k: v for k, v in study[name].items() if k != "pruner"}) for study in studies]
+        for key in sorted(set(leaves[0]) | set(leaves[1])):
+            if leaves[0].get(key) != leaves[1].get(key):
+                changed.setdefault((key, leaves[0].get(key, "(unset)"), leaves[1].get(key, "(unset)")), []).append(name)
+    out += [f"{key} {was} -> {asked} ({'every variant' if len(names) == len(studies[1]) else ', '.join(names)})"
+            for (key, was, asked), names in changed.items()]
+    more = len(out) - MAX_SHOWN_CHANGES
+    return out[:MAX_SHOWN_CHANGES] + ([f"and {more} more"] if more > 0 else [])
+
+
+def _tuned_text(tuning):
+    return "none" if tuning is None else f"{tuning.get('trials')} trials per variant"
+
+
+def _leaves(tree, prefix=""):
+    """{'space optim.lr': 'log [0.0001, 0.1]', 'overrides optim.epochs': '2', ...} of a study's settings
+    (its overrides key by key)."""
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, list) and all(isinstance(v, str) and "=" in v for v in value):
+            value = dict(v.split("=", 1) for v in value)
+        if isinstance(value, dict):
+            out.update(_leaves(value, f"{prefix}{key} "))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def resolve_design(args, runs_dir, looks_taken, holder=None, tuning=None, record=None):
+    """(metric, margin, Design, cap, to record): the design of this comparison, the seeds this invocation
+    may reach (the last look ≤ --max-seeds) and the (metric, margin, Design, tuning) write_design is to
+    record, None when the record stands or `record` is false (default: --dry-run / --report-only; a
+    writer holds the runs folder's lock: comparison/design_record.py). `looks_taken(first_look)`:
+    whether any pair has that many paired seeds finished (a look was taken). `holder`: for the others,
+    the common.runlock.RunLockHeld of a live comparison holding the folder, whose design they may not
+    replace. `tuning`: --tune's part of the design (comparison/tune_settle.py), fixed with the rest. A
+    damaged record, or finished runs without one, is one line (the module docstring)."""
+    record = not (args.dry_run or args.report_only) if record is None else record
     metric, margin = settle_margin(args)
     path = design_path(runs_dir)
     try:
@@ -112,23 +159,20 @@ def resolve_design(args, runs_dir, looks_taken, holder=None):
         looks = recorded[2].looks  # a smaller --max-seeds: a cap on this invocation, same design
     else:
         looks = default_looks(args.max_seeds or DEFAULT_MAX_SEEDS)
-    asked = (metric, margin, make_design(metric, margin, looks))
+    asked = (metric, margin, make_design(metric, margin, looks), tuning)
     cap = _cap(args.max_seeds, asked[2])
-    if recorded and (recorded[0], recorded[2].fingerprint()) != (metric, asked[2].fingerprint()):
+    if recorded and (recorded[0], recorded[2].fingerprint(), recorded[3]) != (metric, asked[2].fingerprint(), tuning):
         if looks_taken(recorded[2].looks[0]):
             raise UserError(f"the sequential design recorded in {path} has taken its first look, and this command "
-                            f"asks for another ({_changes(recorded, asked)}): {_why_fixed(recorded[2], asked[2])}; "
+                            f"asks for another ({_changes(recorded, asked)}): {_why_fixed(recorded, asked)}; "
                             f"rerun with the recorded design ({_flags(recorded)}) or use another --runs-dir")
         if holder is not None:
             raise UserError(f"the design recorded in {path} took no look yet, but this command asks for another "
                             f"({_changes(recorded, asked)}) while {holder}")
-        kept = args.dry_run or args.report_only
-        print(f"the design recorded in {path} took no look yet: {'would be ' if kept else ''}replaced "
+        print(f"the design recorded in {path} took no look yet: {'' if record else 'would be '}replaced "
               f"({_changes(recorded, asked)})")
         recorded = None
-    if recorded is None and not (args.dry_run or args.report_only):
-        write_design(runs_dir, *asked)
-    return metric, margin, asked[2], cap
+    return metric, margin, asked[2], cap, asked if recorded is None and record else None
 
 
 def _damaged_fix(looks_taken):
@@ -149,7 +193,11 @@ def _cap(max_seeds, design):
 
 
 def _why_fixed(old, new):
-    """Why a design may not change after a look, for the change asked."""
+    """Why a design may not change after a look, for the change asked (two (metric, margin, Design, tuning))."""
+    old, new, retuned = old[2], new[2], old[3] != new[3]
+    if retuned and old.fingerprint() == new.fingerprint():
+        return ("the looks taken were trained with the settings that tuning chose, and a tuning changed after "
+                "seeing their results would choose with the data in view: the error rates would no longer hold")
     if old.looks[-1] != new.looks[-1]:
         return (f"the O'Brien–Fleming boundaries spend α by the fraction n/{old.looks[-1]} of the seeds, so a "
                 f"design up to {new.looks[-1]} seeds would have used other boundaries at the looks already taken, "
@@ -159,8 +207,11 @@ def _why_fixed(old, new):
 
 
 def _flags(record):
-    metric, margin, design = record
-    return f"--settle-metric {metric} --margin {metric}={margin:g} --looks {' '.join(map(str, design.looks))}"
+    metric, margin, design, tuning = record
+    flags = f"--settle-metric {metric} --margin {metric}={margin:g} --looks {' '.join(map(str, design.looks))}"
+    if tuning is not None:
+        flags += f" --trials {tuning.get('trials')} --pruner {tuning.get('pruner')}, the same heads and overrides"
+    return flags
 
 
 # ---- the per-seed differences ----------------------------------------------------------------------
@@ -171,9 +222,9 @@ def with_seeds(args, seeds):
     return out
 
 
-def full_plan(args, seeds):
-    """plan_runs for seeds 0..seeds−1 of every variant: the runs any look could ask for."""
-    return plan_runs(with_seeds(args, range(seeds)))
+def full_plan(args, seeds, runs_dir=None, extra=None):
+    """plan_runs for seeds 0..seeds−1 of every variant: the runs any look could ask for (`extra`: plan_runs')."""
+    return plan_runs(with_seeds(args, range(seeds)), runs_dir, extra)
 
 
 class SeedValues:
@@ -382,17 +433,33 @@ def simulated_seeds(pairs, differences, decisions, design, cap, paths=SIMULATED_
 class Looks:
     """The looks of one --until-settled comparison: its design (checked against the recorded one), the
     runs any look up to the cap could ask for (`full`), and after each look what the decisions ask.
-    `holder`: resolve_design's (a live comparison holding the runs folder, for --dry-run / --report-only)."""
+    `holder`, `tuning`, `record`: resolve_design's (a live comparison holding the runs folder, for --dry-run /
+    --report-only; --tune's part of the design; whether to record it). `deferred`: the design is recorded by
+    `record_design`, once the caller's own checks passed (--tune's studies). With --tune the runs' settings are
+    known after the tuning only, which comes after the design is checked: `tuned` gives them."""
 
-    def __init__(self, args, runs_dir, commands, pairs, holder=None):
+    def __init__(self, args, runs_dir, commands, pairs, holder=None, tuning=None, record=None, deferred=False):
         self.args, self.runs_dir, self.commands, self.pairs = args, runs_dir, commands, pairs
         self.values = SeedValues(settle_margin(args)[0], commands)
-        self.metric, self.margin, self.design, self.cap = resolve_design(args, runs_dir, self._looks_taken, holder)
-        self.full = full_plan(args, self.cap)[0]
+        self.metric, self.margin, self.design, self.cap, self._unrecorded = resolve_design(
+            args, runs_dir, self._looks_taken, holder, tuning, record)
+        if not deferred:
+            self.record_design()
+        self.tuned(None)
+
+    def record_design(self):
+        """Write the design resolve_design asked to record, if any (under the runs folder's lock)."""
+        if self._unrecorded is not None:
+            write_design(self.runs_dir, *self._unrecorded)
+            self._unrecorded = None
+
+    def tuned(self, settings):
+        """The runs planned with `settings` {variant: overrides it adds} (plan_runs' `extra`: the tuned ones)."""
+        self.full = full_plan(self.args, self.cap, self.runs_dir, settings)[0]
         self.dirs = run_dirs(self.full)
 
     def _looks_taken(self, first):
-        dirs = run_dirs(full_plan(self.args, first)[0])
+        dirs = run_dirs(full_plan(self.args, first, self.runs_dir)[0])
         return any(all(self.values.finished(d) for d in dirs[head] + dirs[ref]) for head, ref in self.pairs)
 
     def now(self):

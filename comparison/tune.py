@@ -1,5 +1,6 @@
 """compare_heads --tune: every variant tuned with the same budget on the tune split, then the tuned
-and the untuned settings compared on the held-out split (comparison/command.py calls `main` for --tune).
+and the untuned settings compared on the held-out split (comparison/command.py calls `main` for --tune;
+with --until-settled, comparison/tune_settle.py's, which uses the studies and trials of this module).
 
     RUNS_DIR/tune/studies.db                   the Optuna storage (default; --storage URL for another:
                                                comparison/tuning_storage.py)
@@ -61,20 +62,27 @@ def tune_overrides(args, base_cfg):
     return tuning.tune_overrides(fraction)
 
 
-def open_studies(args, base_cfg, tune_dir):
-    """{variant name: comparison.tuning.VariantStudy} in plan order."""
-    storage = tuning_storage.open_storage(args.storage or tuning_storage.default_storage(tune_dir))
+def study_specs(args, base_cfg, tune_dir):
+    """{variant name: comparison.tuning.VariantStudy's arguments but its storage} in plan order: what each
+    study is, known before the storage opens (--until-settled records it in its design: comparison/tune_settle.py)."""
     stem = config_stem(args)
     num_classes = data.num_classes(base_cfg.data)
-    studies = {}
+    specs = {}
     for name, _, norm, head, alpha in variants(args):
         overrides = args.overrides + variant_overrides(args, head, alpha, norm)
-        studies[name] = tuning.VariantStudy(
-            storage=storage, name=f"{stem}/{name}", head=head, space=tuning.search_space(head, overrides, num_classes),
-            overrides=overrides, trials=args.trials, epochs=base_cfg.optim.epochs,
-            eval_every=base_cfg.train.eval_every, pruner=args.pruner, seed=SAMPLER_SEED,
-            trials_dir=os.path.join(tune_dir, "trials", name), weights="ema" if args.ema else "raw")
-    return studies
+        specs[name] = {"name": f"{stem}/{name}", "head": head,
+                       "space": tuning.search_space(head, overrides, num_classes), "overrides": overrides,
+                       "trials": args.trials, "epochs": base_cfg.optim.epochs,
+                       "eval_every": base_cfg.train.eval_every, "pruner": args.pruner, "seed": SAMPLER_SEED,
+                       "trials_dir": os.path.join(tune_dir, "trials", name), "weights": "ema" if args.ema else "raw"}
+    return specs
+
+
+def open_studies(args, base_cfg, tune_dir, specs=None):
+    """{variant name: comparison.tuning.VariantStudy} in plan order (`specs`: study_specs', else made here)."""
+    storage = tuning_storage.open_storage(args.storage or tuning_storage.default_storage(tune_dir))
+    specs = specs or study_specs(args, base_cfg, tune_dir)
+    return {name: tuning.VariantStudy(storage=storage, **spec) for name, spec in specs.items()}
 
 
 def trial_folder(config, run_dir, overrides):
@@ -145,24 +153,30 @@ def main(args, argv, base_cfg, commands):
                             f"{', '.join(unfinished)} have fewer than --trials {args.trials} complete trials (tune "
                             f"first: see the cluster recipe in docs/tuning.md)")
         return verdicts(args, argv, commands, studies, tune_dir, report_dir, None, 0.0)
-    start, cpu = time.perf_counter(), time.process_time()
     with ChildProcesses() as children:  # signals go on to train.py, which saves; the trial is queued again
-        trainer = TrialTrainer(args, commands, children)
-        ran = 0
-        try:
-            for study in studies.values():
-                ran += study.optimize(trainer, stopped=lambda: children.stopped)
-                children.check_stopped("stopped between trials")
-        finally:
-            trainer.close()
-        wall = time.perf_counter() - start
-        cpu = time.process_time() - cpu + _children_cpu()
-        print(f"tuning: {args.trials} complete trial(s) per variant for {len(studies)} variant(s); this process "
-              f"ran {ran} trial(s) in {wall:.0f}s wall, {cpu:.0f}s CPU")
+        timing = run_trials(args, commands, studies, children)
         if args.tune_only:
             return 0
-        return verdicts(args, argv, commands, studies, tune_dir, report_dir, runner(args, children),
-                        {"wall_s": wall, "cpu_s": cpu, "trials": ran} if ran else None)
+        return verdicts(args, argv, commands, studies, tune_dir, report_dir, runner(args, children), timing)
+
+
+def run_trials(args, commands, studies, children):
+    """Every study up to its budget, its trials run here through `children` (common.children.ChildProcesses);
+    -> the tuning section's timing of this process, None when it ran no trial."""
+    start, cpu = time.perf_counter(), time.process_time()
+    trainer = TrialTrainer(args, commands, children)
+    ran = 0
+    try:
+        for study in studies.values():
+            ran += study.optimize(trainer, stopped=lambda: children.stopped)
+            children.check_stopped("stopped between trials")
+    finally:
+        trainer.close()
+    wall = time.perf_counter() - start
+    cpu = time.process_time() - cpu + _children_cpu()
+    print(f"tuning: {args.trials} complete trial(s) per variant for {len(studies)} variant(s); this process "
+          f"ran {ran} trial(s) in {wall:.0f}s wall, {cpu:.0f}s CPU", flush=True)
+    return {"wall_s": wall, "cpu_s": cpu, "trials": ran} if ran else None
 
 
 def _children_cpu():

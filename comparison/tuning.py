@@ -128,6 +128,14 @@ def settings_difference(stored, settings):
     return "; ".join(d if len(d) <= 120 else d[:117] + "..." for d in diffs[:MAX_SHOWN]) + more
 
 
+def study_settings(space, overrides, epochs, eval_every, pruner, weights):
+    """What a study is tuned with, as its storage records it (a rerun with other settings is refused), as
+    JSON reads it back; --tune --until-settled records them in its design (comparison/tune_settle.py)."""
+    return json.loads(json.dumps({
+        "space": {k: r.text() for k, r in space.items()}, "overrides": list(overrides), "epochs": epochs,
+        "eval_every": eval_every, "pruner": pruner, "weights": weights}))
+
+
 class Surplus(Exception):
     """A trial started while the budget was already taken (see the module docstring)."""
 
@@ -143,9 +151,7 @@ class VariantStudy:
         self.space, self.overrides, self.trials, self.epochs = space, list(overrides), trials, epochs
         self.eval_epochs = [e for e in range(1, epochs + 1) if e % eval_every == 0 or e == epochs]
         self.seed, self.trials_dir, self.weights, self.say = seed, trials_dir, weights, say
-        self.settings = json.loads(json.dumps({
-            "space": {k: r.text() for k, r in space.items()}, "overrides": self.overrides, "epochs": epochs,
-            "eval_every": eval_every, "pruner": pruner, "weights": weights}))
+        self.settings = study_settings(space, overrides, epochs, eval_every, pruner, weights)
         self.study = optuna.create_study(study_name=name, storage=storage, direction="maximize",
                                          load_if_exists=True, pruner=make_pruner(pruner, epochs))
         self.trainer, self.stopped, self.ran, self._current = None, lambda: False, 0, None

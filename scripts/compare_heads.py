@@ -57,6 +57,8 @@ torch costs several), exactly as their command lines would run them.
 Tuning (--tune, comparison/tune.py and comparison/tuning.py): first one Optuna study per variant, the
 same --trials each, on a tune split held out of train (data.tune_fraction); then each variant's best
 settings and the config's own are both trained over --seeds and compared on val, which no trial read.
+With --until-settled too (comparison/tune_settle.py): the studies, then the looks of the tuned settings only,
+one design (looks, margin and the tuning) in RUNS_DIR/tune/tuned/sequential_design.json.
 Signals: SIGTERM / SIGINT / SIGUSR1 are forwarded to the running train.py / eval.py children
 (common/children.py), which save and stop; compare_heads then exits with their code (143 ...), a
 second signal kills them, and no child outlives it.

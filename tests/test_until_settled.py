@@ -117,7 +117,6 @@ def test_the_default_schedule_ends_at_max_seeds():
 def test_flags_that_cannot_combine_are_one_line(tmp_path):
     base = ["--config", "x.yaml"]
     for extra, match in ((["--max-seeds", "5"], "applies to --until-settled"),
-                         (["--until-settled", "--tune"], "does not combine with --tune"),
                          (["--until-settled", "--seeds", "0", "1"], "drop --seeds"),
                          (["--until-settled", "--max-seeds", "1"], "at least 2"),
                          (["--until-settled", "--looks", "3", "5", "--max-seeds", "8"], "past the last of --looks")):

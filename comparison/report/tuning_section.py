@@ -1,7 +1,8 @@
 """The tuning section of compare_heads --tune's report: how the studies ran (budget, the tune split's
 size), each variant's config and chosen settings with its trials, one table per metric with every
 head's untuned and tuned values side by side, one line per verdict saying whether tuning changed it
-(with both arms' intervals), and the plots.
+(with both arms' intervals), and the plots. Under --tune --until-settled there is the tuned arm only:
+no side-by-side values and no verdict changes.
 
 Input is plain data (comparison/tuning_summary.py, the paired results of both arms' comparisons:
 document.py's paired_results), so this module knows nothing of Optuna or the runs.
@@ -143,18 +144,25 @@ def _tune_split_text(split):
 
 
 def intro(summary, untuned_report, pruner):
-    """The section's opening: the budget, what a trial trains and scores on, what the two arms are."""
+    """The section's opening: the budget, what a trial trains and scores on, what the two arms are
+    (`untuned_report` None: --tune --until-settled, which has the tuned arm only)."""
+    lines = [f"Each variant had one Optuna study with the same budget: {_budget(summary['variants'])} "
+             "complete trials",
+             "(pruned and failed ones are extra, counted below),",
+             f"a seeded TPE sampler and the {pruner} pruner on the per-epoch tune top-1.", "",
+             "- Trials train for the config's epochs on train minus the calib and tune splits;",
+             "  each is scored by its top-1 on the tune split,",
+             f"  {_tune_split_text(summary['tune_split'])}."]
+    if untuned_report is None:
+        return lines + ["- Tuned (this report): each variant's best settings, trained over the seeds",
+                        "  the until-settled design added, then evaluated on val, which no trial read.",
+                        "- No untuned arm: the design's verdicts compare the tuned heads only.",
+                        "  The config's settings would need a design of their own:",
+                        "  --until-settled without --tune, in another runs folder.", ""]
     link = f"[{untuned_report}]({untuned_report})"
-    return [f"Each variant had one Optuna study with the same budget: {_budget(summary['variants'])} "
-            "complete trials",
-            "(pruned and failed ones are extra, counted below),",
-            f"a seeded TPE sampler and the {pruner} pruner on the per-epoch tune top-1.", "",
-            "- Trials train for the config's epochs on train minus the calib and tune splits;",
-            "  each is scored by its top-1 on the tune split,",
-            f"  {_tune_split_text(summary['tune_split'])}.",
-            "- Tuned (this report): each variant's best settings, trained over the seeds.",
-            f"- Untuned ({link}): the config's settings, trained the same way.",
-            "- Both arms train on the same data and are evaluated on val, which no trial read.", ""]
+    return lines + ["- Tuned (this report): each variant's best settings, trained over the seeds.",
+                    f"- Untuned ({link}): the config's settings, trained the same way.",
+                    "- Both arms train on the same data and are evaluated on val, which no trial read.", ""]
 
 
 def trials_table(variants):
@@ -194,15 +202,17 @@ def plot_lines(name, v, report_dir):
 
 
 def tuning_section(summary, tuned, untuned, report_dir, untuned_report, pruner):
-    """Markdown lines (plots written into report_dir); `tuned`/`untuned`: paired results of both arms."""
+    """Markdown lines (plots written into report_dir); `tuned`/`untuned`: paired results of both arms
+    (`untuned` and `untuned_report` None: the tuned arm only, --tune --until-settled)."""
     variants = summary["variants"]
     lines = ["## Tuning", ""] + intro(summary, untuned_report, pruner) + trials_table(variants)
     timing = summary.get("timing")
     if timing:
         lines += [f"This invocation ran {timing['trials']} trial(s) in {timing['wall_s']:.0f} s wall",
                   f"and {timing['cpu_s']:.0f} s CPU (this process and its children).", ""]
-    lines += side_by_side(tuned, untuned)
-    changes = verdict_changes(tuned, untuned)
+    if untuned is not None:
+        lines += side_by_side(tuned, untuned)
+    changes = verdict_changes(tuned, untuned) if untuned is not None else []
     if changes:
         level = f"{100 * changes[0]['tuned_top1']['level']:g}%"
         lines += ["### Tuned against untuned verdicts", "",
