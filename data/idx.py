@@ -5,7 +5,7 @@ al., 1998), Kuzushiji-MNIST (Clanuwat et al., 2018). Each is read from torchvisi
     ROOT/MNIST/raw/...,  ROOT/KMNIST/raw/...
 
 or, for Fashion-MNIST, from Debian's package (`apt-get install dataset-fashion-mnist` puts the four
-.gz files in /usr/share/datasets/fashion-mnist/: data.root=/usr/share/datasets). A file is read as
+.gz files in /usr/share/datasets/fashion-mnist/, read whatever data.root is; or ROOT/fashion-mnist/). A file is read as
 published (.gz) or decompressed (torchvision's download leaves both; the decompressed one is read).
 Missing files are downloaded with torchvision when data.download is on; otherwise, or when that
 fails, one line says where to put them. The official test set is the val split; calib and tune are
@@ -37,6 +37,7 @@ from .arrays import ArrayDataset
 from .names import DEBIAN_DATASETS, IDX, IDX_FILES
 
 SIZE = 28  # every set of the family: 28 x 28 gray
+SYSTEM_ROOT = DEBIAN_DATASETS  # read after data.root (tests point it at an empty folder)
 MAGIC = {"images": 0x00000803, "labels": 0x00000801}  # unsigned bytes, 3 dimensions / 1 dimension
 
 # Label index -> name: torchvision's (Fashion-MNIST's and KMNIST's as their authors publish them).
@@ -58,10 +59,15 @@ def torchvision_folder(name, root):
 
 
 def candidate_folders(name, root):
-    """The folders `name` may be read from, in order: torchvision's, then Debian's package folder."""
+    """The folders `name` may be read from, in order: torchvision's under ROOT, then Debian's package
+    folder under ROOT and where the package puts it (so data.root may stay a writable folder for a
+    download while the installed package is found)."""
     folders = [torchvision_folder(name, root)]
     if IDX[name]["debian"] is not None:
-        folders.append(os.path.join(root, IDX[name]["debian"][1]))
+        for base in (root, SYSTEM_ROOT):
+            folder = os.path.join(base, IDX[name]["debian"][1])
+            if folder not in folders:
+                folders.append(folder)
     return folders
 
 
@@ -80,8 +86,7 @@ def where_to_put(name, root):
             f"{os.path.abspath(torchvision_folder(name, root))}{os.sep}")
     if IDX[name]["debian"] is not None:
         package, folder = IDX[name]["debian"]
-        text += (f" (or apt-get install {package}, which puts them in {DEBIAN_DATASETS}/{folder}/, and set "
-                 f"data.root={DEBIAN_DATASETS})")
+        text += f" (or apt-get install {package}: its {DEBIAN_DATASETS}/{folder}/ is read whatever data.root)"
     return text
 
 

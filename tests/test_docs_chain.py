@@ -30,7 +30,8 @@ from project_files import tracked_files
 
 # The user's own files each page reads (named in its text; never under the folders commands write).
 USER_FILES = {
-    "README.md": ("photos/", "datasets/imagenet"),
+    "README.md": ("photos/", "datasets/imagenet", "datasets"),  # datasets: make fashion's download folder
+    "docs/results.md": ("datasets",),
     "docs/training.md": ("datasets/imagenet",),
     "docs/comparison.md": ("datasets/imagenet",),
     "docs/evaluation.md": ("resmlp_12_no_dist.pth", "datasets/imagenet"),

@@ -59,6 +59,12 @@ def write_idx_set(root, name, n_train=60, n_test=20, seed=0, folder=None, gz=Tru
     return written
 
 
+@pytest.fixture(autouse=True)
+def _no_system_datasets(tmp_path_factory, monkeypatch):
+    """This machine's installed dataset-fashion-mnist stays out of these tests: they read only what they wrote."""
+    monkeypatch.setattr("data.idx.SYSTEM_ROOT", str(tmp_path_factory.mktemp("no-system-datasets")))
+
+
 def config(name, root, **changes):
     return DataConfig(**{"dataset": name, "root": str(root), "image_size": 28, "download": False, **changes})
 
@@ -102,8 +108,8 @@ def test_missing_files_say_where_to_put_them(tmp_path):
     message = _one_line(config("fashion_mnist", tmp_path))
     assert message.startswith("Fashion-MNIST: no train-images-idx3-ubyte.gz under")
     assert (f"put the official train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz and "
-            f"t10k-labels-idx1-ubyte.gz in {folder} (or apt-get install dataset-fashion-mnist, which puts them in "
-            f"/usr/share/datasets/fashion-mnist/, and set data.root=/usr/share/datasets)") in message
+            f"t10k-labels-idx1-ubyte.gz in {folder} (or apt-get install dataset-fashion-mnist: its "
+            f"/usr/share/datasets/fashion-mnist/ is read whatever data.root)") in message
     assert message.endswith("(or set data.download=true)")
     kmnist = _one_line(config("kmnist", tmp_path))
     assert os.path.join(os.path.abspath(tmp_path), "KMNIST", "raw") + os.sep in kmnist and "apt-get" not in kmnist
@@ -181,7 +187,7 @@ def test_missing_files_are_downloaded_with_torchvision_when_asked(tmp_path, monk
     message = _one_line(config("fashion_mnist", tmp_path / "offline", download=True))
     assert message.startswith("Fashion-MNIST not found under ")
     assert "the download failed (RuntimeError: Error downloading" in message
-    assert message.endswith("and set data.root=/usr/share/datasets)")
+    assert message.endswith("is read whatever data.root)")
 
 
 def test_a_gray_model_sees_a_colour_image_gray(tmp_path):
@@ -265,3 +271,12 @@ def test_train_eval_and_predict_on_fashion_mnist_files(tmp_path, one_line_error)
     error = one_line_error("train", ["--config", config_file, f"data.root={tmp_path / 'empty'}",
                                      f"train.output_dir={tmp_path / 'run2'}"])
     assert "Fashion-MNIST: no train-images-idx3-ubyte.gz under" in error and "FashionMNIST" in error
+
+
+def test_the_installed_debian_package_is_found_whatever_data_root(tmp_path, monkeypatch):
+    """data.root stays a writable folder (for a download); the package's folder is read after it."""
+    installed = write_idx_set(tmp_path / "system", "fashion_mnist", folder="fashion-mnist", seed=7)
+    monkeypatch.setattr("data.idx.SYSTEM_ROOT", str(tmp_path / "system"))
+    assert_reads_as_written(config("fashion_mnist", tmp_path / "empty"), installed)
+    with pytest.raises(UserError, match="MNIST: no train-images-idx3-ubyte.gz"):  # only Fashion-MNIST has a package
+        data.build_dataset(config("mnist", tmp_path / "empty"), "train")

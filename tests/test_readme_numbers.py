@@ -74,14 +74,15 @@ def test_a_number_edited_by_hand_is_caught_and_rewritten(blocks, tmp_path, monke
     digit = max(i for i, c in enumerate(lines[at]) if c.isdigit())
     lines[at] = lines[at][:digit] + str((int(lines[at][digit]) + 1) % 10) + lines[at][digit + 1:]
     path.write_text("\n".join(lines), encoding="utf-8")
-    monkeypatch.setattr(rn, "generate", lambda record_dir: blocks)  # the command line, without a second rebuild
+    # the command line, without a second rebuild
+    monkeypatch.setattr(rn, "generate", lambda record_dir, spec=rn.QUICKSTART: blocks)
 
-    assert exit_code(["--check", "--pages", str(tmp_path)]) == 1
+    assert exit_code(["--of", "quickstart", "--check", "--pages", str(tmp_path)]) == 1
     errors = errors_of(capsys)
     assert len(errors) == 1 and f"{page}: block {rn.MARKER}:{name} " in errors[0] and f"line {at + 1}:" in errors[0]
-    assert exit_code(["--pages", str(tmp_path)]) == 0
+    assert exit_code(["--of", "quickstart", "--pages", str(tmp_path)]) == 0
     assert path.read_text(encoding="utf-8") == original
-    assert exit_code(["--check", "--pages", str(tmp_path)]) == 0
+    assert exit_code(["--of", "quickstart", "--check", "--pages", str(tmp_path)]) == 0
 
 
 def test_a_page_without_its_markers_is_one_line(tmp_path, capsys):
@@ -89,7 +90,7 @@ def test_a_page_without_its_markers_is_one_line(tmp_path, capsys):
     page = next(iter(rn.PAGES))
     text = (tmp_path / page).read_text(encoding="utf-8")
     (tmp_path / page).write_text(text.replace(rn.end_line(rn.PAGES[page][0]), ""), encoding="utf-8")
-    assert exit_code(["--check", "--pages", str(tmp_path)]) == 2
+    assert exit_code(["--of", "quickstart", "--check", "--pages", str(tmp_path)]) == 2
     errors = errors_of(capsys)
     assert len(errors) == 1 and f"should hold block {rn.MARKER}:{rn.PAGES[page][0]} once" in errors[0]
 
@@ -156,10 +157,55 @@ def test_a_record_of_other_settings_is_refused(tmp_path):
     doc = json.loads(request.read_text())
     doc["resolved"]["optim"]["lr"] *= 2
     request.write_text(json.dumps(doc))
-    with pytest.raises(UserError, match=r"do not make the quick start's report.*other settings \(optim\.lr"):
+    with pytest.raises(UserError, match=r"do not make the quickstart report.*other settings \(optim\.lr"):
         rn.generate(str(tmp_path))
 
 
 def test_a_folder_without_a_record_is_one_line(tmp_path):
     with pytest.raises(UserError, match="holds no record"):
         rn.generate(str(tmp_path))
+
+
+# ---- the Fashion-MNIST record of docs/results.md: a comparison on cached features ----------------------
+FASHION_RECORD = os.path.join(ROOT, rn.FASHION.dir)
+
+
+def fashion_record_files():
+    """recorded.json, the feature folder's description and each planned run's RUN_FILES."""
+    names = rn.run_names(rn.FASHION, FASHION_RECORD)
+    return ([rn.RECORD_INFO] + [os.path.join(rn.FEATURES, f) for f in rn.FEATURE_FILES]
+            + [os.path.join(name, f) for name in names for f in rn.RUN_FILES])
+
+
+def test_the_fashion_record_is_committed_small_and_holds_no_features_or_weights():
+    tracked = {p for p in tracked_files() if p.startswith(rn.FASHION.dir + "/")}
+    assert tracked == {f"{rn.FASHION.dir}/{rel}" for rel in fashion_record_files()}
+    assert len(tracked) > 9 * 5 * len(rn.RUN_FILES)  # every head, every seed
+    assert sum(os.path.getsize(os.path.join(ROOT, p)) for p in tracked) < 20_000_000  # 45 runs x 0.4 MB, 4.3 MB packed
+
+
+def test_results_md_holds_what_the_code_computes_from_the_fashion_record():
+    """docs/results.md's table and verdicts are the report the current code makes of the recorded runs."""
+    blocks = rn.generate(FASHION_RECORD, rn.FASHION)
+    assert rn.first_difference(ROOT, blocks, rn.FASHION) is None
+    table = blocks[("docs/results.md", "table")]
+    assert all(head in table[table.index("") + 1] for head in rn.FASHION_HEADS)  # one column per head
+
+
+def test_the_fashion_record_is_of_the_commands_the_docs_and_make_fashion_run():
+    """One source for the probes' settings: the Makefile's FASHION_PROBE is the record's; docs/results.md
+    shows the recorded comparison's command."""
+    with open(os.path.join(ROOT, "Makefile")) as f:
+        makefile = f.read()
+    assert f"FASHION_PROBE ?= {' '.join(rn.FASHION_PROBE)}\n" in makefile
+    with open(os.path.join(ROOT, "docs", "results.md"), encoding="utf-8") as f:
+        page = " ".join(f.read().replace("\\\n", " ").split())
+    assert "python scripts/compare_heads.py " + " ".join(rn.FASHION.compare_args) in page
+
+
+def test_a_fashion_record_without_its_feature_description_is_one_line(tmp_path):
+    files = fashion_record_files()
+    copy_files(FASHION_RECORD, tmp_path, [f for f in files if not f.startswith(rn.FEATURES + os.sep)])
+    with pytest.raises(UserError, match=r"has no feature_folder/features.json: the record is incomplete; "
+                                        r"record it again \(--of fashion_mnist"):
+        rn.generate(str(tmp_path), rn.FASHION)

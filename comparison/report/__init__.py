@@ -4,5 +4,6 @@
   the terminal shows);  document: report.md, the CSV and JSON files (summary.json) and the plots it links;
 - plain_words: the summary in plain words;  the sections: selective_section, ood_section, pool_section (Hopfield
   pooling), tuning_section (--tune);  plots: the PNGs;
-- readme_numbers: the quick start's numbers in README.md and docs/quickstart.md, rebuilt from a recorded report.
+- readme_numbers: the recorded comparisons' numbers in README.md, docs/quickstart.md and docs/results.md, rebuilt
+  from their records.
 """
