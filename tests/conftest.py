@@ -29,7 +29,8 @@ from session_dir import make_session_dir
 # that under `--dist loadfile` (make test) the workers begin with them and the short files fill the
 # end of the run instead of one long file making a tail. The files that read the shared tiny
 # comparison come after enough other work for its build (by test_compare_worker.py) to be done.
-SLOW_FIRST = ("test_compare_worker.py", "test_tune_workers.py", "test_launcher_signals.py", "test_weights_record.py",
+SLOW_FIRST = ("test_results_record.py", "test_compare_worker.py", "test_tune_workers.py", "test_launcher_signals.py",
+              "test_weights_record.py", "test_readme_numbers.py",
               "test_trackers.py", "test_tracker_records.py", "test_train_resume.py", "test_resume_world_size.py",
               "test_compare.py", "test_run_safety.py", "test_tune.py", "test_eval.py", "test_heads.py",
               "test_features.py", "test_predict.py", "test_launch_lines.py", "test_timm_contract.py",

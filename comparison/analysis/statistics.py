@@ -177,7 +177,10 @@ def metric_on_rows(values, metric, rows, column_group, n_bins=ECE_BINS, ece_pool
     values: mapping with the per-example arrays (see the module docstring).
     """
     if metric == "top1":
-        return np.asarray(values["correct"], dtype=np.float64)[rows].mean(axis=1)
+        correct = np.asarray(values["correct"])
+        if correct.dtype == bool:  # count in bytes, not float64: the same exact sum, an 8th of the memory traffic
+            return correct[rows].sum(axis=1, dtype=np.int64) / rows.shape[1]
+        return correct.astype(np.float64)[rows].mean(axis=1)
     if metric == "loss":
         return np.asarray(values["loss"], dtype=np.float64)[rows].mean(axis=1)
     if metric != "ece":
@@ -193,8 +196,11 @@ def metric_on_rows(values, metric, rows, column_group, n_bins=ECE_BINS, ece_pool
         return np.abs(sums.reshape(n_reps, n_bins)).sum(axis=1) / n_cols
     if ece_pooling != "per_seed_mean":
         raise ValueError(f"ece_pooling must be 'per_seed_mean' or 'pooled', got {ece_pooling!r}")
-    # one bincount for every (replicate, seed, bin): the sum of (correct − confidence) in that bin
-    keys = (np.arange(n_reps)[:, None] * n_groups + column_group[None, :]) * n_bins + bins[rows]
+    # one bincount for every (replicate, seed, bin): the sum of (correct − confidence) in that bin; the
+    # keys (replicate * groups + seed) * bins + bin are built in place (no (R, N) temporaries)
+    keys = bins[rows]
+    keys += (column_group * n_bins)[None, :]
+    keys += (np.arange(n_reps) * (n_groups * n_bins))[:, None]
     sums = np.bincount(keys.ravel(), weights=gap[rows].ravel(), minlength=n_reps * n_groups * n_bins)
     per_seed = np.abs(sums.reshape(n_reps, n_groups, n_bins)).sum(axis=2) / np.bincount(column_group)
     return per_seed.mean(axis=1)

@@ -1,0 +1,55 @@
+"""docs/results.md's table and verdicts are what the current code computes from the recorded Fashion-MNIST
+comparison (docs/fashion_mnist_record: every head on cached features, 5 seeds), through the same generator
+as the quick start's numbers (scripts/readme_numbers.py --of fashion_mnist); its own file, so that its one
+report rebuild of 45 runs (the longest test) runs beside the quick start's tests."""
+import os
+
+import pytest
+
+from common.errors import UserError
+from comparison.report import readme_numbers as rn
+from project_files import ROOT, tracked_files
+from test_readme_numbers import copy_files
+
+FASHION_RECORD = os.path.join(ROOT, rn.FASHION.dir)
+
+
+def fashion_record_files():
+    """recorded.json, the feature folder's description and each planned run's RUN_FILES."""
+    names = rn.run_names(rn.FASHION, FASHION_RECORD)
+    return ([rn.RECORD_INFO] + [os.path.join(rn.FEATURES, f) for f in rn.FEATURE_FILES]
+            + [os.path.join(name, f) for name in names for f in rn.RUN_FILES])
+
+
+def test_the_fashion_record_is_committed_small_and_holds_no_features_or_weights():
+    tracked = {p for p in tracked_files() if p.startswith(rn.FASHION.dir + "/")}
+    assert tracked == {f"{rn.FASHION.dir}/{rel}" for rel in fashion_record_files()}
+    assert len(tracked) > 9 * 5 * len(rn.RUN_FILES)  # every head, every seed
+    assert sum(os.path.getsize(os.path.join(ROOT, p)) for p in tracked) < 20_000_000  # 45 runs x 0.4 MB, 4.3 MB packed
+
+
+def test_results_md_holds_what_the_code_computes_from_the_fashion_record():
+    """docs/results.md's table and verdicts are the report the current code makes of the recorded runs."""
+    blocks = rn.generate(FASHION_RECORD, rn.FASHION)
+    assert rn.first_difference(ROOT, blocks, rn.FASHION) is None
+    table = blocks[("docs/results.md", "table")]
+    assert all(head in table[table.index("") + 1] for head in rn.FASHION_HEADS)  # one column per head
+
+
+def test_the_fashion_record_is_of_the_commands_the_docs_and_make_fashion_run():
+    """One source for the probes' settings: the Makefile's FASHION_PROBE is the record's; docs/results.md
+    shows the recorded comparison's command."""
+    with open(os.path.join(ROOT, "Makefile")) as f:
+        makefile = f.read()
+    assert f"FASHION_PROBE ?= {' '.join(rn.FASHION_PROBE)}\n" in makefile
+    with open(os.path.join(ROOT, "docs", "results.md"), encoding="utf-8") as f:
+        page = " ".join(f.read().replace("\\\n", " ").split())
+    assert "python scripts/compare_heads.py " + " ".join(rn.FASHION.compare_args) in page
+
+
+def test_a_fashion_record_without_its_feature_description_is_one_line(tmp_path):
+    files = fashion_record_files()
+    copy_files(FASHION_RECORD, tmp_path, [f for f in files if not f.startswith(rn.FEATURES + os.sep)])
+    with pytest.raises(UserError, match=r"has no feature_folder/features.json: the record is incomplete; "
+                                        r"record it again \(--of fashion_mnist"):
+        rn.generate(str(tmp_path), rn.FASHION)
