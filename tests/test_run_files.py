@@ -23,6 +23,7 @@ from common.removal import removal_blockers, remove, remove_all
 from common.runlock import RunLock
 from evaluation import tables
 from evaluation.metrics import RECORD_FIELDS
+from file_tree import snapshot
 from test_train_helpers import ROOT, reset_accelerate_state, run_inprocess, tiny_cfg, write_cfg
 from training.checkpoint import files as ck
 from training.checkpoint.state import TrainerState
@@ -30,22 +31,6 @@ from training.run_start import delete_old_run
 
 RUN_FILES = (rundir.WEIGHTS, rundir.SUMMARY, rundir.METRICS, rundir.EPOCHS)
 TRAINED = ("optim.epochs=1", "train.save_every=100")  # 8 updates, one checkpoint (step 8)
-
-
-def _snapshot(root):
-    """{relative path: bytes, or '-> target' for a link} of everything under root (links not followed)."""
-    found = {}
-    for folder, dirs, files in os.walk(root):
-        for name in dirs + files:
-            path = os.path.join(folder, name)
-            rel = os.path.relpath(path, root)
-            if os.path.islink(path):
-                found[rel] = "-> " + os.readlink(path)
-            elif os.path.isfile(path):
-                found[rel] = open(path, "rb").read()
-            else:
-                found[rel] = "dir"
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -137,13 +122,13 @@ def test_overwrite_removes_symlinks_themselves_and_keeps_their_targets(tmp_path)
     os.symlink(outside / "ckpts", os.path.join(run, rundir.CHECKPOINTS))
     os.symlink(outside / "ema.safetensors", os.path.join(run, rundir.EMA_WEIGHTS))
     os.symlink(outside / "gone", os.path.join(run, rundir.TENSORBOARD))  # dangling
-    kept_outside = _snapshot(str(outside))
+    kept_outside = snapshot(str(outside))
     names = ck.run_artefacts(run) + [rundir.TENSORBOARD]
     assert rundir.CHECKPOINTS in names and rundir.EMA_WEIGHTS in names
     said = []
     delete_old_run(run, names, said.append)
     assert sorted(os.listdir(run)) == []
-    assert _snapshot(str(outside)) == kept_outside  # the targets survive
+    assert snapshot(str(outside)) == kept_outside  # the targets survive
     assert len(said) == 1 and said[0].startswith("--overwrite: deleting")
 
 
@@ -152,12 +137,12 @@ def test_overwrite_with_a_symlinked_checkpoints_folder_starts_a_new_run(trained,
     outside = str(tmp_path / "elsewhere")
     shutil.move(os.path.join(run, rundir.CHECKPOINTS), outside)  # the user keeps checkpoints on another disk
     os.symlink(outside, os.path.join(run, rundir.CHECKPOINTS))
-    kept = _snapshot(outside)
+    kept = snapshot(outside)
     code, out, err = _train_cli(capsys, cfg, "--overwrite", tmp_path=tmp_path)
     assert code == 0, err
     assert "--overwrite: deleting" in out and rundir.CHECKPOINTS in out
     assert not os.path.islink(os.path.join(run, rundir.CHECKPOINTS))  # the new run's own folder
-    assert _snapshot(outside) == kept
+    assert snapshot(outside) == kept
     assert os.path.isfile(os.path.join(run, rundir.SUMMARY))
 
 
@@ -169,11 +154,11 @@ def test_pruning_removes_a_symlinked_checkpoint_not_its_target(tmp_path):
     outside = str(tmp_path / "archive")
     shutil.move(os.path.join(root, rundir.checkpoint_name(1)), outside)
     os.symlink(outside, os.path.join(root, rundir.checkpoint_name(1)))
-    kept = _snapshot(outside)
+    kept = snapshot(outside)
     ck.prune(root, keep_last=1, protect_last_finite=False, warn=lambda m: None)
     assert [s for s, _ in ck.list_checkpoints(root)] == [3]
     assert sorted(os.listdir(root)) == [rundir.checkpoint_name(3)]
-    assert _snapshot(outside) == kept
+    assert snapshot(outside) == kept
 
 
 def _save_checkpoint(run, step):
@@ -209,12 +194,12 @@ def test_a_refused_overwrite_leaves_the_run_directory_exactly_as_it_was(trained,
     ro = tmpfs(os.path.join(run, rundir.CHECKPOINTS), "64m")  # checkpoints on a filesystem of their own, read-only
     shutil.copytree(saved, ro, dirs_exist_ok=True)
     _remount_read_only(ro)
-    before = _snapshot(run)
+    before = snapshot(run)
     assert removal_blockers([ro])  # seen before deleting anything
     code, out, err = _train_cli(capsys, cfg, "--overwrite", tmp_path=tmp_path)
     assert code == 74 and err.count("\n") == 1, err
     assert "nothing was deleted" in err and rundir.CHECKPOINTS in err and "deleting" not in out
-    assert _snapshot(run) == before  # weights, logs, summary and checkpoints all still there
+    assert snapshot(run) == before  # weights, logs, summary and checkpoints all still there
 
 
 def test_remove_all_refuses_before_deleting_anything(tmp_path, tmpfs):

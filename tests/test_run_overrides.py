@@ -13,22 +13,13 @@ import pytest
 from PIL import Image
 
 from common import rundir
+from file_tree import snapshot
 from inference.run_config import CHANGE_FLAG, CHANGED_KEY, opened_config
 from test_compare import tiny_run_dir
 from test_train_helpers import reset_accelerate_state
 from training.checkpoint import files as ck
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
-
-
-def _snapshot(root):
-    """{relative path: bytes, or 'dir'} of everything under root."""
-    found = {}
-    for folder, dirs, files in os.walk(root):
-        for name in dirs + files:
-            path = os.path.join(folder, name)
-            found[os.path.relpath(path, root)] = open(path, "rb").read() if os.path.isfile(path) else "dir"
-    return found
 
 
 def _copy(tmp_path):
@@ -55,10 +46,10 @@ TOOLS = ["eval", "predict", "export", "extract_features"]
 @pytest.mark.parametrize("tool", TOOLS)
 def test_an_overrides_mistake_names_the_command_line_not_the_runs_file(tool, tmp_path, one_line_error):
     run = _copy(tmp_path)
-    before = _snapshot(run)
+    before = snapshot(run)
     line = one_line_error(tool, _args(tool, run, tmp_path, "data.image_size=abc"))
     assert line == "error: config key 'data.image_size' expects int, got 'abc' (str) on the command line"
-    assert _snapshot(run) == before and not os.path.exists(tmp_path / "new")
+    assert snapshot(run) == before and not os.path.exists(tmp_path / "new")
 
 
 def test_a_mistake_in_the_runs_file_names_its_line(tmp_path, one_line_error):
@@ -85,23 +76,23 @@ CHANGES = [  # (tool, what the command line gives, the trained value it changes)
 @pytest.mark.parametrize("tool, given, trained", CHANGES, ids=[f"{t}-{g[-1]}" for t, g, _ in CHANGES])
 def test_changing_what_the_run_trained_is_refused_and_touches_nothing(tool, given, trained, tmp_path, one_line_error):
     run = _copy(tmp_path)
-    before = _snapshot(run)
+    before = snapshot(run)
     line = one_line_error(tool, _args(tool, run, tmp_path, *given))
     assert line.startswith(f"error: {run} was trained with {trained}; ") and CHANGE_FLAG in line
     assert "another model than the one trained" in line and CHANGED_KEY in line
-    assert _snapshot(run) == before and not os.path.exists(tmp_path / "new")
+    assert snapshot(run) == before and not os.path.exists(tmp_path / "new")
 
 
 def test_a_checkpoint_of_the_run_is_guarded_the_same(tmp_path, one_line_error):
     run = _copy(tmp_path)
     checkpoint = ck.list_checkpoints(os.path.join(run, rundir.CHECKPOINTS))[-1][1]
-    before = _snapshot(run)
+    before = snapshot(run)
     line = one_line_error("eval", ["--checkpoint", checkpoint, "head.name=sparsemax"])
     assert line.startswith(f"error: {checkpoint} was trained with head.name=softmax; head.name=sparsemax on the "
                            f"command line") and CHANGE_FLAG in line
     line = one_line_error("eval", ["--checkpoint", checkpoint, "data.image_size=abc"])
     assert line.endswith("got 'abc' (str) on the command line")
-    assert _snapshot(run) == before
+    assert snapshot(run) == before
 
 
 def test_how_and_on_what_the_run_is_evaluated_changes_freely():

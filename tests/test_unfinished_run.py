@@ -14,6 +14,7 @@ from PIL import Image
 
 from common import io as common_io
 from common import rundir
+from file_tree import snapshot
 from test_train_helpers import main_inprocess, read_metrics, run_inprocess, tiny_cfg, weights, write_cfg
 from training.checkpoint import files as ck
 
@@ -21,16 +22,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 # one epoch of 8 updates: the first (and only) checkpoint is the epoch end's, after the weights' export
 ONE_EPOCH = ("optim.epochs=1", "train.save_every=100")
-
-
-def _snapshot(root):
-    """{relative path: bytes, or 'dir'} of everything under root."""
-    found = {}
-    for folder, dirs, files in os.walk(root):
-        for name in dirs + files:
-            path = os.path.join(folder, name)
-            found[os.path.relpath(path, root)] = open(path, "rb").read() if os.path.isfile(path) else "dir"
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -77,11 +68,11 @@ def test_a_full_disk_before_the_first_checkpoint_says_resume_auto(stopped):
 
 def test_a_fresh_start_there_names_resume_auto_and_touches_nothing(stopped, tmp_path):
     run = _copy(stopped[0], tmp_path)
-    before = _snapshot(run)
+    before = snapshot(run)
     done = main_inprocess("--config", write_cfg(tiny_cfg(run, *ONE_EPOCH), tmp_path / "tiny.yaml"))
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "stopped before its first checkpoint" in done.stderr and "pass --resume auto to start it over" in done.stderr
-    assert _snapshot(run) == before
+    assert snapshot(run) == before
 
 
 def test_resume_auto_starts_it_over_and_ends_as_the_uninterrupted_run(stopped, uninterrupted, tmp_path):
@@ -112,11 +103,11 @@ def test_every_tool_refuses_the_unfinished_run_in_one_line(stopped, tmp_path, to
             "predict": ["--checkpoint", run, "--images", _image(tmp_path), "--output", str(out / "p.csv")],
             "export": [run, "--format", "torchscript", "--output", str(out / "m.torchscript.pt")],
             "extract_features": ["--checkpoint", run, "--output", str(out)]}[tool]
-    before = _snapshot(run)
+    before = snapshot(run)
     line = one_line_error(tool, args)
     assert f"{run} is an unfinished run (no {rundir.SUMMARY}, no checkpoint" in line
     assert f"start it over with python train.py --config {os.path.join(run, rundir.CONFIG)} --resume auto" in line
-    assert _snapshot(run) == before and not os.path.exists(tmp_path / "new")
+    assert snapshot(run) == before and not os.path.exists(tmp_path / "new")
 
 
 def test_a_refused_extraction_of_cut_weights_leaves_no_output_folder(uninterrupted, tmp_path, one_line_error):
