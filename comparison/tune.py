@@ -134,6 +134,21 @@ class TrialTrainer:
             self.worker.close()
 
 
+def stopped_before_unfinished(args, studies, mode, then, emitted):
+    """--dry-run or --emit-slurm while a study has fewer than --trials complete trials: --dry-run says it
+    would run the trials, `then` the rest (-> True: stop there); --emit-slurm, which writes `emitted` with
+    the studies' best settings, is refused in one line. -> False when every study is finished."""
+    unfinished = [n for n, s in studies.items() if s.complete() < args.trials]
+    if args.dry_run and unfinished:
+        print(f"would run the trials of {', '.join(unfinished)}, then {then}")
+        return True
+    if args.emit_slurm and unfinished:
+        raise UserError(f"--emit-slurm with {mode} writes {emitted}, which need finished studies; "
+                        f"{', '.join(unfinished)} have fewer than --trials {args.trials} complete trials (tune "
+                        f"first: see the cluster recipe in docs/tuning.md)")
+    return False
+
+
 def main(args, argv, base_cfg, commands):
     runs_dir = default_runs_dir(args)
     tune_dir = os.path.join(runs_dir, "tune")
@@ -144,14 +159,8 @@ def main(args, argv, base_cfg, commands):
     studies = open_studies(args, base_cfg, tune_dir)
     say_studies(studies)
     if args.dry_run or args.report_only or args.emit_slurm:
-        unfinished = [n for n, s in studies.items() if s.complete() < args.trials]
-        if args.dry_run and unfinished:
-            print(f"would run the trials of {', '.join(unfinished)}, then the verdict runs")
+        if stopped_before_unfinished(args, studies, "--tune", "the verdict runs", "the verdict runs"):
             return 0
-        if args.emit_slurm and unfinished:
-            raise UserError(f"--emit-slurm with --tune writes the verdict runs, which need finished studies; "
-                            f"{', '.join(unfinished)} have fewer than --trials {args.trials} complete trials (tune "
-                            f"first: see the cluster recipe in docs/tuning.md)")
         return verdicts(args, argv, commands, studies, tune_dir, report_dir, None, 0.0)
     with ChildProcesses() as children:  # signals go on to train.py, which saves; the trial is queued again
         timing = run_trials(args, commands, studies, children)

@@ -65,19 +65,13 @@ def main(args, argv, base_cfg, commands):
         looks = settle.Looks(args, tuned_dir, commands, pairs, holder, record=writes, deferred=True,
                              tuning=tuning_design(specs, args.trials, args.pruner))
         studies = tune.open_studies(args, base_cfg, tune_dir, specs)  # each refuses other settings
-        looks.record_design()  # every check passed
         say_studies(studies)
+        if tune.stopped_before_unfinished(args, studies, "--tune --until-settled", "the looks",
+                                          "the next look's runs"):
+            return 0
+        looks.record_design()  # every check passed
         timing = None
-        if args.dry_run or args.report_only or args.emit_slurm:
-            unfinished = [n for n, s in studies.items() if s.complete() < args.trials]
-            if args.dry_run and unfinished:
-                print(f"would run the trials of {', '.join(unfinished)}, then the looks")
-                return 0
-            if args.emit_slurm and unfinished:
-                raise UserError(f"--emit-slurm with --tune --until-settled writes the next look, which needs "
-                                f"finished studies; {', '.join(unfinished)} have fewer than --trials {args.trials} "
-                                f"complete trials (tune first: see the cluster recipe in docs/tuning.md)")
-        else:
+        if not (args.dry_run or args.report_only or args.emit_slurm):
             with ChildProcesses() as children:  # signals go on to train.py, which saves; the trial is queued again
                 timing = tune.run_trials(args, commands, studies, children)
             if args.tune_only:

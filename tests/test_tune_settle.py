@@ -194,3 +194,24 @@ def test_a_changed_design_after_a_look_is_refused_in_one_line(sandbox, feats, ca
     assert compare_heads.main(argv + ["--dry-run"]) == 0
     assert "softmax seed 2: would train and evaluate runs/tune/tuned/softmax-s2" in capsys.readouterr().out
     assert compare_heads.parse_args(["--config", "cfg.yaml", "--tune", "--until-settled"]).until_settled  # no refusal
+
+
+@pytest.mark.parametrize("settle", [True, False])
+def test_unfinished_studies_dry_run_says_so_and_emit_slurm_is_refused_in_one_line(sandbox, feats, capsys, settle):
+    """Before any trial (one helper serves --tune and --tune --until-settled): --dry-run says it would run
+    the trials first and writes nothing; --emit-slurm, which needs the studies' best settings, is one line."""
+    argv = _args(feats, "runs")
+    if not settle:  # the same command without --until-settled and its looks
+        at = argv.index("--until-settled")
+        argv = argv[:at] + argv[at + 1 + len(LOOKS):]
+    assert compare_heads.main(argv + ["--dry-run"]) == 0
+    then = "the looks" if settle else "the verdict runs"
+    assert f"would run the trials of softmax, sparsemax, then {then}" in capsys.readouterr().out
+    before = _folder(".")
+    with pytest.raises(UserError) as err:
+        compare_heads.main(argv + ["--emit-slurm", "runs.sbatch"])
+    line = str(err.value)
+    mode = "--tune --until-settled" if settle else "--tune"
+    assert "\n" not in line and line.startswith(f"--emit-slurm with {mode} writes ")
+    assert "softmax, sparsemax have fewer than --trials 2 complete trials" in line
+    assert _folder(".") == before and not os.path.exists("runs.sbatch")
