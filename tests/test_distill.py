@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from common.errors import UserError
-from test_train_helpers import NO_AUG, reset_accelerate_state, run_inprocess, tiny_cfg
+from test_train_helpers import NO_AUG, KillAfter, Killed, reset_accelerate_state, run_inprocess, tiny_cfg
 
 FAST = ["optim.epochs=1", "train.ema=false", "train.save_every=1000", *NO_AUG]
 
@@ -135,24 +135,6 @@ def test_a_run_directory_teacher_uses_its_own_head_and_classes(tmp_path):
     assert "\n" not in str(err.value) and "other classes" in str(err.value)
 
 
-class _StopAfter:
-    """Fault hook: the process 'dies' after update N (no save on the way out), as a SIGKILL would."""
-
-    def __init__(self, step):
-        self.step = step
-
-    def on_loss(self, step, loss):
-        return loss
-
-    def after_update(self, step):
-        if step == self.step:
-            raise _Killed()
-
-
-class _Killed(Exception):
-    pass
-
-
 @pytest.mark.parametrize("mode", ["distill", "probe"])
 def test_killed_and_resumed_with_a_teacher_or_a_probe_ends_bit_identical(tmp_path, mode, capsys):
     weights_file = tmp_path / "w.safetensors"
@@ -170,8 +152,8 @@ def test_killed_and_resumed_with_a_teacher_or_a_probe_ends_bit_identical(tmp_pat
             "train.distill=soft: loss = 0.5 × the head's loss" in said
     else:
         assert "frozen: the backbone (model.freeze=backbone, a linear probe): " in said
-    with pytest.raises(_Killed):
-        run_inprocess(tiny_cfg(cut, *recipe), hooks=_StopAfter(12))  # last checkpoint: step 10
+    with pytest.raises(Killed):
+        run_inprocess(tiny_cfg(cut, *recipe), hooks=KillAfter(12))  # last checkpoint: step 10
     assert run_inprocess(tiny_cfg(cut, *recipe), resume="auto") == 0
     for name in ("model.safetensors", "model_ema.safetensors"):
         a, b = load_file(os.path.join(ref, name)), load_file(os.path.join(cut, name))

@@ -20,6 +20,8 @@ from common.errors import UserError
 from configs.loader import config_from_dict
 from test_train_helpers import (
     TRAIN_PY,
+    KillAfter,
+    Killed,
     main_inprocess,
     read_metrics,
     run_inprocess,
@@ -61,24 +63,6 @@ def test_a_missing_tracker_package_is_one_line_exit_2(tmp_path, capsys, monkeypa
     assert e.value.code == 2 and err == ("error: train.log_with=comet_ml needs the comet_ml package, which is not "
                                          "installed: pip install comet_ml, or remove comet_ml from train.log_with\n")
     assert not (tmp_path / "run").exists()  # refused before the run directory was touched
-
-
-class Killed(Exception):
-    """A session stopped from inside, as a kill stops it: no checkpoint of its last steps."""
-
-
-class KillAfter:
-    """training.loop.train's hooks: stop the session at update `step`, before that update is logged."""
-
-    def __init__(self, step):
-        self.step = step
-
-    def on_loss(self, step, loss):
-        return loss
-
-    def after_update(self, step):
-        if step == self.step:
-            raise Killed
 
 
 def test_training_logs_to_mlflow_and_tensorboard_through_accelerate(tmp_path, monkeypatch):

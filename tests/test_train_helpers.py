@@ -56,6 +56,25 @@ def run_inprocess(cfg, **kwargs):
         torch.set_num_threads(threads)
 
 
+class Killed(Exception):
+    """A session stopped from inside, as a SIGKILL stops it: no checkpoint of its last steps."""
+
+
+class KillAfter:
+    """run_inprocess's `hooks` (training.loop.train's): the process 'dies' after update `step`, before it
+    is logged or saved, by raising Killed."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_loss(self, step, loss):
+        return loss
+
+    def after_update(self, step):
+        if step == self.step:
+            raise Killed
+
+
 def main_inprocess(*argv):
     """`python train.py ARGV` in this process (common.cli.run_cli, as the command line runs it): a
     subprocess.CompletedProcess with the exit status and what it printed. For tests where a real
