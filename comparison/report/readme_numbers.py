@@ -186,11 +186,16 @@ def lay_out_features(spec, record_dir, into):
         shutil.copyfile(source, os.path.join(into, spec.features, name))
 
 
-def run_names(spec=QUICKSTART, record_dir=None):
-    """The comparison's run folders (<head>-s<seed>), in plan order: compare_heads' own plan."""
-    with _planning_folder(spec, record_dir or os.path.join(ROOT, spec.dir)):
-        plan, _ = plan_runs(cli.parse_args(compare_argv(spec)))
+def _planned_names(spec):
+    """The comparison's run folders (<head>-s<seed>), in plan order, planned in the current folder."""
+    plan, _ = plan_runs(cli.parse_args(compare_argv(spec)))
     return [os.path.basename(run_dir) for _, _, run_dir, _ in plan]
+
+
+def run_names(spec=QUICKSTART, record_dir=None):
+    """The recorded comparison's run folders (<head>-s<seed>), in plan order: compare_heads' own plan."""
+    with _planning_folder(spec, record_dir or os.path.join(ROOT, spec.dir)):
+        return _planned_names(spec)
 
 
 def _run_files(folder, names, what):
@@ -220,7 +225,7 @@ def rebuild_report(record_dir, into, spec=QUICKSTART):
     """The report of the recorded runs with the current code, into the folder `into`: compare_heads
     --report-only, run as the recorded comparison was, on a copy of the runs laid out as it laid them out
     (the runs folder its requests name, relative; the feature folder's description where --features names
-    it). -> its folder."""
+    it). -> (its folder, the recorded runs' names in plan order)."""
     names = run_names(spec, record_dir)
     if spec.features is not None:
         lay_out_features(spec, record_dir, into)
@@ -240,7 +245,7 @@ def rebuild_report(record_dir, into, spec=QUICKSTART):
     except UserError as err:
         raise UserError(f"the runs recorded in {record_dir} do not make the {spec.name} report with the current "
                         f"code: {err}") from None
-    return report_dir
+    return report_dir, names
 
 
 # ---- the blocks -----------------------------------------------------------------------------------------
@@ -248,12 +253,12 @@ def generate(record_dir, spec=QUICKSTART):
     """{(page, block name): the block's lines} from the report the current code makes of the record."""
     info = read_info(record_dir, spec)
     with tempfile.TemporaryDirectory(prefix="readme_numbers.") as tmp:
-        report_dir = rebuild_report(record_dir, tmp, spec)
+        report_dir, names = rebuild_report(record_dir, tmp, spec)
         with open(os.path.join(report_dir, "summary.csv"), newline="", encoding="utf-8") as f:
             table = list(csv.reader(f))
         with open(os.path.join(report_dir, "report.md"), encoding="utf-8") as f:
             verdicts = verdict_lines(f.read())
-    first = run_results.read_result(os.path.join(record_dir, run_names(spec, record_dir)[0]), EVAL_FILE)
+    first = run_results.read_result(os.path.join(record_dir, names[0]), EVAL_FILE)
     seeds = _cells(table, ["seeds"])[0]
     sample = (f"{seeds[0] if len(set(seeds)) == 1 else '/'.join(seeds)} seeds, {first['n']} {first['split']} "
               f"images")
@@ -518,7 +523,7 @@ def record(runs_dir, record_dir, overwrite, spec=QUICKSTART):
                         f"comparison ({spec.made_by}; e.g. {default_runs_dir_of(spec)})")
     features = _feature_files(spec)
     with _working_folder(ROOT):  # planned where the comparison ran: its feature folder is there
-        names = [os.path.basename(d) for _, _, d, _ in plan_runs(cli.parse_args(compare_argv(spec)))[0]]
+        names = _planned_names(spec)
     files = features + _run_files(runs_dir, names, f"not a finished run of the {spec.name} comparison "
                                                    f"({spec.made_by} finishes it)")
     if os.path.isdir(record_dir):
