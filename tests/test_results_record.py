@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from common.cli import run_cli
 from common.errors import UserError
 from comparison.report import readme_numbers as rn
 from project_files import ROOT, tracked_files
@@ -53,3 +54,17 @@ def test_a_fashion_record_without_its_feature_description_is_one_line(tmp_path):
     with pytest.raises(UserError, match=r"has no feature_folder/features.json: the record is incomplete; "
                                         r"record it again \(--of fashion_mnist"):
         rn.generate(str(tmp_path), rn.FASHION)
+
+
+def test_recording_without_the_feature_folder_or_with_a_stray_record_dir_is_refused(tmp_path, monkeypatch, capsys):
+    """--of fashion_mnist --record needs the comparison's feature folder (its features.json is recorded);
+    --record-dir without --of would not say which record it is. Each is refused, nothing written."""
+    monkeypatch.setattr(rn, "ROOT", str(tmp_path / "checkout"))  # a checkout without features/fashion_mnist_e30
+    (tmp_path / "runs").mkdir()
+    with pytest.raises(UserError, match=r"no .*features/fashion_mnist_e30/features\.json: the fashion_mnist "
+                                        r"comparison's runs were trained on the features there"):
+        rn.record(str(tmp_path / "runs"), str(tmp_path / "record"), False, rn.FASHION)
+    with pytest.raises(SystemExit) as exited:
+        run_cli(rn.main, ["--record-dir", str(tmp_path / "record")])
+    assert exited.value.code == 2 and "--record-dir goes with --of NAME" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["runs"]
