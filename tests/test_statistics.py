@@ -1,5 +1,7 @@
 """Paired statistics between two heads: bootstrap intervals, McNemar's exact test, sentences."""
+import importlib.util
 import math
+import os
 from fractions import Fraction
 
 import numpy as np
@@ -8,6 +10,7 @@ import torch
 
 from comparison.analysis import statistics as st
 from evaluation.metrics import calibration_from_confidence
+from project_files import ROOT
 
 
 def _ece(confidence, correct):
@@ -71,6 +74,32 @@ def test_replicate_metrics_match_brute_force_per_seed_and_pooled():
             assert pooled[r] == pytest.approx(_ece(a["confidence"][picked], a["correct"][picked]), abs=1e-12)
             assert top1[r] == pytest.approx(a["correct"][picked].mean(), abs=1e-12)
             assert loss[r] == pytest.approx(a["loss"][picked].mean(), abs=1e-12)
+
+
+def test_replicates_from_multiplicities_match_the_drawn_rows_brute_force():
+    """The bootstraps of the shared-example design sum each replicate as multiplicities @ per-example
+    columns; here every replicate's rows are gathered explicitly (each drawn seed's rows of the drawn
+    examples, a seed drawn twice counting twice) and measured with evaluation's ECE."""
+    rng = np.random.default_rng(4)
+    n_seeds, n, n_reps = 3, 80, 6
+    a, _, groups, example_ids = _two_heads(rng, n_seeds=n_seeds, n=n)
+    table = st._example_table(st._strata(groups, groups.size), example_ids)
+    example_picks = rng.integers(0, n, size=(n_reps, n))
+    for seed_picks in (np.tile(np.arange(n_seeds), (n_reps, 1)), rng.integers(0, n_seeds, size=(n_reps, n_seeds))):
+        example_weights = st._multiplicities(example_picks, n)
+        seed_weights = st._multiplicities(seed_picks, n_seeds)
+        got = {(m, pool): st.weighted_metric(st._example_columns(a, m, table), m, example_weights, seed_weights,
+                                             ece_pooling=pool)
+               for m in ("top1", "loss", "ece") for pool in ("per_seed_mean", "pooled")}
+        for r in range(n_reps):
+            slots = [table[s][example_picks[r]] for s in seed_picks[r]]
+            every = np.concatenate(slots)
+            assert got["top1", "per_seed_mean"][r] == a["correct"][every].mean()  # integer sums: exact
+            assert got["loss", "per_seed_mean"][r] == pytest.approx(a["loss"][every].mean(), abs=1e-12)
+            per_slot = [_ece(a["confidence"][rows], a["correct"][rows]) for rows in slots]
+            assert got["ece", "per_seed_mean"][r] == pytest.approx(np.mean(per_slot), abs=1e-12)
+            assert got["ece", "pooled"][r] == pytest.approx(_ece(a["confidence"][every], a["correct"][every]),
+                                                            abs=1e-12)
 
 
 def test_resampling_is_stratified_by_seed_and_shares_examples_when_asked():
@@ -225,3 +254,17 @@ def test_mcnemar_pools_seeds_by_summing_discordant_counts():
     assert out["b"] == int(np.sum(ca & ~cb)) and out["c"] == int(np.sum(~ca & cb))
     assert out["p_value"] == pytest.approx(min(1.0, 2 * _exact_tail(min(out["b"], out["c"]), out["n_discordant"])),
                                            rel=1e-9)
+
+
+def test_bench_times_both_paths_on_the_same_draws(capsys):
+    """scripts/bench_statistics.py: every design and metric, the top-1 of both paths exactly equal."""
+    spec = importlib.util.spec_from_file_location("bench_statistics", os.path.join(ROOT, "scripts",
+                                                                                    "bench_statistics.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--quick"]) == 0
+    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith("| s")]
+    assert len(rows) == 6 and {row[1] for row in rows} == {"top1", "loss", "ece"}
+    for row in rows:
+        largest = float(row[5].rstrip(" |"))
+        assert largest == 0.0 if row[1] == "top1" else largest < 1e-12
