@@ -25,7 +25,8 @@ over- or under-represented by chance). Two resampling designs:
     the seed-to-seed correlation of an example's outcome (a hard image is hard for every seed) is
     kept, so the interval is not too narrow. Every seed must hold each example id exactly once.
     A replicate is computed from how often it drew each example (its multiplicities times the
-    per-example values: one matrix product, no gathered copy of the rows), 4-5x faster.
+    per-example values: one matrix product, no gathered copy of the rows): 3-8x faster than gathering
+    (scripts/bench_statistics.py).
   - without `example_ids`: rows are resampled independently within each seed (stratified bootstrap).
     This treats a seed's outcomes as independent of the other seeds' on the same images; when they
     are positively correlated (they usually are) its interval is narrower than the shared design's.
