@@ -226,10 +226,10 @@ def rebuild_report(record_dir, into, spec=QUICKSTART):
     --report-only, run as the recorded comparison was, on a copy of the runs laid out as it laid them out
     (the runs folder its requests name, relative; the feature folder's description where --features names
     it). -> (its folder, the recorded runs' names in plan order)."""
-    names = run_names(spec, record_dir)
     if spec.features is not None:
         lay_out_features(spec, record_dir, into)
     with _working_folder(into):  # (the planning reads the laid-out feature folder)
+        names = _planned_names(spec)
         runs_dir = default_runs_dir(cli.parse_args(compare_argv(spec)))  # relative: the folder the requests name
     for source, rel in _run_files(record_dir, names, f"the record is incomplete; record it again "
                                                      f"(--of {spec.name} --record RUNS_DIR --overwrite)"):
