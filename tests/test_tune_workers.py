@@ -98,10 +98,10 @@ def _recipe():
     return re.search(r"## Many workers on one study.*?```bash\n(.*?)```", text, re.S).group(1)
 
 
-@pytest.mark.parametrize("kind, workers", [("journal", 2), ("sqlite", 3)])
-def test_the_docs_recipe_of_workers_started_at_once_runs_exactly_the_budget(sandbox, feats, kind, workers):
-    """Workers started in the same instant by the recipe's loop (on SQLite three, which all create the
-    schema at once): each exits 0, the study has exactly --trials complete trials, none run twice, and a
+@pytest.mark.parametrize("kind", ["journal", "sqlite"])
+def test_the_docs_recipe_of_workers_started_at_once_runs_exactly_the_budget(sandbox, feats, kind):
+    """Two workers started in the same instant by the recipe's loop (on SQLite both create the schema at
+    once; a third worker would add a Python start, not a new race): each exits 0, the study has exactly --trials complete trials, none run twice, and a
     trial a race made one too many never trained."""
     storage = {"journal": f"journal:{sandbox}/tune.journal", "sqlite": f"sqlite:///{sandbox}/tune/studies.db"}[kind]
     script = _recipe()
@@ -110,12 +110,12 @@ def test_the_docs_recipe_of_workers_started_at_once_runs_exactly_the_budget(sand
                             "--heads softmax --tune --trials 4 --pruner none --ood-dataset none --no-mlflow "
                             f"--features {feats}")
     assert script.count("compare_heads.py") == 2 and "--trials 4" in script and "for worker in 1 2 3;" in script
-    script = script.replace("for worker in 1 2 3;", "for worker in " + " ".join(map(str, range(1, workers + 1))) + ";")
+    script = script.replace("for worker in 1 2 3;", "for worker in 1 2;")
     script = script[:script.index("\nwait") + len("\nwait")]  # the workers (the verdict runs: test_tune.py's)
     bin_dir = os.path.dirname(sys.executable)  # `python` in the recipe: this interpreter
     done = subprocess.run(["bash", "-c", "set -e\n" + script], cwd=ROOT, env={**_env(), "PATH": f"{bin_dir}:"
                           f"{os.environ['PATH']}"}, capture_output=True, text=True, timeout=600)
-    logs = {n: open(f"runs/worker-{n}.log").read() for n in range(1, workers + 1)}
+    logs = {n: open(f"runs/worker-{n}.log").read() for n in (1, 2)}
     assert done.returncode == 0, done.stderr[-2000:] + str(logs)
     assert not any("Traceback" in log or "error:" in log for log in logs.values()), logs
     assert all(log.strip().splitlines()[-1].startswith("tuning: 4 complete trial(s)") for log in logs.values()), logs
