@@ -109,7 +109,8 @@ def parse_eval_args(argv, doc):
     p.add_argument("--eps", type=float, nargs="+", default=None, help="miscoverage levels (default 0.1 0.05)")
     p.add_argument("--ood-dataset", metavar="NAME", default=None,
                    help="out-of-distribution set for OOD detection (a data.dataset name, e.g. builtin10_ood, "
-                        "imagefolder with --ood-root; auto = the built-in data's own OOD set)")
+                        "imagefolder with --ood-root; auto = the built-in data's own OOD set; none, the default: no OOD "
+                        "detection)")
     p.add_argument("--ood-root", metavar="DIR", default=None,
                    help="data root of the OOD set (default: the run's data.root)")
     p.add_argument("--ood-temperature", default=None, metavar="T",
@@ -123,7 +124,10 @@ def parse_eval_args(argv, doc):
     p.add_argument("--quiet", action="store_true", help="no table on the terminal")
     p.add_argument("--allow-class-mismatch", action="store_true",
                    help="evaluate although the dataset's class names differ from the run's classes.json")
-    return parse_command_line(p, argv, tool="python eval.py")
+    args = parse_command_line(p, argv, tool="python eval.py")
+    if args.ood_dataset == "none":  # compare_heads' spelling of "no OOD detection", eval.py's default
+        args.ood_dataset = None
+    return args
 
 
 # ============================================================================ predict.py

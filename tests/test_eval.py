@@ -333,6 +333,10 @@ def test_ood_memory_is_built_once_and_never_used_for_other_weights(tmp_path, cap
     assert torch.equal(load_file(path)["features"], stored["features"])  # the backbone did not change
     none = ood("--ood-memory", "none")
     assert none["memory"] is None and "knn" not in none["scores"] and "energy" in none["scores"]
+    # --ood-dataset none (compare_heads' spelling) is eval.py's default: no OOD detection at all
+    assert eval_entry.main(["--checkpoint", run, "--ood-dataset", "none", "--calib", "none", "--quiet",
+                            "--output", str(tmp_path / "n.json")]) == 0
+    assert _load(tmp_path / "n.json").get("ood") is None
 
 
 def test_ood_user_errors_are_one_line(capsys):
@@ -344,6 +348,9 @@ def test_ood_user_errors_are_one_line(capsys):
     assert "unknown --ood-dataset 'builtin1O_ood'" in _cli_error(capsys, ["--checkpoint", run, "--ood-dataset",
                                                                            "builtin1O_ood"])
     assert "--ood-root needs --ood-dataset" in _cli_error(capsys, ["--checkpoint", run, "--ood-root", "x"])
+    # none, as compare_heads spells it: no OOD detection, so an OOD-only flag beside it is refused as without it
+    assert "--ood-memory needs --ood-dataset" in _cli_error(capsys, ["--checkpoint", run, "--ood-dataset", "none",
+                                                                     "--ood-memory", "10"])
     err = _cli_error(capsys, ["--checkpoint", run, "--ood-dataset", "auto", "data.dataset=cifar10"])
     assert "no built-in OOD set" in err
 
