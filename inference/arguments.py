@@ -109,8 +109,8 @@ def parse_eval_args(argv, doc):
     p.add_argument("--eps", type=float, nargs="+", default=None, help="miscoverage levels (default 0.1 0.05)")
     p.add_argument("--ood-dataset", metavar="NAME", default=None,
                    help="out-of-distribution set for OOD detection (a data.dataset name, e.g. builtin10_ood, "
-                        "imagefolder with --ood-root; auto = the built-in data's own OOD set; none, the default: no OOD "
-                        "detection)")
+                        "imagefolder with --ood-root; auto = the built-in data's own OOD set; none, the default: "
+                        "no OOD detection)")
     p.add_argument("--ood-root", metavar="DIR", default=None,
                    help="data root of the OOD set (default: the run's data.root)")
     p.add_argument("--ood-temperature", default=None, metavar="T",

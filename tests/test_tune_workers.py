@@ -101,8 +101,8 @@ def _recipe():
 @pytest.mark.parametrize("kind", ["journal", "sqlite"])
 def test_the_docs_recipe_of_workers_started_at_once_runs_exactly_the_budget(sandbox, feats, kind):
     """Two workers started in the same instant by the recipe's loop (on SQLite both create the schema at
-    once; a third worker would add a Python start, not a new race): each exits 0, the study has exactly --trials complete trials, none run twice, and a
-    trial a race made one too many never trained."""
+    once; a third worker would add a Python start, not a new race): each exits 0, the study has exactly
+    --trials complete trials, none run twice, and a trial a race made one too many never trained."""
     storage = {"journal": f"journal:{sandbox}/tune.journal", "sqlite": f"sqlite:///{sandbox}/tune/studies.db"}[kind]
     script = _recipe()
     script = re.sub(r"^CFG=.*$", f"CFG={sandbox}/cfg.yaml RUNS={sandbox}/runs STORAGE={storage}", script, 1, re.M)
