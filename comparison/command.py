@@ -4,20 +4,23 @@ commands of every run, then one plan through its mode, --tune's studies and both
 --until-settled's looks, or both: the studies, then the looks of the tuned heads."""
 import os
 
+import data
 from common.errors import UserError
 from comparison import tune, tune_settle
 from comparison.commands import Commands
 from comparison.modes import compare_plan, compare_until_settled
 from comparison.plan import plan_runs
-from data import is_features
+from data import dataset_spec, is_features
 from data.features import ood_root
-from evaluation.ood_report import default_ood_dataset, ood_dataset_names
+from evaluation.ood_report import default_ood_dataset, ood_data, ood_dataset_names
 
 
 def run(args, argv, base_cfg):
     """-> the exit status. `argv`: the command line as given (the report and SLURM script quote it);
     `base_cfg`: the config resolved with the overrides (comparison.cli.resolved_config)."""
-    commands = Commands(args, os.path.abspath(args.config), resolve_ood(args, base_cfg))
+    ood = resolve_ood(args, base_cfg)
+    check_ood_data(args, base_cfg, ood)
+    commands = Commands(args, os.path.abspath(args.config), ood)
     if args.tune and args.until_settled:
         return tune_settle.main(args, argv, base_cfg, commands)
     if args.tune:
@@ -41,6 +44,22 @@ def resolve_ood(args, cfg):
         raise UserError(f"unknown --ood-dataset '{args.ood_dataset}'; valid: auto, none, "
                         f"{', '.join(ood_dataset_names())}")
     return args.ood_dataset
+
+
+def check_ood_data(args, cfg, ood):
+    """Read the OOD set's val split once, before anything trains, when its files will be read here:
+    missing files (or a failed download) are one line now, not after the trainings (eval.py reads it
+    after each). Not for generated sets, nor where nothing is evaluated here (--dry-run, --report-only,
+    --emit-slurm: the cluster has its own files)."""
+    if (ood in (None, "features") or not dataset_spec(ood).files or args.dry_run or args.report_only
+            or args.emit_slurm):
+        return
+    try:
+        data.build_dataset(ood_data(cfg.data, ood, args.ood_root), "val")
+    except UserError as err:
+        named = ood if args.ood_dataset == ood else f"{args.ood_dataset} ({ood})"
+        raise UserError(f"--ood-dataset {named}, read by every evaluation: {err}; or compare without OOD "
+                        f"detection: --ood-dataset none") from None
 
 
 def _feature_ood(args, cfg):

@@ -6,6 +6,7 @@ references there) on the scores `evaluation.ood.ood_scores`: max probability, en
 sparse heads, support size. Score histograms (in-distribution vs OOD) are stored with fixed bins so
 that the seeds of a head add up: max probability on [0, 1], entropy on [0, ln K], support size 1..K.
 """
+import copy
 import math
 
 import numpy as np
@@ -45,6 +46,17 @@ def resolve_ood_dataset(name, dataset, flag="--ood-dataset"):
         raise UserError(f"unknown {flag} '{name}'{suggest_value(name, ood_dataset_names())}; valid: auto, "
                         f"{', '.join(ood_dataset_names())}")
     return name
+
+
+def ood_data(data_cfg, name, root=None):
+    """The data config the OOD set `name` is read with: the run's, with that dataset, its root (--ood-root;
+    default the run's data.root) and no calib hold-out (the whole val split is evaluated)."""
+    ood = copy.deepcopy(data_cfg)
+    ood.dataset = name
+    if root:
+        ood.root = root
+    ood.calib_fraction = 0.0
+    return ood
 
 
 def _histograms(scores_in, scores_out, num_classes):

@@ -1,5 +1,4 @@
 """Evaluate a trained run (the command `eval.py`, whose docstring is the user's description)."""
-import copy
 import os
 import sys
 import time
@@ -40,13 +39,8 @@ def ood_data_config(cfg, args):
         return None
     if data.is_features(cfg.data):
         return feature_ood_config(cfg, args)
-    name = ood_report.resolve_ood_dataset(args.ood_dataset, cfg.data.dataset)
-    ood = copy.deepcopy(cfg.data)
-    ood.dataset = name
-    if args.ood_root:
-        ood.root = args.ood_root
-    ood.calib_fraction = 0.0  # the whole OOD val split is evaluated
-    return ood
+    return ood_report.ood_data(cfg.data, ood_report.resolve_ood_dataset(args.ood_dataset, cfg.data.dataset),
+                               args.ood_root)
 
 
 def feature_ood_config(cfg, args):
@@ -60,9 +54,7 @@ def feature_ood_config(cfg, args):
     if root is None:
         raise UserError(f"{cfg.data.root} holds no OOD features ({data.features.OOD_SUBDIR}/); extract them with "
                         f"scripts/extract_features.py --ood NAME, or leave out --ood-dataset")
-    ood = copy.deepcopy(cfg.data)
-    ood.root, ood.calib_fraction = root, 0.0
-    return ood
+    return ood_report.ood_data(cfg.data, cfg.data.dataset, root)  # features of the same kind, another folder
 
 
 def prediction_set_results(head, cfg, args, preds, evaluate_split):

@@ -231,6 +231,12 @@ def test_the_export_consumer_turns_a_colour_image_gray_as_eval_does(tmp_path):
         sidecar_format.check_sidecar(sidecar, "m.onnx.json")
 
 
+# a few steps of a tiny model on generated Fashion-MNIST files (calib held out of train)
+TINY_FASHION = ["data.dataset=fashion_mnist", "data.download=false", "data.image_size=28", "data.calib_fraction=0.2",
+                "data.batch_size=16", "data.hflip=0", "data.mean=[0.286,0.286,0.286]", "data.std=[0.353,0.353,0.353]",
+                "optim.epochs=1", "optim.lr_base_batch=16", "train.ema=false", "train.compile=false"]
+
+
 def test_train_eval_and_predict_on_fashion_mnist_files(tmp_path, one_line_error):
     """train.py on generated Fashion-MNIST files (a few steps of a tiny model, calib held out of train);
     eval.py on its test split with --ood-dataset auto (MNIST, beside it under data.root); predict.py gives a
@@ -241,10 +247,7 @@ def test_train_eval_and_predict_on_fashion_mnist_files(tmp_path, one_line_error)
     root, run = tmp_path / "data", tmp_path / "run"
     write_idx_set(root, "fashion_mnist", n_train=80, n_test=20)
     write_idx_set(root, "mnist", n_train=10, n_test=12, seed=4)
-    overrides = ["data.dataset=fashion_mnist", "data.download=false", "data.image_size=28", "data.calib_fraction=0.2",
-                 "data.batch_size=16", "data.hflip=0", "data.mean=[0.286,0.286,0.286]", "data.std=[0.353,0.353,0.353]",
-                 "optim.epochs=1", "optim.lr_base_batch=16", "train.ema=false", "train.compile=false"]
-    config_file = write_cfg(tiny_cfg(run, f"data.root={root}", *overrides), tmp_path / "fashion.yaml")
+    config_file = write_cfg(tiny_cfg(run, f"data.root={root}", *TINY_FASHION), tmp_path / "fashion.yaml")
     done = main_inprocess("--config", config_file)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.load(open(run / "classes.json"))["classes"][0] == "T-shirt/top"
@@ -280,3 +283,30 @@ def test_the_installed_debian_package_is_found_whatever_data_root(tmp_path, monk
     assert_reads_as_written(config("fashion_mnist", tmp_path / "empty"), installed)
     with pytest.raises(UserError, match="MNIST: no train-images-idx3-ubyte.gz"):  # only Fashion-MNIST has a package
         data.build_dataset(config("mnist", tmp_path / "empty"), "train")
+
+
+def test_compare_heads_reads_the_ood_set_before_anything_trains(tmp_path, capsys):
+    """--ood-dataset auto on Fashion-MNIST is MNIST, which every evaluation reads: its missing files are one
+    line before the first training (not after each), naming the way out; with the files there, the check
+    reads them and says nothing."""
+    import compare_heads
+    from common.cli import run_cli
+    from comparison import cli
+    from comparison.command import check_ood_data
+
+    root = tmp_path / "data"
+    write_idx_set(root, "fashion_mnist", n_train=80, n_test=20)
+    config_file = write_cfg(tiny_cfg(tmp_path / "unused", f"data.root={root}", *TINY_FASHION), tmp_path / "f.yaml")
+    argv = ["--config", config_file, "--heads", "softmax", "--seeds", "0", "--no-mlflow",
+            "--runs-dir", str(tmp_path / "runs")]
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(compare_heads.main, argv)
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1, err
+    assert "--ood-dataset auto (mnist)" in err and "MNIST: no t10k-images-idx3-ubyte.gz" in err, err
+    assert err.endswith("--ood-dataset none"), err
+    assert not os.path.exists(tmp_path / "runs" / "softmax-s0")  # nothing trained
+
+    write_idx_set(root, "mnist", n_train=10, n_test=12, seed=4)
+    args = cli.parse_args(argv)
+    check_ood_data(args, cli.resolved_config(args), "mnist")
