@@ -240,6 +240,11 @@ def run_line(chain, words):
         for path in words[1:]:
             if not path.startswith("-"):
                 chain.write(path)
+    elif words[0] == "cp":  # cp [-r] SOURCE... DEST
+        paths = [w for w in words[1:] if not w.startswith("-")]
+        for path in paths[:-1]:
+            chain.read(path)
+        chain.write(paths[-1])
     elif words[0] == "python" and words[1] != "-m":
         script, argv = words[1], words[2:]
         if script in SCRIPTS:

@@ -37,15 +37,32 @@ def test_results_md_holds_what_the_code_computes_from_the_fashion_record():
     assert all(head in table[table.index("") + 1] for head in rn.FASHION_HEADS)  # one column per head
 
 
-def test_the_fashion_record_is_of_the_commands_the_docs_and_make_fashion_run():
+def test_the_fashion_records_are_of_the_commands_the_docs_and_make_fashion_run():
     """One source for the probes' settings: the Makefile's FASHION_PROBE is the record's; docs/results.md
-    shows the recorded comparison's command."""
+    shows each recorded comparison's command."""
     with open(os.path.join(ROOT, "Makefile")) as f:
         makefile = f.read()
     assert f"FASHION_PROBE ?= {' '.join(rn.FASHION_PROBE)}\n" in makefile
     with open(os.path.join(ROOT, "docs", "results.md"), encoding="utf-8") as f:
         page = " ".join(f.read().replace("\\\n", " ").split())
-    assert "python scripts/compare_heads.py " + " ".join(rn.FASHION.compare_args) in page
+    for spec in (rn.FASHION, rn.FASHION_E2E):
+        assert "python scripts/compare_heads.py " + " ".join(spec.compare_args) in page, spec.name
+
+
+def test_the_end_to_end_record_is_small_and_makes_its_blocks_without_the_data(tmp_path, monkeypatch):
+    """docs/results.md's end-to-end table and verdicts are what the current code computes from the three
+    recorded runs (each head's seed-0 training of the recipe: small result files, no weights); the rebuild
+    reads no Fashion-MNIST file (the installed package hidden: CI machines need not have it)."""
+    record = os.path.join(ROOT, rn.FASHION_E2E.dir)
+    names = rn.run_names(rn.FASHION_E2E, record)
+    assert names == [f"{head}-s0" for head in rn.FASHION_E2E_HEADS]
+    tracked = {p for p in tracked_files() if p.startswith(rn.FASHION_E2E.dir + "/")}
+    assert tracked == {f"{rn.FASHION_E2E.dir}/{rel}" for rel in
+                       [rn.RECORD_INFO] + [f"{name}/{f}" for name in names for f in rn.RUN_FILES]}
+    assert sum(os.path.getsize(os.path.join(ROOT, p)) for p in tracked) < 2_000_000
+    monkeypatch.setattr("data.idx.SYSTEM_ROOT", str(tmp_path / "no-datasets"))
+    blocks = rn.generate(record, rn.FASHION_E2E)
+    assert rn.first_difference(ROOT, blocks, rn.FASHION_E2E) is None
 
 
 def test_a_fashion_record_without_its_feature_description_is_one_line(tmp_path):
