@@ -310,6 +310,10 @@ def test_the_check_finds_a_read_nothing_made(tracked):
     assert "the second is refused" in problems(*["python train.py --config configs/quickstart.yaml"] * 2)[0]
     assert "reads features/qs" in problems("python scripts/compare_heads.py --config configs/quickstart.yaml "
                                            "--features features/qs --tune")[0]
+    copy = "cp -r runs/quickstart runs/copy"  # cp reads its sources and writes its destination
+    assert "reads runs/quickstart, which no earlier command" in problems(copy)[0]
+    assert problems("python train.py --config configs/quickstart.yaml", copy,
+                    "python scripts/extract_features.py --checkpoint runs/copy --output features/qs") == []
 
 
 # ----------------------------------------------------------------------------- the tuning page, run
