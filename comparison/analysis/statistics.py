@@ -291,7 +291,7 @@ def paired_bootstrap(results_a, results_b, *, groups=None, example_ids=None, met
     chunk = max(1, _MAX_GATHERED // n_rows)
     diffs = {m: [] for m in metrics}
     if example_ids is not None:  # a replicate is one draw of examples: multiplicities, no gather
-        table = _example_table(_strata(groups, n_rows), example_ids)
+        table = rows.reshape(int(column_group.max()) + 1, -1)  # the (S, n) example table resample_rows checked
         columns = {m: (_example_columns(results_a, m, table, n_bins), _example_columns(results_b, m, table, n_bins))
                    for m in metrics}
     for start in range(0, n_boot, chunk):
