@@ -58,8 +58,9 @@ def check_ood_data(args, cfg, ood):
         data.build_dataset(ood_data(cfg.data, ood, args.ood_root), "val")
     except UserError as err:
         named = ood if args.ood_dataset == ood else f"{args.ood_dataset} ({ood})"
-        raise UserError(f"--ood-dataset {named}, read by every evaluation: {err}; or compare without OOD "
-                        f"detection: --ood-dataset none") from None
+        raise UserError(f"--ood-dataset {named}, read by every evaluation: {err}; or rewrite the report of runs "
+                        f"already evaluated: --report-only; or compare without OOD detection: --ood-dataset none"
+                        ) from None
 
 
 def _feature_ood(args, cfg):

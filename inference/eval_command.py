@@ -135,8 +135,49 @@ def main(args):
     head = model.output_head
 
     accelerator = inference_accelerator("eval.py")  # without CUDA a gloo group of the launched processes
-    rank, world = accelerator.process_index, accelerator.num_processes
     model.to(accelerator.device)
+    evaluate_split = split_evaluator(model, cfg, accelerator)
+
+    t0 = time.perf_counter()
+    preds = evaluate_split(args.split, dataset, keep_features=ood_eval.wants_memory(ood_cfg, args.ood_memory))
+    skipped = skipped_images(accelerator, dataset, preds)
+    ps = prediction_set_results(head, cfg, args, preds, evaluate_split)
+    ood = ood_eval.ood_results(
+        head, cfg, ood_cfg, ood_dataset, preds, evaluate_split, temperature=args.ood_temperature,
+        memory_size=args.ood_memory, store_dir=args.checkpoint if os.path.isdir(args.checkpoint) else None,
+        weights_sha256=run.weights_sha256, weights_kind=kind, num_classes=num_classes,
+        is_main=accelerator.is_main_process, say=lambda m: print(m, file=sys.stderr)) if ood_cfg is not None else None
+    accelerator.end_training()  # the last collective is behind every rank: the rest is the main process's
+    if not accelerator.is_main_process:
+        return 0
+
+    result = eval_result(run, args, head, preds, num_classes, accelerator.num_processes, ps, ood, skipped,
+                         wall_seconds=time.perf_counter() - t0)
+    warn_skipped(skipped, preds.totals["n"], args.split)
+    if ps and ps.get("warning"):
+        print(ps["warning"], file=sys.stderr)
+    written = ood_memory_written(ood, args.checkpoint, kind)  # written before the rest, when built
+    thresholds = save_conformal_thresholds(ps, head, args.checkpoint, run.weights_sha256, kind)
+    if thresholds:
+        written.append(wrote(thresholds, "the conformal thresholds of these weights, which predict.py uses"))
+    pool_maps = None
+    if preds.pooling is not None:
+        result["pooling"] = pool_support.support_summary(
+            preds.records[pool_support.POOL_SUPPORT_FIELD], preds.pooling["num_patches"],
+            preds.pooling["heads"], preds.pooling["mapping"])
+        pool_maps = pool_maps_payload(preds, cfg, model, accelerator.num_processes)
+    if args.output:
+        written += write_outputs(result, preds.records, args.output, pool_maps)
+    if not args.quiet:
+        print_result(result, cfg, kind)
+    print("\n".join(written if args.output else [*written, NO_METRICS_FILE]))  # with --quiet too: files matter
+    sys.stdout.flush()
+    return 0
+
+
+def split_evaluator(model, cfg, accelerator):
+    """-> evaluate_split(split, ...): `model`'s predictions on a split, each process evaluating its shard."""
+    rank, world = accelerator.process_index, accelerator.num_processes
 
     def evaluate_split(split, ds=None, data_cfg=None, ignore_labels=False, keep_features=False, what=None):
         """`what` names the step in its progress line (the main process's bar or, in a log, its lines)."""
@@ -150,64 +191,49 @@ def main(args):
                             keep_features=keep_features, progress=progress)
         finally:
             progress.close()
+    return evaluate_split
 
-    t0 = time.perf_counter()
-    preds = evaluate_split(args.split, dataset, keep_features=ood_eval.wants_memory(ood_cfg, args.ood_memory))
-    # data.skip_corrupt: undecodable images are dropped (counted per process, each its own shard)
-    skipped = int(accelerator.reduce(torch.tensor([getattr(dataset, "skipped", 0)], device=accelerator.device),
-                                     reduction="sum").item()) if world > 1 else int(getattr(dataset, "skipped", 0))
+
+def skipped_images(accelerator, dataset, preds):
+    """The undecodable images data.skip_corrupt dropped, summed over the processes (each its own shard);
+    RuntimeError unless the gathered predictions and the skipped images are exactly the dataset."""
+    skipped = int(getattr(dataset, "skipped", 0))
+    if accelerator.num_processes > 1:
+        skipped = int(accelerator.reduce(torch.tensor([skipped], device=accelerator.device), reduction="sum").item())
     if preds.totals["n"] + skipped != len(dataset) or preds.logits.shape[0] + skipped != len(dataset):  # exactness
         raise RuntimeError(f"gathered {preds.totals['n']} predictions for {len(dataset)} samples ({skipped} skipped)")
-    ps = prediction_set_results(head, cfg, args, preds, evaluate_split)
-    ood = ood_eval.ood_results(
-        head, cfg, ood_cfg, ood_dataset, preds, evaluate_split, temperature=args.ood_temperature,
-        memory_size=args.ood_memory, store_dir=args.checkpoint if os.path.isdir(args.checkpoint) else None,
-        weights_sha256=run.weights_sha256, weights_kind=kind, num_classes=num_classes,
-        is_main=accelerator.is_main_process, say=lambda m: print(m, file=sys.stderr)) if ood_cfg is not None else None
-    accelerator.end_training()  # the last collective is behind every rank: the rest is the main process's
-    if not accelerator.is_main_process:
-        return 0
+    return skipped
 
+
+def eval_result(run, args, head, preds, num_classes, world, ps, ood, skipped, wall_seconds):
+    """The metrics eval.json holds (its pooling section, when the model pools with a support, is added after)."""
+    cfg = run.cfg
     result = {
-        "checkpoint": os.path.abspath(args.checkpoint), "weights": kind, "config_name": cfg.name,
+        "checkpoint": os.path.abspath(args.checkpoint), "weights": run.weights_kind, "config_name": cfg.name,
         "model": cfg.model.name, "head": head.name,
         "alpha": head.alpha_value(),
         "norm": cfg.model.norm, "dataset": cfg.data.dataset, "split": args.split, "num_processes": world,
         **M.metrics_from_records(preds.records, num_classes),
         "img_per_s": preds.img_per_s, "eval_seconds": preds.seconds, "prediction_sets": ps,
-        "wall_seconds": time.perf_counter() - t0,
+        "wall_seconds": wall_seconds,
     }
     result["skipped_images"] = skipped
     result["learn_alpha"] = head.learn_alpha  # its alpha is where training moved it (report tables show it)
     if run.changed_from_run:  # --accept-changed-model: where this model differs from the one the run trained
         result[CHANGED_KEY] = run.changed_from_run
-    if skipped and not preds.totals["n"]:
-        print(f"warning: every image of the {args.split} split ({skipped}) was undecodable and skipped "
+    result["selective"] = selective_summary(preds.records, head.name)
+    result["ood"] = ood
+    return result
+
+
+def warn_skipped(skipped, evaluated, split):
+    """One line when data.skip_corrupt dropped images: how many, and what the metrics then cover."""
+    if skipped and not evaluated:
+        print(f"warning: every image of the {split} split ({skipped}) was undecodable and skipped "
               f"(data.skip_corrupt): no image was evaluated, the metrics are null", file=sys.stderr)
     elif skipped:
         print(f"warning: {skipped} undecodable image(s) skipped (data.skip_corrupt); metrics cover the other "
-              f"{preds.totals['n']}", file=sys.stderr)
-    if ps and ps.get("warning"):
-        print(ps["warning"], file=sys.stderr)
-    written = ood_memory_written(ood, args.checkpoint, kind)  # written before the rest, when built
-    thresholds = save_conformal_thresholds(ps, head, args.checkpoint, run.weights_sha256, kind)
-    if thresholds:
-        written.append(wrote(thresholds, "the conformal thresholds of these weights, which predict.py uses"))
-    result["selective"] = selective_summary(preds.records, head.name)
-    result["ood"] = ood
-    pool_maps = None
-    if preds.pooling is not None:
-        result["pooling"] = pool_support.support_summary(
-            preds.records[pool_support.POOL_SUPPORT_FIELD], preds.pooling["num_patches"],
-            preds.pooling["heads"], preds.pooling["mapping"])
-        pool_maps = pool_maps_payload(preds, cfg, model, world)
-    if args.output:
-        written += write_outputs(result, preds.records, args.output, pool_maps)
-    if not args.quiet:
-        print_result(result, cfg, kind)
-    print("\n".join(written if args.output else [*written, NO_METRICS_FILE]))  # with --quiet too: files matter
-    sys.stdout.flush()
-    return 0
+              f"{evaluated}", file=sys.stderr)
 
 
 def wrote(path, what):
