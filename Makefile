@@ -39,9 +39,9 @@ quickstart: venv
 		--jobs $(QUICKSTART_JOBS)
 
 # The real-data quick start, on Fashion-MNIST's 70,000 photos (docs/results.md): a short run of the recipe
-# (configs/fashion_mnist.yaml: FASHION_EPOCHS of its schedule, 2 min (AVX-512) to 5 min (AVX2) each on 2 cores), that model's
-# features, then softmax, sparsemax and entmax-1.5 on them until each verdict is settled, ending with the
-# plain-words summary. The data: Debian's dataset-fashion-mnist where installed, else datasets/ (downloaded
+# (configs/fashion_mnist.yaml: FASHION_EPOCHS of its schedule, 2 min (AVX-512) to 5 min (AVX2) each on 2
+# cores), that model's features, then softmax, sparsemax and entmax-1.5 on them until each verdict is
+# settled, ending with the plain-words summary. The data: Debian's dataset-fashion-mnist where installed, else datasets/ (downloaded
 # there when the machine is online; offline, one line says where to put the four files). Each step resumes
 # where a kill left it: run the same command again.
 FASHION_EPOCHS ?= 5
