@@ -7,7 +7,7 @@ import sys
 
 import configs
 from common.errors import UserError
-from comparison.analysis.equivalence import parse_margins
+from comparison.analysis.margins import parse_margins
 from comparison.limits import (
     MAX_JOBS,
     MAX_LOOKS,

@@ -20,9 +20,8 @@ import os
 
 from common.io import DamagedJSON, read_json_record, write_json
 from common.runlock import RunLock
-from comparison.analysis.equivalence import margin_as_difference
+from comparison.analysis.margins import METRIC_TABLE, margin_as_difference
 from comparison.analysis.sequential import Design
-from comparison.analysis.statistics import METRIC_TABLE
 
 DESIGN_FILE = "sequential_design.json"  # in RUNS_DIR: the design the comparison was started with
 MAX_RECORD_BYTES = 1 << 20  # a record is ~2 KB: anything larger is not one, and is not read

@@ -31,17 +31,11 @@ import numpy as np
 from common.errors import UserError
 from comparison import run_results
 from comparison.analysis import sanity
-from comparison.analysis.equivalence import (
-    ALPHA,
-    default_margins,
-    format_difference,
-    margin_as_difference,
-    margin_text,
-    margin_units,
-)
+from comparison.analysis.equivalence import ALPHA, format_difference, margin_text
+from comparison.analysis.margins import METRIC_TABLE, default_margins, margin_as_difference, margin_units
 from comparison.analysis.paired import per_example
 from comparison.analysis.sequential import DEFAULT_LOOKS, Design, sequential_decision, walk
-from comparison.analysis.statistics import METRIC_TABLE, metric_on_rows
+from comparison.analysis.statistics import metric_on_rows
 from comparison.design_record import DESIGN_FILE, DamagedRecord, design_path, read_design, write_design
 from comparison.limits import MIN_SEEDS
 from comparison.plan import plan_runs

@@ -9,8 +9,8 @@ import pytest
 from scipy import stats
 
 from common.errors import UserError
-from comparison.analysis import equivalence
-from comparison.analysis.statistics import METRIC_TABLE
+from comparison.analysis import equivalence, margins
+from comparison.analysis.margins import METRIC_TABLE
 from comparison.report import document, plain_words
 from synthetic_comparison import QUICKSTART_LIKE, synthetic_variants
 
@@ -202,24 +202,24 @@ def test_the_sentence_says_what_the_interval_shows_when_holm_demotes():
 
 # ---- --margin ----------------------------------------------------------------------------------------
 def test_parse_margins():
-    assert equivalence.parse_margins(["top1=0.5", " ece = 1 ", "loss=0.02"]) == {"top1": 0.5, "ece": 1.0, "loss": 0.02}
-    assert equivalence.parse_margins([]) == {} and equivalence.parse_margins(None) == {}
+    assert margins.parse_margins(["top1=0.5", " ece = 1 ", "loss=0.02"]) == {"top1": 0.5, "ece": 1.0, "loss": 0.02}
+    assert margins.parse_margins([]) == {} and margins.parse_margins(None) == {}
     cases = {"top-1=0.5": "did you mean 'top1'?", "acc=1": "unknown metric 'acc'", "top1": "expected METRIC=DELTA",
              "top1=": "expected METRIC=DELTA", "top1=half": "is not a number", "top1=0": "positive finite",
              "top1=-0.5": "positive finite", "top1=nan": "positive finite", "top1=inf": "positive finite"}
     for text, message in cases.items():
         with pytest.raises(UserError) as err:
-            equivalence.parse_margins([text])
+            margins.parse_margins([text])
         assert message in str(err.value) and "\n" not in str(err.value), text
     with pytest.raises(UserError, match="top1 given twice"):
-        equivalence.parse_margins(["top1=0.5", "top1=1"])
+        margins.parse_margins(["top1=0.5", "top1=1"])
 
 
 def test_every_default_margin_is_declared_in_the_metric_table():
-    assert equivalence.default_margins() == {m: t.margin for m, t in METRIC_TABLE.items() if t.margin is not None}
+    assert margins.default_margins() == {m: t.margin for m, t in METRIC_TABLE.items() if t.margin is not None}
     assert METRIC_TABLE["top1"].higher_is_better and not METRIC_TABLE["ece"].higher_is_better
-    assert equivalence.margin_as_difference("top1", 0.5) == pytest.approx(0.005)
-    assert equivalence.margin_as_difference("loss", 0.02) == 0.02
+    assert margins.margin_as_difference("top1", 0.5) == pytest.approx(0.005)
+    assert margins.margin_as_difference("loss", 0.02) == 0.02
 
 
 # ---- the report ---------------------------------------------------------------------------------------

@@ -201,7 +201,7 @@ def _check_side_by_side(report, untuned_csv, tuned_csv):
     (runs.csv: eval.py's numbers; one seed each) and their difference."""
     import csv
 
-    from comparison.analysis.statistics import METRIC_TABLE
+    from comparison.analysis.margins import METRIC_TABLE
     from test_tuning_report import side_by_side_rows
 
     arms = [{r["variant"]: r for r in csv.DictReader(open(path))} for path in (untuned_csv, tuned_csv)]

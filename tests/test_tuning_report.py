@@ -7,7 +7,8 @@ import statistics
 
 import pytest
 
-from comparison.analysis.statistics import METRIC_TABLE, signed_points
+from comparison.analysis.margins import METRIC_TABLE
+from comparison.analysis.statistics import signed_points
 from comparison.report import document, tuning_section
 from comparison.tuning import shown_settings
 from synthetic_comparison import synthetic_variants

@@ -2,7 +2,7 @@
 
 A test of "no difference" that fails to reject says only that the seeds at hand cannot tell; it is no
 evidence that two heads are equally good. With a margin δ (the largest difference that does not
-matter, per metric: `statistics.METRIC_TABLE`, or `--margin METRIC=δ` through `parse_margins`), the
+matter, per metric: `margins.METRIC_TABLE`, or `--margin METRIC=δ` through `margins.parse_margins`), the
 per-seed differences d_s = metric(head, seed s) − metric(reference, seed s) of S seeds (mean d̄,
 s.d. s, se = s / √S, ν = S − 1, normal d_s assumed as for the t-interval) support four claims, each
 a test at the comparison's level α (5%: 1 − the across-trainings level):
@@ -47,65 +47,14 @@ import math
 
 import numpy as np
 
-from common.errors import UserError
-from common.suggest import suggest_value
-from comparison.limits import MAX_MARGIN, MIN_MARGIN, plain_number
-
-from .statistics import METRIC_TABLE, METRICS, format_p_value, signed_points, student_t_isf, student_t_sf
+from .margins import METRIC_TABLE, margin_units
+from .statistics import format_p_value, signed_points, student_t_isf, student_t_sf
 
 ALPHA = 0.05  # the comparison's level when none is given: the across-trainings 95% t-interval's
 VERDICTS = ("superior", "inferior", "equivalent", "non-inferior", "undecided")
 MULTIPLICITIES = ("holm", "none")
 MULTIPLICITY = "holm"
 _MINUS = "\u2212"
-
-
-# ---- margins ---------------------------------------------------------------------------------------------
-def default_margins():
-    """{metric: δ} of every metric with a default margin, in the units its differences read in."""
-    return {m: t.margin for m, t in METRIC_TABLE.items() if t.margin is not None}
-
-
-def margin_units(metric):
-    """'pt' or '' (own units): how a metric's margin and differences are written."""
-    return "pt" if METRIC_TABLE[metric].in_points else ""
-
-
-def margin_as_difference(metric, margin):
-    """A margin in the metric's written units (points for top-1 / ECE) in the units of its differences
-    (fractions): 0.5 pt of top-1 -> 0.005."""
-    return margin / 100.0 if METRIC_TABLE[metric].in_points else margin
-
-
-def parse_margins(texts):
-    """{metric: δ} from `--margin` values such as ["top1=0.5", "ece=1"] (δ in points for top-1 and ECE,
-    in its own units for the loss). Raises UserError (one line) on a malformed item, an unknown metric
-    (with a did-you-mean), a δ not written plainly (float() reads `1_0` as 10), outside
-    [MIN_MARGIN, MAX_MARGIN) (comparison/limits.py) or not finite, or a metric given twice."""
-    margins = {}
-    for text in texts or ():
-        name, sep, value = str(text).partition("=")
-        name, value = name.strip(), value.strip()
-        if not sep or not name or not value:
-            raise UserError(f"--margin {text!r}: expected METRIC=DELTA, e.g. top1=0.5 (metrics: {', '.join(METRICS)})")
-        if name not in METRIC_TABLE:
-            raise UserError(f"--margin {text!r}: unknown metric {name!r}{suggest_value(name, METRICS)} "
-                            f"(metrics: {', '.join(METRICS)})")
-        try:
-            delta = float(value)
-        except ValueError:
-            raise UserError(f"--margin {text!r}: {value!r} is not a number") from None
-        if math.isfinite(delta) and plain_number(value) is None:
-            raise UserError(f"--margin {text!r}: write the margin in plain digits, e.g. {name}=0.5 ({value!r} "
-                            f"has a character a number does not: '_', a space or a digit of another script)")
-        if not (math.isfinite(delta) and MIN_MARGIN <= delta < MAX_MARGIN):
-            unit = f" {margin_units(name)}" if margin_units(name) else f" (the {METRIC_TABLE[name].label}'s own units)"
-            raise UserError(f"--margin {text!r}: the margin must be a positive finite number, from {MIN_MARGIN:g} to "
-                            f"below {MAX_MARGIN:g}{unit}, got {value}")
-        if name in margins:
-            raise UserError(f"--margin {name} given twice ({margins[name]:g} and {delta:g}); give each metric once")
-        margins[name] = delta
-    return margins
 
 
 # ---- the claims ----------------------------------------------------------------------------------------

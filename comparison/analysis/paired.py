@@ -21,9 +21,8 @@ head learned nothing gets "no comparison: nothing learned" as its verdict.
 import numpy as np
 
 from . import sanity
+from .margins import METRIC_TABLE, METRICS
 from .statistics import (
-    METRIC_TABLE,
-    METRICS,
     across_trainings,
     describe_across_trainings,
     describe_difference,

@@ -70,46 +70,13 @@ Pure functions of arrays (numpy, float64): no I/O, no model.
 """
 import functools
 import math
-from dataclasses import dataclass
-from typing import Optional, Tuple
 
 import numpy as np
 
 from evaluation.ece_bins import ECE_BINS  # the bins of every ECE (evaluation/metrics.py's too)
 
+from .margins import METRIC_TABLE, METRICS
 
-@dataclass(frozen=True)
-class Metric:
-    """A compared metric: its label, the per-example arrays it is computed from, whether its
-    differences read as percentage points (a fraction) or in its own units, the decimals a
-    sentence gives them, whether a higher value is better, and the default equivalence margin δ
-    of its head − reference difference in the units its differences read in (points when
-    in_points; None: no equivalence verdict unless a margin is given; comparison/analysis/equivalence.py)."""
-
-    label: str
-    needs: Tuple[str, ...]
-    in_points: bool
-    digits: int
-    higher_is_better: bool
-    margin: Optional[float]
-
-
-# The compared metrics, in report order (results, tables and sentences of comparison/analysis/paired.py).
-# The margins are judgements of what difference does not matter, not statistics; each is stated in
-# the report, and `--margin METRIC=δ` (equivalence.parse_margins) replaces it:
-#   top-1 0.5 pt: below the gains usually reported for a changed head or recipe on CIFAR-scale image
-#     classification, and about the spread that the training seed alone causes there (Picard 2021,
-#     "torch.manual_seed(3407) is all you need"; Bouthillier et al., MLSys 2021): a head within
-#     ±0.5 pt of softmax is as good a choice on accuracy;
-#   ECE 1 pt (0.01): the 15-bin ECE estimate itself is biased and noisy at that level on a
-#     validation set of ~10,000 images (Kumar, Liang & Ma, NeurIPS 2019; Roelofs et al., AISTATS
-#     2022), so smaller differences are not calibration differences anyone could act on;
-#   FY loss none: each head's loss is a different function (its own Fenchel-Young loss), so "as
-#     good as" on it has no common scale; give `--margin loss=δ` to ask anyway.
-METRIC_TABLE = {"top1": Metric("top-1", ("correct",), True, 1, higher_is_better=True, margin=0.5),
-                "ece": Metric("ECE", ("confidence", "correct"), True, 2, higher_is_better=False, margin=1.0),
-                "loss": Metric("FY loss", ("loss",), False, 3, higher_is_better=False, margin=None)}
-METRICS = tuple(METRIC_TABLE)
 _NEEDS = {m: t.needs for m, t in METRIC_TABLE.items()}
 _LABELS = {m: t.label for m, t in METRIC_TABLE.items()}
 _MINUS = "\u2212"

@@ -21,7 +21,8 @@ import contextvars
 from typing import NamedTuple
 
 from comparison.analysis import equivalence, sanity
-from comparison.analysis.statistics import METRIC_TABLE, mdd_range_text, seeds_range_text, signed_points, two_figures
+from comparison.analysis.margins import METRIC_TABLE, margin_as_difference
+from comparison.analysis.statistics import mdd_range_text, seeds_range_text, signed_points, two_figures
 from evaluation import tables
 from models.registry import is_sparse
 
@@ -263,7 +264,7 @@ def head_verdicts(results, sequential=None):
     from the paired results' top-1 verdicts (their equivalence verdict; the t-interval when none)."""
     if sequential:
         metric = sequential["metric"]
-        margin = equivalence.margin_text(metric, equivalence.margin_as_difference(metric, sequential["margin"]))
+        margin = equivalence.margin_text(metric, margin_as_difference(metric, sequential["margin"]))
         out = []
         for c in sequential["comparisons"]:
             kind = {"no look": "no look", "continues": "not settled", "capped": "not settled",

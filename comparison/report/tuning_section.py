@@ -11,7 +11,7 @@ import os
 
 from common.io import atomic_write_text
 from comparison.analysis.equivalence import format_difference, with_unit
-from comparison.analysis.statistics import METRIC_TABLE
+from comparison.analysis.margins import METRIC_TABLE
 from evaluation import tables
 
 from . import plots

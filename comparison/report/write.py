@@ -10,7 +10,7 @@ from common.errors import UserError
 from common.io import atomic_write_text, read_json, write_json
 from common.runlock import RunLock
 from comparison.analysis.equivalence import format_difference, margin_text, with_unit
-from comparison.analysis.statistics import METRIC_TABLE
+from comparison.analysis.margins import METRIC_TABLE
 from comparison.report import document, plain_words
 from comparison.report.document import SUMMARY_FILE
 from evaluation.tables import markdown_table
