@@ -27,7 +27,7 @@ from common import rundir
 from common.io import atomic_write_text, prepare_output, read_json, write_json
 from comparison import run_results
 from comparison.analysis import equivalence, paired, sanity
-from comparison.analysis.margins import METRIC_TABLE
+from comparison.analysis.margins import METRIC_TABLE, default_margins, margin_as_difference, margin_units
 from comparison.analysis.statistics import signed_points
 from evaluation import metrics, tables
 from models.registry import is_sparse
@@ -215,7 +215,7 @@ def curve_mismatches(variants):
 
 def paired_results(variants, pairs, margins=None, multiplicity=equivalence.MULTIPLICITY):
     """(results, skipped): paired.compare_pair of each (variant, baseline) pair with records, each with
-    its equivalence verdicts (add_equivalence; margins: {metric: δ} as margins.parse_margins gives)."""
+    its equivalence verdicts (add_equivalence; margins: {metric: δ} as parse_margins gives)."""
     results, skipped = [], []
     for variant, baseline in pairs:
         runs = {name: {r["seed"]: r["records"] for r in variants.get(name, []) if r["records"] is not None}
@@ -229,7 +229,7 @@ def paired_results(variants, pairs, margins=None, multiplicity=equivalence.MULTI
 def chosen_margins(margins=None):
     """{metric: (δ in the metric's written units, "default" or "given")}: the table's defaults, then
     the given ones (e.g. --margin top1=0.5) over them."""
-    chosen = {m: (d, "default") for m, d in margins.default_margins().items()}
+    chosen = {m: (d, "default") for m, d in default_margins().items()}
     chosen.update({m: (float(d), "given") for m, d in (margins or {}).items()})
     return {m: chosen[m] for m in METRIC_TABLE if m in chosen}
 
@@ -247,7 +247,7 @@ def add_equivalence(results, margins=None, multiplicity=equivalence.MULTIPLICITY
             family = [res for res in results if res["baseline"] == baseline and metric in res["across"]
                       and not any(c["nothing_learned"] for c in res["learned"].values())]
             verdicts = [equivalence.equivalence_verdict(
-                res["across"][metric]["per_seed"], margins.margin_as_difference(metric, margin),
+                res["across"][metric]["per_seed"], margin_as_difference(metric, margin),
                 alpha=round(1 - res["across"][metric]["level"], 12), higher_is_better=rule.higher_is_better)
                 for res in family]
             for res, verdict in zip(family, equivalence.family_verdicts(verdicts, multiplicity)):
@@ -386,7 +386,7 @@ def summary_document(results, lines):
     entries = [v for res in results for v in res.get("equivalence", {}).values()]
     margins = {}
     for v in entries:
-        margins[v["metric"]] = {"margin": v["margin_shown"], "units": margins.margin_units(v["metric"]) or "own",
+        margins[v["metric"]] = {"margin": v["margin_shown"], "units": margin_units(v["metric"]) or "own",
                                 "margin_as_difference": v["margin"], "source": v["margin_source"]}
     keys = ("n", "mean", "sd", "margin", "alpha", "higher_is_better", "interval", "interval_level",
             "difference_interval", "difference_level", "p_lower", "p_upper", "p_equivalence", "p_non_inferiority",
@@ -545,7 +545,7 @@ def write_report(variants, report_dir, title, command, weights="raw", notes=(), 
 
     variants: {name: [load_run(...)]}; pairs: [(variant, baseline variant)] for the paired statistics;
     missing: planned run directories without results (named in the report); margins: {metric: δ} over
-    the metric table's defaults (margins.parse_margins of --margin); multiplicity: "holm" or "none"
+    the metric table's defaults (parse_margins of --margin); multiplicity: "holm" or "none"
     across the heads (comparison/analysis/equivalence.py). Returns (table text, report.md path, paired results)."""
     prepare_output(report_dir, folder=True)
     header, rows = summary_table(variants)
