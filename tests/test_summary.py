@@ -12,7 +12,7 @@ import pytest
 
 from comparison import settle
 from comparison.analysis import paired
-from comparison.analysis.equivalence import margin_as_difference
+from comparison.analysis.margins import margin_as_difference
 from comparison.analysis.sequential import Design, sequential_decision
 from comparison.analysis.statistics import signed_points
 from comparison.report import document, plain_words
