@@ -1,4 +1,4 @@
-"""A mistake on the command line is answered before torch, timm, torchvision, Accelerate or numpy load:
+"""A mistake on the command line is answered before torch, timm, torchvision or Accelerate load:
 every entry point checks its flags, its config (keys, types, ranges, choices, the head and dataset
 declarations) and the paths it must read first, so the one-line answer costs a fraction of a
 second instead of the seconds of those imports.
@@ -21,7 +21,7 @@ from common.runlock import process_record
 from configs import load_config, save_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HEAVY = ("torch", "timm", "torchvision", "accelerate", "numpy")  # numpy: 0.1 s of CPU on a 2 GHz core
+HEAVY = ("torch", "timm", "torchvision", "accelerate")
 # a fresh interpreter that refuses the heavy packages, then runs the entry point as `python FILE ARGS`
 REFUSING = (
     "import runpy, sys\n"
